@@ -1,0 +1,31 @@
+# archspace: `make test` is the one command CI runs (setup if needed, build, ctest, pytest).
+BUILD ?= build
+JOBS ?= $(shell nproc)
+PY := .venv/bin/python
+
+.PHONY: all setup build test unit pytest bench clean
+
+all: build
+
+setup:
+	bash scripts/setup.sh
+
+$(BUILD)/Makefile: CMakeLists.txt
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release
+
+build: setup $(BUILD)/Makefile
+	cmake --build $(BUILD) -j $(JOBS)
+
+unit: build
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+pytest: build
+	$(PY) -m pytest -q tests/python
+
+test: unit pytest
+
+bench: build
+	$(PY) bench/bench_logits.py
+
+clean:
+	rm -rf $(BUILD)

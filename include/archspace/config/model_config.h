@@ -1,0 +1,83 @@
+// ModelConfig: every config.json field that changes the maths, read from and written to the Hugging Face
+// format (model_type "olmo3" for the base variant, "olmo3_siamese_depth" for the variant).
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace archspace {
+
+enum class Variant { kBase, kSiameseDepth };
+enum class LayerType { kSliding, kFull };
+
+const char* variant_name(Variant v);          // "base" / "siamese_depth"
+const char* model_type_name(Variant v);       // "olmo3" / "olmo3_siamese_depth"
+const char* layer_type_name(LayerType t);     // "sliding_attention" / "full_attention"
+
+// YaRN long-context RoPE (SPEC.md section 1). Applies to full-attention layers only.
+struct YarnScaling {
+  double factor = 8.0;
+  int64_t original_max_position_embeddings = 8192;
+  double beta_fast = 32.0;
+  double beta_slow = 1.0;
+  std::optional<double> attention_factor;  // default: 0.1 * ln(factor) + 1
+};
+
+struct ModelConfig {
+  Variant variant = Variant::kBase;
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;
+  int64_t intermediate_size = 0;
+  int64_t num_hidden_layers = 0;
+  int64_t num_attention_heads = 0;
+  int64_t num_key_value_heads = 0;
+  int64_t head_dim = 0;  // resolved: hidden_size / num_attention_heads unless config.json sets it
+  bool head_dim_explicit = false;
+  std::vector<LayerType> layer_types;
+  int64_t sliding_window = 4096;
+  double rope_theta = 500000.0;
+  std::optional<YarnScaling> rope_scaling;  // nullopt: plain RoPE on every layer
+  double rms_norm_eps = 1e-6;
+  bool tie_word_embeddings = false;
+  int64_t max_position_embeddings = 65536;
+
+  // Token ids the tokenizer/generation side needs; they do not change the maths.
+  std::optional<int64_t> eos_token_id = 100257;
+  std::optional<int64_t> pad_token_id = 100277;
+  std::optional<int64_t> bos_token_id;
+
+  // Training-side vocabulary padding (SPEC.md section 1); HF checkpoints carry vocab_size rows.
+  int64_t padded_vocab_size = 0;  // 0: same as vocab_size
+  double vocab_z_loss_coeff = 1e-5;
+  double truncated_normal_factor = 3.0;
+
+  // siamese_depth only (SPEC.md section 3.3).
+  bool use_siamese_norm = true;
+  bool use_depth_attention = true;
+  int64_t depth_attention_stride = 8;
+  int64_t depth_attention_recent_window = 0;
+
+  int64_t kv_groups() const { return num_attention_heads / num_key_value_heads; }
+
+  // Throws archspace::Error naming `source` and the first inconsistent field.
+  void validate(const std::string& source = "config") const;
+
+  nlohmann::json to_json() const;
+  // `source` names the file in error messages.
+  static ModelConfig from_json(const nlohmann::json& j, const std::string& source = "config.json");
+  static ModelConfig load(const std::string& path);  // a config.json file
+  void save(const std::string& path) const;
+};
+
+// Presets: OLMo-core sizes of SPEC.md section 4 ("190M" ... "32B") and small ones of our own for tests
+// and CPU runs ("tiny", "small"). Throws for an unknown name, listing the known ones.
+ModelConfig preset(const std::string& name, Variant variant = Variant::kBase);
+std::vector<std::string> preset_names();
+
+// The default OLMo 3 pattern [S, S, S, F] repeated.
+std::vector<LayerType> default_layer_types(int64_t num_layers);
+
+}  // namespace archspace

@@ -1,0 +1,30 @@
+// Hugging Face model directories: config.json plus safetensors weights (single file or sharded).
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <string>
+
+#include "archspace/model/causal_lm.h"
+
+namespace archspace {
+
+struct LoadOptions {
+  at::ScalarType dtype = at::kFloat;
+  at::Device device = at::kCPU;
+};
+
+// Reads DIR/config.json. Errors name the file and the field.
+ModelConfig load_model_config(const std::string& dir);
+
+// Checks the weights' names and shapes against the model of `config` and throws one error that lists
+// every missing, unexpected and mis-shaped tensor (and any tensor of a non-float dtype).
+void check_weights(const ModelConfig& config, const TensorStore& store, const std::string& dir);
+
+CausalLM load_model(const std::string& dir, const LoadOptions& options = {});
+
+// Writes config.json and the weights (sharded above max_shard_bytes), loadable by save_pretrained's readers.
+void save_model(const CausalLM& model, const std::string& dir, at::ScalarType dtype = at::kFloat,
+                uint64_t max_shard_bytes = 5ull << 30);
+
+}  // namespace archspace

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Everything a fresh Debian 12 machine needs to build and test archspace. Idempotent: run it as often as
+# you like; it only does what is missing and says what it does.
+#
+#  1. Debian packages (compiler, CMake, header-only libraries, PCRE2, ccache).
+#  2. A Python virtual environment with the pinned packages of requirements.txt (torch brings LibTorch).
+#     The venv lives outside the clone, in $ARCHSPACE_CACHE (default ~/.cache/archspace), keyed by the
+#     hash of requirements.txt, so that a fresh clone (CI) reuses it instead of downloading torch again.
+#     `.venv` in the repository is a symbolic link to it.
+set -euo pipefail
+
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$repo"
+
+say() { printf '[setup] %s\n' "$*"; }
+
+# ---- 1. Debian packages ---------------------------------------------------------------------------
+apt_packages=(build-essential cmake ccache python3 python3-venv nlohmann-json3-dev libcli11-dev
+              libpcre2-dev libtomlplusplus-dev libgtest-dev)
+missing=()
+for p in "${apt_packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  sudo=""; [ "$(id -u)" -ne 0 ] && sudo="sudo"
+  say "installing Debian packages: ${missing[*]}"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}"
+else
+  say "Debian packages present: ${apt_packages[*]}"
+fi
+
+# ---- 2. Python environment ------------------------------------------------------------------------
+python=${ARCHSPACE_PYTHON:-python3}
+cache=${ARCHSPACE_CACHE:-$HOME/.cache/archspace}
+req_hash=$( (cat requirements.txt; "$python" -c 'import sys; print(sys.version)') | sha256sum | cut -c1-16)
+venv="$cache/venv-$req_hash"
+if [ ! -f "$venv/.complete" ]; then
+  say "creating Python environment $venv (pinned packages from requirements.txt; torch is large)"
+  rm -rf "$venv"
+  mkdir -p "$cache"
+  "$python" -m venv "$venv"
+  "$venv/bin/pip" install --quiet --upgrade pip
+  "$venv/bin/pip" install --quiet -r requirements.txt
+  touch "$venv/.complete"
+else
+  say "Python environment present: $venv"
+fi
+if [ "$(readlink .venv 2>/dev/null)" != "$venv" ]; then
+  say "linking .venv -> $venv"
+  rm -rf .venv
+  ln -s "$venv" .venv
+fi
+say "torch $(.venv/bin/python -c 'import torch; print(torch.__version__)'), transformers $(.venv/bin/python -c 'import transformers; print(transformers.__version__)')"
+say "done"

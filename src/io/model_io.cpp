@@ -1,0 +1,74 @@
+#include "archspace/io/model_io.h"
+
+#include <filesystem>
+#include <set>
+
+#include "archspace/util/error.h"
+
+namespace archspace {
+
+namespace fs = std::filesystem;
+
+ModelConfig load_model_config(const std::string& dir) {
+  if (!fs::is_directory(dir)) throw Error(dir + ": not a model directory");
+  const fs::path path = fs::path(dir) / "config.json";
+  if (!fs::exists(path)) throw Error(dir + ": no config.json in the model directory");
+  return ModelConfig::load(path.string());
+}
+
+void check_weights(const ModelConfig& config, const TensorStore& store, const std::string& dir) {
+  std::vector<std::string> missing, unexpected, misshaped, bad_dtype;
+  std::set<std::string> expected;
+  for (const auto& spec : parameter_specs(config)) {
+    expected.insert(spec.name);
+    if (!store.contains(spec.name)) {
+      missing.push_back(spec.name);
+      continue;
+    }
+    const TensorInfo& info = store.info(spec.name);
+    if (info.shape != spec.shape) {
+      misshaped.push_back(spec.name + " (file " + shape_string(info.shape) + ", model " + shape_string(spec.shape) + ")");
+    }
+    if (info.dtype != "F32" && info.dtype != "BF16" && info.dtype != "F16") {
+      bad_dtype.push_back(spec.name + " (" + info.dtype + ")");
+    }
+  }
+  for (const auto& name : store.names()) {
+    if (!expected.count(name)) unexpected.push_back(name);
+  }
+  if (missing.empty() && unexpected.empty() && misshaped.empty() && bad_dtype.empty()) return;
+
+  auto list = [](const std::string& title, const std::vector<std::string>& items) {
+    std::string s;
+    if (items.empty()) return s;
+    s += "\n  " + std::to_string(items.size()) + " " + title + ":";
+    for (const auto& i : items) s += "\n    " + i;
+    return s;
+  };
+  throw Error(dir + ": the weights do not match the " + variant_name(config.variant) + " (" +
+              model_type_name(config.variant) + ") model described by config.json:" + list("missing", missing) +
+              list("unexpected", unexpected) + list("mis-shaped", misshaped) +
+              list("not a float dtype (F32, BF16, F16)", bad_dtype));
+}
+
+CausalLM load_model(const std::string& dir, const LoadOptions& options) {
+  ModelConfig config = load_model_config(dir);
+  TensorStore store = TensorStore::open_dir(dir);
+  check_weights(config, store, dir);
+  NamedTensors params;
+  for (const auto& spec : parameter_specs(config)) {
+    // copy=true: never keep a view of the read-only mapping as a parameter.
+    params.emplace_back(spec.name, store.tensor(spec.name).to(options.device, options.dtype, false, /*copy=*/true));
+  }
+  return CausalLM(std::move(config), std::move(params));
+}
+
+void save_model(const CausalLM& model, const std::string& dir, at::ScalarType dtype, uint64_t max_shard_bytes) {
+  fs::create_directories(dir);
+  NamedTensors out;
+  for (const auto& [name, t] : model.parameters()) out.emplace_back(name, t.to(at::kCPU, dtype));
+  save_model_weights(dir, out, max_shard_bytes);
+  model.config().save((fs::path(dir) / "config.json").string());
+}
+
+}  // namespace archspace

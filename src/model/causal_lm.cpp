@@ -1,0 +1,170 @@
+#include "archspace/model/causal_lm.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <cmath>
+
+#include "archspace/util/error.h"
+
+namespace archspace {
+
+std::vector<ParamSpec> parameter_specs(const ModelConfig& c) {
+  const int64_t d = c.hidden_size, q_width = c.num_attention_heads * c.head_dim,
+                kv_width = c.num_key_value_heads * c.head_dim;
+  const bool siamese = c.variant == Variant::kSiameseDepth && c.use_siamese_norm;
+  std::vector<ParamSpec> specs;
+  specs.push_back({"model.embed_tokens.weight", {c.vocab_size, d}, ParamKind::kEmbedding});
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    specs.push_back({p + "self_attn.q_proj.weight", {q_width, d}, ParamKind::kLinear});
+    specs.push_back({p + "self_attn.k_proj.weight", {kv_width, d}, ParamKind::kLinear});
+    specs.push_back({p + "self_attn.v_proj.weight", {kv_width, d}, ParamKind::kLinear});
+    specs.push_back({p + "self_attn.o_proj.weight", {d, q_width}, ParamKind::kLinear});
+    specs.push_back({p + "self_attn.q_norm.weight", {q_width}, ParamKind::kNorm});
+    specs.push_back({p + "self_attn.k_norm.weight", {kv_width}, ParamKind::kNorm});
+    specs.push_back({p + "mlp.gate_proj.weight", {c.intermediate_size, d}, ParamKind::kLinear});
+    specs.push_back({p + "mlp.up_proj.weight", {c.intermediate_size, d}, ParamKind::kLinear});
+    specs.push_back({p + "mlp.down_proj.weight", {d, c.intermediate_size}, ParamKind::kLinear});
+    if (siamese) {
+      specs.push_back({p + "pre_mlp_layernorm.weight", {d}, ParamKind::kNorm});
+      specs.push_back({p + "siamese_attn_pre_norm.weight", {d}, ParamKind::kNorm});
+      specs.push_back({p + "siamese_mlp_pre_norm.weight", {d}, ParamKind::kNorm});
+      specs.push_back({p + "siamese_mlp_input_norm.weight", {d}, ParamKind::kNorm});
+      specs.push_back({p + "siamese_hybrid_attn_scale", {d}, ParamKind::kNorm});
+    } else {
+      specs.push_back({p + "post_attention_layernorm.weight", {d}, ParamKind::kNorm});
+      specs.push_back({p + "post_feedforward_layernorm.weight", {d}, ParamKind::kNorm});
+    }
+  }
+  if (siamese) {
+    specs.push_back({"model.siamese_post_final_layernorm.weight", {d}, ParamKind::kNorm});
+    specs.push_back({"model.siamese_pre_final_layernorm.weight", {d}, ParamKind::kNorm});
+  }
+  specs.push_back({"model.norm.weight", {d}, ParamKind::kNorm});
+  specs.push_back({"lm_head.weight", {c.vocab_size, d}, ParamKind::kLinear});
+  return specs;
+}
+
+int64_t parameter_count(const ModelConfig& config) {
+  int64_t n = 0;
+  for (const auto& s : parameter_specs(config)) {
+    int64_t numel = 1;
+    for (int64_t dim : s.shape) numel *= dim;
+    n += numel;
+  }
+  return n;
+}
+
+CausalLM::CausalLM(ModelConfig config, NamedTensors params) : config_(std::move(config)), params_(std::move(params)) {
+  config_.validate();
+  if (config_.variant != Variant::kBase) {
+    throw Error("the siamese_depth variant is not implemented in the engine yet (issue 3)");
+  }
+  const auto specs = parameter_specs(config_);
+  if (params_.size() != specs.size()) {
+    throw Error("CausalLM: got " + std::to_string(params_.size()) + " parameters, the model has " +
+                std::to_string(specs.size()));
+  }
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const auto& [name, t] = params_[i];
+    if (name != specs[i].name || t.sizes().vec() != specs[i].shape) {
+      throw Error("CausalLM: parameter " + std::to_string(i) + " is '" + name + "' " + shape_string(t.sizes().vec()) +
+                  ", expected '" + specs[i].name + "' " + shape_string(specs[i].shape));
+    }
+    if (t.scalar_type() != params_[0].second.scalar_type() || t.device() != params_[0].second.device()) {
+      throw Error("CausalLM: parameter '" + name + "' differs in dtype or device from the others");
+    }
+    index_[name] = i;
+  }
+  embed_tokens_ = parameter("model.embed_tokens.weight");
+  norm_ = parameter("model.norm.weight");
+  lm_head_ = parameter("lm_head.weight");
+  for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    Layer layer;
+    layer.type = config_.layer_types[l];
+    layer.q_proj = parameter(p + "self_attn.q_proj.weight");
+    layer.k_proj = parameter(p + "self_attn.k_proj.weight");
+    layer.v_proj = parameter(p + "self_attn.v_proj.weight");
+    layer.o_proj = parameter(p + "self_attn.o_proj.weight");
+    layer.q_norm = parameter(p + "self_attn.q_norm.weight");
+    layer.k_norm = parameter(p + "self_attn.k_norm.weight");
+    layer.gate_proj = parameter(p + "mlp.gate_proj.weight");
+    layer.up_proj = parameter(p + "mlp.up_proj.weight");
+    layer.down_proj = parameter(p + "mlp.down_proj.weight");
+    layer.post_attention_layernorm = parameter(p + "post_attention_layernorm.weight");
+    layer.post_feedforward_layernorm = parameter(p + "post_feedforward_layernorm.weight");
+    layers_.push_back(std::move(layer));
+  }
+  sliding_rope_ = rope_for(config_, LayerType::kSliding);
+  full_rope_ = rope_for(config_, LayerType::kFull);
+}
+
+const at::Tensor& CausalLM::parameter(const std::string& name) const {
+  auto it = index_.find(name);
+  if (it == index_.end()) throw Error("the model has no parameter '" + name + "'");
+  return params_[it->second].second;
+}
+
+CausalLM CausalLM::random_init(const ModelConfig& config, uint64_t seed, at::ScalarType dtype, at::Device device) {
+  config.validate();
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  const double std_dev = 0.02, cut = config.truncated_normal_factor;
+  // Truncated normal by inverse CDF, as torch.nn.init.trunc_normal_ does: uniform in [Phi(-cut), Phi(cut)]
+  // mapped through sqrt(2) * erfinv(2u - 1).
+  const double lo = std::erf(-cut / std::sqrt(2.0)), hi = std::erf(cut / std::sqrt(2.0));
+  NamedTensors params;
+  for (const auto& spec : parameter_specs(config)) {
+    at::Tensor t;
+    if (spec.kind == ParamKind::kNorm) {
+      t = at::ones(spec.shape, at::kFloat);
+    } else {
+      t = at::empty(spec.shape, at::kFloat);
+      t.uniform_(lo, hi, gen).erfinv_().mul_(std_dev * std::sqrt(2.0)).clamp_(-cut * std_dev, cut * std_dev);
+    }
+    params.emplace_back(spec.name, t.to(device, dtype));
+  }
+  return CausalLM(config, std::move(params));
+}
+
+at::Tensor CausalLM::attention(const Layer& layer, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                               const ForwardOptions& options) const {
+  const int64_t B = x.size(0), T = x.size(1), h = config_.head_dim;
+  const double eps = config_.rms_norm_eps;
+  // Q/K RMSNorm over the whole projection width, before splitting into heads.
+  at::Tensor q = rms_norm(at::linear(x, layer.q_proj), layer.q_norm, eps);
+  at::Tensor k = rms_norm(at::linear(x, layer.k_proj), layer.k_norm, eps);
+  at::Tensor v = at::linear(x, layer.v_proj);
+  at::Tensor q_BHTD = apply_rope(q.view({B, T, -1, h}).transpose(1, 2), cos, sin);
+  at::Tensor k_BGTD = apply_rope(k.view({B, T, -1, h}).transpose(1, 2), cos, sin);
+  at::Tensor v_BGTD = v.view({B, T, -1, h}).transpose(1, 2);
+  const int64_t window = layer.type == LayerType::kSliding ? config_.sliding_window : 0;
+  at::Tensor o = causal_attention(q_BHTD, k_BGTD, v_BGTD, window, /*q_offset=*/0, options.attention);
+  return at::linear(o.transpose(1, 2).reshape({B, T, -1}), layer.o_proj);
+}
+
+at::Tensor CausalLM::base_block(const Layer& layer, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                                const ForwardOptions& options) const {
+  // Reordered norms (OLMo 2/3): normalise each sublayer's output, not its input.
+  const double eps = config_.rms_norm_eps;
+  at::Tensor h = x + rms_norm(attention(layer, x, cos, sin, options), layer.post_attention_layernorm, eps);
+  return h + rms_norm(swiglu_mlp(h, layer.gate_proj, layer.up_proj, layer.down_proj), layer.post_feedforward_layernorm, eps);
+}
+
+at::Tensor CausalLM::forward(const at::Tensor& input_ids, const ForwardOptions& options) const {
+  if (input_ids.dim() != 2) throw Error("forward: input_ids must be [batch, time], got " + shape_string(input_ids.sizes().vec()));
+  const int64_t T = input_ids.size(1);
+  at::Tensor ids = input_ids.to(device(), at::kLong);
+  at::Tensor positions = at::arange(T, at::TensorOptions().dtype(at::kLong).device(device()));
+  auto [sliding_cos, sliding_sin] = sliding_rope_.tables(positions);
+  auto [full_cos, full_sin] = full_rope_.tables(positions);
+
+  at::Tensor x = at::embedding(embed_tokens_, ids);
+  for (const Layer& layer : layers_) {
+    const bool sliding = layer.type == LayerType::kSliding;
+    x = base_block(layer, x, sliding ? sliding_cos : full_cos, sliding ? sliding_sin : full_sin, options);
+  }
+  return at::linear(rms_norm(x, norm_, config_.rms_norm_eps), lm_head_);
+}
+
+}  // namespace archspace

@@ -1,0 +1,60 @@
+#include "archspace/model/layers.h"
+
+#include <cmath>
+
+namespace archspace {
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  at::Tensor xf = x.to(at::kFloat);
+  at::Tensor variance = xf.pow(2).mean(-1, /*keepdim=*/true);
+  at::Tensor normed = xf * at::rsqrt(variance + eps);
+  return (weight * normed).to(x.scalar_type());
+}
+
+at::Tensor swiglu_mlp(const at::Tensor& x, const at::Tensor& gate_proj, const at::Tensor& up_proj,
+                      const at::Tensor& down_proj) {
+  return at::linear(at::silu(at::linear(x, gate_proj)) * at::linear(x, up_proj), down_proj);
+}
+
+at::Tensor causal_mask(int64_t tq, int64_t tk, int64_t window, int64_t q_offset, const at::Device& device) {
+  auto opts = at::TensorOptions().dtype(at::kLong).device(device);
+  at::Tensor i = (at::arange(tq, opts) + q_offset).unsqueeze(1);  // query positions [Tq, 1]
+  at::Tensor j = at::arange(tk, opts).unsqueeze(0);               // key positions [1, Tk]
+  at::Tensor allowed = j <= i;
+  if (window > 0) allowed = allowed & (j > i - window);
+  return allowed;
+}
+
+namespace {
+
+at::Tensor reference_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t window,
+                               int64_t q_offset) {
+  const int64_t groups = q.size(1) / k.size(1);
+  at::Tensor kf = k.to(at::kFloat).repeat_interleave(groups, 1);
+  at::Tensor vf = v.to(at::kFloat).repeat_interleave(groups, 1);
+  at::Tensor scores = at::matmul(q.to(at::kFloat), kf.transpose(-2, -1)) / std::sqrt(static_cast<double>(q.size(-1)));
+  at::Tensor allowed = causal_mask(q.size(2), k.size(2), window, q_offset, q.device());
+  scores = scores.masked_fill(allowed.logical_not(), -std::numeric_limits<float>::infinity());
+  at::Tensor probs = at::softmax(scores, -1);
+  return at::matmul(probs, vf).to(q.scalar_type());
+}
+
+}  // namespace
+
+at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t window,
+                            int64_t q_offset, AttentionImpl impl) {
+  if (impl == AttentionImpl::kReference) return reference_attention(q, k, v, window, q_offset);
+  const int64_t tq = q.size(2), tk = k.size(2);
+  const bool plain_causal = q_offset == 0 && tq == tk && (window == 0 || window >= tk);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
+  if (plain_causal) {
+    // is_causal lets the kernels skip masked blocks instead of reading a mask.
+    return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, 0.0, /*is_causal=*/true, scale,
+                                            /*enable_gqa=*/q.size(1) != k.size(1));
+  }
+  at::Tensor mask = causal_mask(tq, tk, window, q_offset, q.device());
+  return at::scaled_dot_product_attention(q, k, v, mask, 0.0, /*is_causal=*/false, scale,
+                                          /*enable_gqa=*/q.size(1) != k.size(1));
+}
+
+}  // namespace archspace

@@ -1,0 +1,74 @@
+"""Shared helpers for the Python-side tests: the engine binary and tiny random transformers models."""
+import os
+import pathlib
+import subprocess
+
+import numpy as np
+import pytest
+import torch
+from safetensors.numpy import load_file
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+BINARY = pathlib.Path(os.environ.get("ARCHSPACE_BIN", REPO / "build" / "archspace"))
+
+
+def run_cli(*args, check=True):
+    """Runs build/archspace with the given arguments; returns the CompletedProcess."""
+    result = subprocess.run([str(BINARY), *map(str, args)], capture_output=True, text=True)
+    if check and result.returncode != 0:
+        raise AssertionError(f"archspace {' '.join(map(str, args))} failed ({result.returncode}):\n{result.stderr}")
+    return result
+
+
+def engine_logits(model_dir, tokens, tmp_path, *extra):
+    out = tmp_path / "logits.safetensors"
+    run_cli("logits", "--model", model_dir, "--tokens", " ".join(map(str, tokens)), "--out", out, *extra)
+    return load_file(str(out))["logits"]
+
+
+def tiny_olmo3_config(**overrides):
+    """A small Olmo3Config in the new (transformers 5) form; overrides replace fields."""
+    from transformers import Olmo3Config
+
+    fields = dict(
+        vocab_size=96,
+        hidden_size=64,
+        intermediate_size=160,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=65536,
+        rms_norm_eps=1e-6,
+        sliding_window=6,
+        pad_token_id=1,
+        eos_token_id=0,
+        bos_token_id=None,
+    )
+    fields.update(overrides)
+    return Olmo3Config(**fields)
+
+
+def save_random_olmo3(config, directory, seed=0):
+    """Builds a random Olmo3ForCausalLM (norm weights randomised too, so a wrong norm shows) and saves it."""
+    from transformers import Olmo3ForCausalLM
+
+    torch.manual_seed(seed)
+    model = Olmo3ForCausalLM(config).to(torch.float32).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight") or "layernorm" in name:
+                p.copy_(1.0 + 0.2 * torch.randn_like(p))
+            else:
+                p.copy_(0.08 * torch.randn_like(p))
+    model.save_pretrained(directory, safe_serialization=True)
+    return model
+
+
+def hf_logits(model, tokens):
+    with torch.no_grad():
+        return model(torch.tensor([tokens])).logits[0].float().numpy()
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(1234)

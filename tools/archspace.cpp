@@ -1,0 +1,252 @@
+// archspace: the command line. Each subcommand parses its flags and calls the library; no model logic here.
+#include <ATen/Parallel.h>
+#include <c10/core/InferenceMode.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <iostream>
+#include <sstream>
+
+#include "archspace/io/model_io.h"
+#include "archspace/util/error.h"
+
+using namespace archspace;
+
+namespace {
+
+at::ScalarType parse_dtype(const std::string& s) {
+  if (s == "fp32" || s == "float32") return at::kFloat;
+  if (s == "bf16" || s == "bfloat16") return at::kBFloat16;
+  throw Error("--dtype: unknown dtype '" + s + "' (use fp32 or bf16)");
+}
+
+at::Device parse_device(const std::string& s) {
+  if (s == "cpu") return at::kCPU;
+  if (s.rfind("cuda", 0) == 0) {
+    if (!at::hasCUDA()) throw Error("--device " + s + ": this machine has no CUDA device");
+    return at::Device(s);
+  }
+  throw Error("--device: unknown device '" + s + "' (use cpu or cuda[:N])");
+}
+
+AttentionImpl parse_attention(const std::string& s) {
+  if (s == "sdpa") return AttentionImpl::kSdpa;
+  if (s == "reference") return AttentionImpl::kReference;
+  throw Error("--attention: unknown implementation '" + s + "' (use sdpa or reference)");
+}
+
+std::vector<int64_t> parse_tokens(const std::string& text, int64_t vocab_size) {
+  std::vector<int64_t> ids;
+  std::string normalized = text;
+  for (char& c : normalized)
+    if (c == ',') c = ' ';
+  std::istringstream in(normalized);
+  std::string word;
+  while (in >> word) {
+    size_t used = 0;
+    long long id = -1;
+    try {
+      id = std::stoll(word, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != word.size()) throw Error("--tokens: '" + word + "' is not an integer token id");
+    if (id < 0 || id >= vocab_size) {
+      throw Error("--tokens: token id " + word + " is out of range [0, " + std::to_string(vocab_size) + ")");
+    }
+    ids.push_back(id);
+  }
+  if (ids.empty()) throw Error("--tokens: no token ids given");
+  return ids;
+}
+
+std::string human_count(int64_t n) {
+  char buf[32];
+  if (n >= 1000000000) std::snprintf(buf, sizeof(buf), "%.2fB", n / 1e9);
+  else if (n >= 1000000) std::snprintf(buf, sizeof(buf), "%.1fM", n / 1e6);
+  else if (n >= 1000) std::snprintf(buf, sizeof(buf), "%.1fK", n / 1e3);
+  else std::snprintf(buf, sizeof(buf), "%lld", static_cast<long long>(n));
+  return buf;
+}
+
+std::string describe_rope(const ModelConfig& c, LayerType type) {
+  std::ostringstream s;
+  Rope rope = rope_for(c, type);
+  if (type == LayerType::kFull && c.rope_scaling) {
+    YarnFrequencies y = yarn_inv_freq(c.head_dim, c.rope_theta, *c.rope_scaling);
+    s << "yarn (theta " << c.rope_theta << ", factor " << c.rope_scaling->factor << ", original length "
+      << c.rope_scaling->original_max_position_embeddings << ", beta_fast " << c.rope_scaling->beta_fast
+      << ", beta_slow " << c.rope_scaling->beta_slow << ", ramp dims " << y.low << ".." << y.high
+      << ", attention factor " << y.attention_factor << ")";
+  } else {
+    s << "plain (theta " << c.rope_theta << ")";
+  }
+  return s.str();
+}
+
+// Layer types as a compact pattern: "[S, S, S, F] x 4" when it repeats, else the full list.
+std::string describe_layer_types(const std::vector<LayerType>& types) {
+  auto letter = [](LayerType t) { return t == LayerType::kSliding ? "S" : "F"; };
+  for (size_t period = 1; period <= types.size(); ++period) {
+    if (types.size() % period) continue;
+    bool repeats = true;
+    for (size_t i = period; i < types.size() && repeats; ++i) repeats = types[i] == types[i % period];
+    if (!repeats) continue;
+    std::string s = "[";
+    for (size_t i = 0; i < period; ++i) s += std::string(i ? ", " : "") + letter(types[i]);
+    s += "]";
+    if (types.size() / period > 1) s += " x " + std::to_string(types.size() / period);
+    return s;
+  }
+  return "[]";
+}
+
+void print_config(const ModelConfig& c, const std::string& weights_dtype) {
+  std::cout << "variant:            " << variant_name(c.variant) << " (model_type " << model_type_name(c.variant) << ")\n";
+  if (c.variant == Variant::kSiameseDepth) {
+    std::cout << "  siamese norm:     " << (c.use_siamese_norm ? "on (hybrid_pre)" : "off") << "\n"
+              << "  depth attention:  "
+              << (c.use_depth_attention ? "on (stride " + std::to_string(c.depth_attention_stride) + ", recent window " +
+                                              std::to_string(c.depth_attention_recent_window) + ")"
+                                        : std::string("off"))
+              << "\n";
+  }
+  std::cout << "layers:             " << c.num_hidden_layers << "\n"
+            << "hidden size:        " << c.hidden_size << "\n"
+            << "MLP size:           " << c.intermediate_size << "\n"
+            << "heads:              " << c.num_attention_heads << " query, " << c.num_key_value_heads << " kv ("
+            << (c.num_key_value_heads == c.num_attention_heads ? "MHA" : "GQA, " + std::to_string(c.kv_groups()) + " per group")
+            << "), head_dim " << c.head_dim << "\n"
+            << "vocabulary:         " << c.vocab_size;
+  if (c.padded_vocab_size && c.padded_vocab_size != c.vocab_size) std::cout << " (padded to " << c.padded_vocab_size << " in training)";
+  std::cout << "\nlayer types:        " << describe_layer_types(c.layer_types) << "  (S = sliding window "
+            << c.sliding_window << ", F = full)\n"
+            << "RoPE, sliding:      " << describe_rope(c, LayerType::kSliding) << "\n"
+            << "RoPE, full:         " << describe_rope(c, LayerType::kFull) << "\n"
+            << "max positions:      " << c.max_position_embeddings << "\n"
+            << "rms_norm_eps:       " << c.rms_norm_eps << "\n"
+            << "parameters:         " << parameter_count(c) << " (" << human_count(parameter_count(c)) << ")\n"
+            << "dtype:              " << weights_dtype << "\n";
+}
+
+int cmd_info(const std::string& model_dir, const std::string& preset_name) {
+  if (!preset_name.empty()) {
+    print_config(preset(preset_name), "(preset: no weights)");
+    return 0;
+  }
+  ModelConfig config = load_model_config(model_dir);
+  std::string dtype = "(no weights found)";
+  try {
+    TensorStore store = TensorStore::open_dir(model_dir);
+    check_weights(config, store, model_dir);
+    std::map<std::string, int64_t> counts;
+    for (const auto& name : store.names()) counts[store.info(name).dtype]++;
+    dtype.clear();
+    for (const auto& [name, n] : counts) dtype += (dtype.empty() ? "" : ", ") + name + " (" + std::to_string(n) + " tensors)";
+  } catch (const Error& e) {
+    // A config without weights is still worth describing; broken weights are an error.
+    if (std::string(e.what()).find("no model weights") == std::string::npos) throw;
+  }
+  print_config(config, dtype);
+  return 0;
+}
+
+struct LogitsArgs {
+  std::string model, tokens, out, dtype = "fp32", device = "cpu", attention = "sdpa";
+};
+
+int cmd_logits(const LogitsArgs& a) {
+  const at::ScalarType dtype = parse_dtype(a.dtype);
+  const at::Device device = parse_device(a.device);
+  const AttentionImpl impl = parse_attention(a.attention);
+  CausalLM model = load_model(a.model, {dtype, device});
+  std::vector<int64_t> ids = parse_tokens(a.tokens, model.config().vocab_size);
+  at::Tensor input = at::tensor(ids, at::kLong).unsqueeze(0);
+  at::Tensor logits;
+  {
+    c10::InferenceMode inference;  // no autograd bookkeeping
+    logits = model.forward(input, {impl});
+  }
+  save_safetensors(a.out, {{"logits", logits[0].to(at::kCPU, at::kFloat)}});
+  std::cerr << "wrote logits [" << ids.size() << ", " << model.config().vocab_size << "] to " << a.out << "\n";
+  return 0;
+}
+
+struct InitArgs {
+  std::string preset_name, out, variant = "base", dtype = "fp32", config_path;
+  uint64_t seed = 0;
+};
+
+int cmd_init(const InitArgs& a) {
+  ModelConfig config;
+  if (!a.config_path.empty()) {
+    config = ModelConfig::load(a.config_path);
+  } else {
+    Variant v = a.variant == "base" ? Variant::kBase
+                : a.variant == "siamese_depth" ? Variant::kSiameseDepth
+                : throw Error("--variant: unknown variant '" + a.variant + "' (use base or siamese_depth)");
+    config = preset(a.preset_name, v);
+  }
+  CausalLM model = CausalLM::random_init(config, a.seed);
+  save_model(model, a.out, parse_dtype(a.dtype));
+  std::cerr << "wrote a randomly initialised " << variant_name(config.variant) << " model ("
+            << human_count(parameter_count(config)) << " parameters, seed " << a.seed << ") to " << a.out << "\n";
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"archspace: train, evaluate, serve and export OLMo 3 and its SiameseNorm + Depth-Attention variant"};
+  app.require_subcommand(1);
+  int threads = 0;
+  app.add_option("--threads", threads, "CPU threads for tensor ops (default: all cores)");
+
+  std::string info_dir, info_preset;
+  auto* info = app.add_subcommand("info", "Describe a model directory (or a preset): variant, sizes, RoPE, parameters");
+  info->add_option("MODEL_DIR", info_dir, "Hugging Face model directory (config.json + safetensors)");
+  info->add_option("--preset", info_preset, "Describe a built-in preset instead");
+
+  LogitsArgs logits_args;
+  auto* logits = app.add_subcommand("logits", "Run the forward on token ids and write fp32 logits [T, vocab] as tensor 'logits'");
+  logits->add_option("--model", logits_args.model, "model directory")->required();
+  logits->add_option("--tokens", logits_args.tokens, "token ids, space or comma separated, e.g. \"1 2 3\"")->required();
+  logits->add_option("--out", logits_args.out, "output .safetensors file")->required();
+  logits->add_option("--dtype", logits_args.dtype, "compute dtype: fp32 (default) or bf16");
+  logits->add_option("--device", logits_args.device, "cpu (default) or cuda[:N]");
+  logits->add_option("--attention", logits_args.attention, "sdpa (default, fused kernels) or reference (plain fp32 path)");
+
+  InitArgs init_args;
+  auto* init = app.add_subcommand("init", "Write a randomly initialised model directory (SPEC.md init) from a preset");
+  auto* init_preset = init->add_option("--preset", init_args.preset_name, "preset name (tiny, small, 190M, 370M, 1B, 3B, 7B, 32B)");
+  auto* init_config = init->add_option("--config", init_args.config_path, "or a config.json to instantiate");
+  init_preset->excludes(init_config);
+  init->add_option("--out", init_args.out, "output model directory")->required();
+  init->add_option("--variant", init_args.variant, "base (default) or siamese_depth");
+  init->add_option("--seed", init_args.seed, "random seed (default 0)");
+  init->add_option("--dtype", init_args.dtype, "dtype of the saved weights: fp32 (default) or bf16");
+
+  CLI11_PARSE(app, argc, argv);
+  try {
+    if (threads > 0) at::set_num_threads(threads);
+    if (*info) {
+      if (info_dir.empty() == info_preset.empty()) throw Error("info: give a MODEL_DIR or --preset NAME");
+      return cmd_info(info_dir, info_preset);
+    }
+    if (*logits) return cmd_logits(logits_args);
+    if (*init) {
+      if (init_args.preset_name.empty() && init_args.config_path.empty()) throw Error("init: give --preset NAME or --config FILE");
+      return cmd_init(init_args);
+    }
+  } catch (const Error& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return 1;
+  } catch (const c10::Error& e) {
+    std::cerr << "error (LibTorch): " << e.what_without_backtrace() << "\n";
+    return 1;
+  } catch (const std::exception& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return 1;
+  }
+  return 0;
+}
