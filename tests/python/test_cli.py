@@ -1,0 +1,178 @@
+"""The CLI's contracts: `info` output, `logits` file format, `init`, and clear errors for bad input
+(each names the file and the field or tensor, exits 1, and prints no backtrace)."""
+import json
+import pathlib
+import shutil
+
+import numpy as np
+import pytest
+from safetensors import safe_open
+
+from conftest import REPO, engine_logits, hf_logits, run_cli, save_random_olmo3, tiny_olmo3_config
+
+REFERENCE = REPO / "tests" / "data"
+
+
+@pytest.fixture
+def model_dir(tmp_path):
+    config = tiny_olmo3_config(num_key_value_heads=2)
+    save_random_olmo3(config, tmp_path / "model")
+    return tmp_path / "model"
+
+
+def expect_error(args, *fragments):
+    result = run_cli(*args, check=False)
+    assert result.returncode == 1, f"exit {result.returncode}; stderr:\n{result.stderr}"
+    assert result.stderr.startswith("error"), result.stderr
+    for f in fragments:
+        assert str(f) in result.stderr, f"'{f}' not in:\n{result.stderr}"
+    assert "Exception raised from" not in result.stderr  # no LibTorch backtrace for user errors
+    return result.stderr
+
+
+def test_logits_file_contract(model_dir, tmp_path):
+    out = tmp_path / "out.safetensors"
+    run_cli("logits", "--model", model_dir, "--tokens", "5 6 7", "--out", out)
+    with safe_open(str(out), "np") as f:
+        assert list(f.keys()) == ["logits"]
+        logits = f.get_tensor("logits")
+    assert logits.shape == (3, 96) and logits.dtype == np.float32
+
+
+def test_bf16_logits_are_fp32_and_close(model_dir, tmp_path):
+    tokens = list(range(10, 30))
+    fp32 = engine_logits(model_dir, tokens, tmp_path)
+    bf16 = engine_logits(model_dir, tokens, tmp_path, "--dtype", "bf16")
+    assert bf16.dtype == np.float32
+    # bf16 activations (8-bit mantissa) through 4 layers: a few percent of the logit scale (~2).
+    assert np.abs(fp32 - bf16).max() < 0.15
+
+
+def test_info_on_published_config_without_weights(tmp_path):
+    shutil.copy(REFERENCE / "archspace-1b-siamese-depth-stage4.config.json", tmp_path / "config.json")
+    out = run_cli("info", tmp_path).stdout
+    assert "siamese_depth" in out
+    assert "[S, S, S, F] x 4" in out
+    assert "yarn" in out and "ramp dims 18..35" in out and "1.20794" in out
+    assert "head_dim 128" in out
+
+
+def test_info_on_model(model_dir):
+    out = run_cli("info", model_dir).stdout
+    assert "base (model_type olmo3)" in out
+    assert "GQA" in out
+    assert "F32 (47 tensors)" in out
+
+
+def test_info_preset():
+    out = run_cli("info", "--preset", "190M").stdout
+    assert "layers:             12" in out and "hidden size:        768" in out
+
+
+def test_init_writes_a_model_transformers_loads(tmp_path):
+    from transformers import Olmo3ForCausalLM
+
+    run_cli("init", "--preset", "tiny", "--out", tmp_path / "m", "--seed", "3")
+    model = Olmo3ForCausalLM.from_pretrained(tmp_path / "m").eval()
+    tokens = [1, 2, 3, 50, 400, 7, 8, 9, 10, 11, 12]
+    got = engine_logits(tmp_path / "m", tokens, tmp_path)
+    assert np.abs(got - hf_logits(model, tokens)).max() <= 1e-4
+
+
+# ---- bad input ------------------------------------------------------------------------------------
+
+
+def test_malformed_config_json(model_dir, tmp_path):
+    (model_dir / "config.json").write_text('{"model_type": "olmo3", "hidden_size": ')
+    expect_error(["logits", "--model", model_dir, "--tokens", "1", "--out", tmp_path / "x"],
+                 model_dir / "config.json", "malformed JSON")
+
+
+def test_missing_field(model_dir, tmp_path):
+    cfg = json.loads((model_dir / "config.json").read_text())
+    del cfg["num_hidden_layers"]
+    (model_dir / "config.json").write_text(json.dumps(cfg))
+    expect_error(["info", model_dir], model_dir / "config.json", "'num_hidden_layers'", "missing")
+
+
+def test_inconsistent_dimensions(model_dir):
+    cfg = json.loads((model_dir / "config.json").read_text())
+    cfg["num_key_value_heads"] = 3
+    (model_dir / "config.json").write_text(json.dumps(cfg))
+    expect_error(["info", model_dir], "'num_key_value_heads'", "does not divide num_attention_heads 4")
+
+
+def test_weights_do_not_match_config(model_dir, tmp_path):
+    cfg = json.loads((model_dir / "config.json").read_text())
+    cfg["intermediate_size"] = 128
+    (model_dir / "config.json").write_text(json.dumps(cfg))
+    err = expect_error(["logits", "--model", model_dir, "--tokens", "1", "--out", tmp_path / "x"],
+                       "12 mis-shaped", "model.layers.0.mlp.gate_proj.weight (file [160, 64], model [128, 64])")
+    assert "model.layers.3.mlp.down_proj.weight" in err
+
+
+def test_truncated_header(model_dir, tmp_path):
+    weights = model_dir / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    expect_error(["logits", "--model", model_dir, "--tokens", "1", "--out", tmp_path / "x"],
+                 weights, "header length", "past the end of the file")
+
+
+def test_truncated_data(model_dir, tmp_path):
+    weights = model_dir / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[: len(data) - 1000])
+    expect_error(["logits", "--model", model_dir, "--tokens", "1", "--out", tmp_path / "x"],
+                 weights, "out of bounds")
+
+
+def test_missing_shard(tmp_path):
+    config = tiny_olmo3_config()
+    model = save_random_olmo3(config, tmp_path / "unused")
+    model.save_pretrained(tmp_path / "sharded", max_shard_size="100KB")
+    shards = sorted((tmp_path / "sharded").glob("model-*.safetensors"))
+    assert len(shards) > 1
+    shards[-1].unlink()
+    expect_error(["logits", "--model", tmp_path / "sharded", "--tokens", "1", "--out", tmp_path / "x"],
+                 "model.safetensors.index.json", shards[-1].name, "missing")
+
+
+def test_sharded_checkpoint_loads(tmp_path):
+    config = tiny_olmo3_config()
+    model = save_random_olmo3(config, tmp_path / "unused")
+    model.save_pretrained(tmp_path / "sharded", max_shard_size="100KB")
+    tokens = list(range(1, 15))
+    assert np.abs(engine_logits(tmp_path / "sharded", tokens, tmp_path) - hf_logits(model, tokens)).max() <= 1e-4
+
+
+def test_bf16_checkpoint_loads(tmp_path):
+    import torch
+
+    config = tiny_olmo3_config()
+    model = save_random_olmo3(config, tmp_path / "fp32")
+    model.to(torch.bfloat16).save_pretrained(tmp_path / "bf16")
+    # The bf16-rounded weights, computed in fp32 on both sides (reloaded, so RoPE buffers are fresh fp32).
+    from transformers import Olmo3ForCausalLM
+
+    model = Olmo3ForCausalLM.from_pretrained(tmp_path / "bf16", dtype=torch.float32).eval()
+    tokens = list(range(1, 15))
+    assert np.abs(engine_logits(tmp_path / "bf16", tokens, tmp_path) - hf_logits(model, tokens)).max() <= 1e-4
+
+
+@pytest.mark.parametrize("tokens,fragment", [("1 2 96", "token id 96 is out of range [0, 96)"),
+                                              ("1 -3", "token id -3 is out of range"),
+                                              ("1 two 3", "'two' is not an integer"),
+                                              ("  ", "no token ids")])
+def test_bad_tokens(model_dir, tmp_path, tokens, fragment):
+    expect_error(["logits", "--model", model_dir, "--tokens", tokens, "--out", tmp_path / "x"], "--tokens", fragment)
+
+
+def test_not_a_model_directory(tmp_path):
+    expect_error(["info", tmp_path / "nope"], tmp_path / "nope", "not a model directory")
+    (tmp_path / "empty").mkdir()
+    expect_error(["info", tmp_path / "empty"], "no config.json")
+
+
+def test_unwritable_output_keeps_nothing_half_written(model_dir, tmp_path):
+    out = tmp_path / "no_such_dir" / "x.safetensors"
+    expect_error(["logits", "--model", model_dir, "--tokens", "1", "--out", out], "cannot open for writing")
