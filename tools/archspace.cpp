@@ -3,6 +3,7 @@
 #include <c10/core/InferenceMode.h>
 
 #include <CLI/CLI.hpp>
+#include <chrono>
 #include <cstdio>
 #include <iostream>
 #include <sstream>
@@ -153,6 +154,7 @@ int cmd_info(const std::string& model_dir, const std::string& preset_name) {
 
 struct LogitsArgs {
   std::string model, tokens, out, dtype = "fp32", device = "cpu", attention = "sdpa";
+  int repeat = 1;  // >1: run the forward again and report each run's time (for bench/)
 };
 
 int cmd_logits(const LogitsArgs& a) {
@@ -163,9 +165,18 @@ int cmd_logits(const LogitsArgs& a) {
   std::vector<int64_t> ids = parse_tokens(a.tokens, model.config().vocab_size);
   at::Tensor input = at::tensor(ids, at::kLong).unsqueeze(0);
   at::Tensor logits;
-  {
+  std::vector<double> seconds;
+  for (int run = 0; run < std::max(1, a.repeat); ++run) {
     c10::InferenceMode inference;  // no autograd bookkeeping
+    auto start = std::chrono::steady_clock::now();
     logits = model.forward(input, {impl});
+    if (device.is_cuda()) logits = logits.to(at::kCPU);  // waits for the device
+    seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  if (a.repeat > 1) {
+    std::cerr << "forward_seconds:";
+    for (double s : seconds) std::cerr << " " << s;
+    std::cerr << "\n";
   }
   save_safetensors(a.out, {{"logits", logits[0].to(at::kCPU, at::kFloat)}});
   std::cerr << "wrote logits [" << ids.size() << ", " << model.config().vocab_size << "] to " << a.out << "\n";
@@ -215,6 +226,7 @@ int main(int argc, char** argv) {
   logits->add_option("--dtype", logits_args.dtype, "compute dtype: fp32 (default) or bf16");
   logits->add_option("--device", logits_args.device, "cpu (default) or cuda[:N]");
   logits->add_option("--attention", logits_args.attention, "sdpa (default, fused kernels) or reference (plain fp32 path)");
+  logits->add_option("--repeat", logits_args.repeat, "run the forward N times and print each run's seconds (benchmarks)");
 
   InitArgs init_args;
   auto* init = app.add_subcommand("init", "Write a randomly initialised model directory (SPEC.md init) from a preset");
