@@ -26,6 +26,7 @@ test: unit pytest
 
 bench: build
 	$(PY) bench/bench_logits.py
+	$(PY) bench/bench_variant.py
 
 clean:
 	rm -rf $(BUILD)

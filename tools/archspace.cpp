@@ -186,6 +186,8 @@ int cmd_logits(const LogitsArgs& a) {
 struct InitArgs {
   std::string preset_name, out, variant = "base", dtype = "fp32", config_path;
   uint64_t seed = 0;
+  bool no_siamese_norm = false, no_depth_attention = false;
+  int64_t depth_stride = 0, depth_recent_window = -1;
 };
 
 int cmd_init(const InitArgs& a) {
@@ -197,6 +199,13 @@ int cmd_init(const InitArgs& a) {
                 : a.variant == "siamese_depth" ? Variant::kSiameseDepth
                 : throw Error("--variant: unknown variant '" + a.variant + "' (use base or siamese_depth)");
     config = preset(a.preset_name, v);
+  }
+  if (a.no_siamese_norm || a.no_depth_attention || a.depth_stride > 0 || a.depth_recent_window >= 0) {
+    if (config.variant != Variant::kSiameseDepth) throw Error("init: the Depth-Attention/SiameseNorm switches need --variant siamese_depth");
+    if (a.no_siamese_norm) config.use_siamese_norm = false;
+    if (a.no_depth_attention) config.use_depth_attention = false;
+    if (a.depth_stride > 0) config.depth_attention_stride = a.depth_stride;
+    if (a.depth_recent_window >= 0) config.depth_attention_recent_window = a.depth_recent_window;
   }
   CausalLM model = CausalLM::random_init(config, a.seed);
   save_model(model, a.out, parse_dtype(a.dtype));
@@ -237,6 +246,10 @@ int main(int argc, char** argv) {
   init->add_option("--variant", init_args.variant, "base (default) or siamese_depth");
   init->add_option("--seed", init_args.seed, "random seed (default 0)");
   init->add_option("--dtype", init_args.dtype, "dtype of the saved weights: fp32 (default) or bf16");
+  init->add_flag("--no-siamese-norm", init_args.no_siamese_norm, "siamese_depth ablation: SiameseNorm off");
+  init->add_flag("--no-depth-attention", init_args.no_depth_attention, "siamese_depth ablation: Depth-Attention off");
+  init->add_option("--depth-stride", init_args.depth_stride, "siamese_depth: depth_attention_stride (default 8)");
+  init->add_option("--depth-recent-window", init_args.depth_recent_window, "siamese_depth: depth_attention_recent_window (default 0)");
 
   CLI11_PARSE(app, argc, argv);
   try {

@@ -342,6 +342,10 @@ json ModelConfig::to_json() const {
     j["qk_norm"] = true;
     j["qk_norm_mode"] = "full_projection";
     j["true_vocab_size"] = vocab_size;
+    // Where transformers finds the classes (archs/olmo3-siamese-depth-attn, copied beside the weights).
+    j["auto_map"] = {{"AutoConfig", "configuration_olmo3_siamese_depth.Olmo3SiameseDepthConfig"},
+                     {"AutoModel", "modeling_olmo3_siamese_depth.Olmo3SiameseDepthModel"},
+                     {"AutoModelForCausalLM", "modeling_olmo3_siamese_depth.Olmo3SiameseDepthForCausalLM"}};
   }
   return j;
 }

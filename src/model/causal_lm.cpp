@@ -57,9 +57,6 @@ int64_t parameter_count(const ModelConfig& config) {
 
 CausalLM::CausalLM(ModelConfig config, NamedTensors params) : config_(std::move(config)), params_(std::move(params)) {
   config_.validate();
-  if (config_.variant != Variant::kBase) {
-    throw Error("the siamese_depth variant is not implemented in the engine yet (issue 3)");
-  }
   const auto specs = parameter_specs(config_);
   if (params_.size() != specs.size()) {
     throw Error("CausalLM: got " + std::to_string(params_.size()) + " parameters, the model has " +
@@ -82,6 +79,7 @@ CausalLM::CausalLM(ModelConfig config, NamedTensors params) : config_(std::move(
   for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     Layer layer;
+    layer.index = l;
     layer.type = config_.layer_types[l];
     layer.q_proj = parameter(p + "self_attn.q_proj.weight");
     layer.k_proj = parameter(p + "self_attn.k_proj.weight");
@@ -92,9 +90,21 @@ CausalLM::CausalLM(ModelConfig config, NamedTensors params) : config_(std::move(
     layer.gate_proj = parameter(p + "mlp.gate_proj.weight");
     layer.up_proj = parameter(p + "mlp.up_proj.weight");
     layer.down_proj = parameter(p + "mlp.down_proj.weight");
-    layer.post_attention_layernorm = parameter(p + "post_attention_layernorm.weight");
-    layer.post_feedforward_layernorm = parameter(p + "post_feedforward_layernorm.weight");
+    if (uses_siamese_norm()) {
+      layer.pre_mlp_layernorm = parameter(p + "pre_mlp_layernorm.weight");
+      layer.siamese_attn_pre_norm = parameter(p + "siamese_attn_pre_norm.weight");
+      layer.siamese_mlp_pre_norm = parameter(p + "siamese_mlp_pre_norm.weight");
+      layer.siamese_mlp_input_norm = parameter(p + "siamese_mlp_input_norm.weight");
+      layer.siamese_hybrid_attn_scale = parameter(p + "siamese_hybrid_attn_scale");
+    } else {
+      layer.post_attention_layernorm = parameter(p + "post_attention_layernorm.weight");
+      layer.post_feedforward_layernorm = parameter(p + "post_feedforward_layernorm.weight");
+    }
     layers_.push_back(std::move(layer));
+  }
+  if (uses_siamese_norm()) {
+    siamese_post_final_layernorm_ = parameter("model.siamese_post_final_layernorm.weight");
+    siamese_pre_final_layernorm_ = parameter("model.siamese_pre_final_layernorm.weight");
   }
   sliding_rope_ = rope_for(config_, LayerType::kSliding);
   full_rope_ = rope_for(config_, LayerType::kFull);
@@ -127,28 +137,44 @@ CausalLM CausalLM::random_init(const ModelConfig& config, uint64_t seed, at::Sca
   return CausalLM(config, std::move(params));
 }
 
-at::Tensor CausalLM::attention(const Layer& layer, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                               const ForwardOptions& options) const {
+at::Tensor CausalLM::attention(const Layer& layer, const at::Tensor& x, const AttentionContext& ctx) const {
   const int64_t B = x.size(0), T = x.size(1), h = config_.head_dim;
   const double eps = config_.rms_norm_eps;
   // Q/K RMSNorm over the whole projection width, before splitting into heads.
   at::Tensor q = rms_norm(at::linear(x, layer.q_proj), layer.q_norm, eps);
   at::Tensor k = rms_norm(at::linear(x, layer.k_proj), layer.k_norm, eps);
   at::Tensor v = at::linear(x, layer.v_proj);
-  at::Tensor q_BHTD = apply_rope(q.view({B, T, -1, h}).transpose(1, 2), cos, sin);
-  at::Tensor k_BGTD = apply_rope(k.view({B, T, -1, h}).transpose(1, 2), cos, sin);
+  at::Tensor q_BHTD = apply_rope(q.view({B, T, -1, h}).transpose(1, 2), ctx.cos, ctx.sin);
+  at::Tensor k_BGTD = apply_rope(k.view({B, T, -1, h}).transpose(1, 2), ctx.cos, ctx.sin);
   at::Tensor v_BGTD = v.view({B, T, -1, h}).transpose(1, 2);
+  // Depth-Attention replaces the values with their cross-layer mix; token attention reads the mix.
+  if (ctx.depth) v_BGTD = ctx.depth->mix(layer.index, q_BHTD, k_BGTD, v_BGTD);
   const int64_t window = layer.type == LayerType::kSliding ? config_.sliding_window : 0;
-  at::Tensor o = causal_attention(q_BHTD, k_BGTD, v_BGTD, window, /*q_offset=*/0, options.attention);
+  at::Tensor o = causal_attention(q_BHTD, k_BGTD, v_BGTD, window, /*q_offset=*/0, ctx.options.attention);
   return at::linear(o.transpose(1, 2).reshape({B, T, -1}), layer.o_proj);
 }
 
-at::Tensor CausalLM::base_block(const Layer& layer, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                                const ForwardOptions& options) const {
+at::Tensor CausalLM::base_block(const Layer& layer, const at::Tensor& x, const AttentionContext& ctx) const {
   // Reordered norms (OLMo 2/3): normalise each sublayer's output, not its input.
   const double eps = config_.rms_norm_eps;
-  at::Tensor h = x + rms_norm(attention(layer, x, cos, sin, options), layer.post_attention_layernorm, eps);
+  at::Tensor h = x + rms_norm(attention(layer, x, ctx), layer.post_attention_layernorm, eps);
   return h + rms_norm(swiglu_mlp(h, layer.gate_proj, layer.up_proj, layer.down_proj), layer.post_feedforward_layernorm, eps);
+}
+
+void CausalLM::siamese_block(const Layer& layer, at::Tensor& X, at::Tensor& Y, const AttentionContext& ctx) const {
+  // SPEC.md section 3.1. X is the bounded (post-norm-like) stream, Y the identity (pre-norm-like) one;
+  // both sublayers add c_l * O to X and O to Y, with c_l = 1/sqrt(2(l+1)).
+  const double eps = config_.rms_norm_eps;
+  const double c = 1.0 / std::sqrt(2.0 * static_cast<double>(layer.index + 1));
+  at::Tensor attn_in = rms_norm(Y, layer.siamese_attn_pre_norm, eps) + layer.siamese_hybrid_attn_scale * X;
+  at::Tensor O = attention(layer, attn_in, ctx);
+  X = X + c * O;
+  Y = Y + O;
+  X = rms_norm(X, layer.pre_mlp_layernorm, eps);
+  at::Tensor mlp_in = rms_norm(X + rms_norm(Y, layer.siamese_mlp_pre_norm, eps), layer.siamese_mlp_input_norm, eps);
+  O = swiglu_mlp(mlp_in, layer.gate_proj, layer.up_proj, layer.down_proj);
+  X = X + c * O;
+  Y = Y + O;
 }
 
 at::Tensor CausalLM::forward(const at::Tensor& input_ids, const ForwardOptions& options) const {
@@ -159,10 +185,24 @@ at::Tensor CausalLM::forward(const at::Tensor& input_ids, const ForwardOptions& 
   auto [sliding_cos, sliding_sin] = sliding_rope_.tables(positions);
   auto [full_cos, full_sin] = full_rope_.tables(positions);
 
-  at::Tensor x = at::embedding(embed_tokens_, ids);
-  for (const Layer& layer : layers_) {
+  std::optional<DepthAttentionState> depth;
+  if (uses_depth_attention()) {
+    depth.emplace(config_.num_hidden_layers, config_.depth_attention_stride, config_.depth_attention_recent_window);
+  }
+  auto context = [&](const Layer& layer) {
     const bool sliding = layer.type == LayerType::kSliding;
-    x = base_block(layer, x, sliding ? sliding_cos : full_cos, sliding ? sliding_sin : full_sin, options);
+    return AttentionContext{sliding ? sliding_cos : full_cos, sliding ? sliding_sin : full_sin, options,
+                            depth ? &*depth : nullptr};
+  };
+
+  at::Tensor x = at::embedding(embed_tokens_, ids);
+  if (uses_siamese_norm()) {
+    at::Tensor X = x, Y = x;
+    for (const Layer& layer : layers_) siamese_block(layer, X, Y, context(layer));
+    const double eps = config_.rms_norm_eps;
+    x = rms_norm(X, siamese_post_final_layernorm_, eps) + rms_norm(Y, siamese_pre_final_layernorm_, eps);
+  } else {
+    for (const Layer& layer : layers_) x = base_block(layer, x, context(layer));
   }
   return at::linear(rms_norm(x, norm_, config_.rms_norm_eps), lm_head_);
 }

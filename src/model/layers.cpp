@@ -4,8 +4,10 @@
 
 namespace archspace {
 
+at::ScalarType compute_dtype(const at::Tensor& x) { return at::promote_types(x.scalar_type(), at::kFloat); }
+
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
-  at::Tensor xf = x.to(at::kFloat);
+  at::Tensor xf = x.to(compute_dtype(x));
   at::Tensor variance = xf.pow(2).mean(-1, /*keepdim=*/true);
   at::Tensor normed = xf * at::rsqrt(variance + eps);
   return (weight * normed).to(x.scalar_type());
@@ -30,11 +32,12 @@ namespace {
 at::Tensor reference_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t window,
                                int64_t q_offset) {
   const int64_t groups = q.size(1) / k.size(1);
-  at::Tensor kf = k.to(at::kFloat).repeat_interleave(groups, 1);
-  at::Tensor vf = v.to(at::kFloat).repeat_interleave(groups, 1);
-  at::Tensor scores = at::matmul(q.to(at::kFloat), kf.transpose(-2, -1)) / std::sqrt(static_cast<double>(q.size(-1)));
+  const at::ScalarType dtype = compute_dtype(q);
+  at::Tensor kf = k.to(dtype).repeat_interleave(groups, 1);
+  at::Tensor vf = v.to(dtype).repeat_interleave(groups, 1);
+  at::Tensor scores = at::matmul(q.to(dtype), kf.transpose(-2, -1)) / std::sqrt(static_cast<double>(q.size(-1)));
   at::Tensor allowed = causal_mask(q.size(2), k.size(2), window, q_offset, q.device());
-  scores = scores.masked_fill(allowed.logical_not(), -std::numeric_limits<float>::infinity());
+  scores = scores.masked_fill(allowed.logical_not(), -std::numeric_limits<double>::infinity());
   at::Tensor probs = at::softmax(scores, -1);
   return at::matmul(probs, vf).to(q.scalar_type());
 }

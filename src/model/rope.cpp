@@ -1,5 +1,7 @@
 #include "archspace/model/rope.h"
 
+#include "archspace/model/layers.h"
+
 #include <algorithm>
 #include <cmath>
 
@@ -56,7 +58,7 @@ std::pair<at::Tensor, at::Tensor> Rope::tables(const at::Tensor& positions) cons
 
 at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   const int64_t half = x.size(-1) / 2;
-  at::Tensor xf = x.to(at::kFloat);
+  at::Tensor xf = x.to(compute_dtype(x));
   at::Tensor rotated = at::cat({-xf.narrow(-1, half, half), xf.narrow(-1, 0, half)}, -1);
   return (xf * cos + rotated * sin).to(x.scalar_type());
 }

@@ -72,3 +72,84 @@ def hf_logits(model, tokens):
 @pytest.fixture
 def rng():
     return np.random.default_rng(1234)
+
+
+ARCHS = REPO / "archs" / "olmo3-siamese-depth-attn"
+REMOTE_FILES = ("configuration_olmo3_siamese_depth.py", "modeling_olmo3_siamese_depth.py")
+AUTO_MAP = {
+    "AutoConfig": "configuration_olmo3_siamese_depth.Olmo3SiameseDepthConfig",
+    "AutoModel": "modeling_olmo3_siamese_depth.Olmo3SiameseDepthModel",
+    "AutoModelForCausalLM": "modeling_olmo3_siamese_depth.Olmo3SiameseDepthForCausalLM",
+}
+
+
+def install_remote_code(directory):
+    import shutil
+
+    directory = pathlib.Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    for name in REMOTE_FILES:
+        shutil.copy(ARCHS / name, directory / name)
+
+
+def variant_config_dict(**overrides):
+    """config.json contents of a tiny siamese_depth model: 7 layers, stride 2, window 6, YaRN on full layers."""
+    fields = dict(
+        model_type="olmo3_siamese_depth",
+        architectures=["Olmo3SiameseDepthForCausalLM"],
+        auto_map=AUTO_MAP,
+        vocab_size=96,
+        hidden_size=64,
+        intermediate_size=160,
+        num_hidden_layers=7,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=65536,
+        rms_norm_eps=1e-6,
+        sliding_window=6,
+        rope_theta=500000.0,
+        rope_scaling={"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 8192,
+                      "beta_fast": 32.0, "beta_slow": 1.0},
+        pad_token_id=1,
+        eos_token_id=0,
+        bos_token_id=None,
+        tie_word_embeddings=False,
+        use_siamese_norm=True,
+        use_depth_attention=True,
+        siamese_norm_variant="hybrid_pre",
+        depth_attention_stride=2,
+        depth_attention_recent_window=0,
+        qk_norm=True,
+        qk_norm_mode="full_projection",
+    )
+    fields.update(overrides)
+    return fields
+
+
+def randomize_(model, seed=0):
+    """Random weights with non-trivial norms and SiameseNorm scales, so that a wrong norm shows."""
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name or name.endswith("siamese_hybrid_attn_scale"):
+                p.copy_(1.0 + 0.2 * torch.randn_like(p))
+            else:
+                p.copy_(0.08 * torch.randn_like(p))
+    return model
+
+
+def save_random_variant(directory, seed=0, **overrides):
+    """Writes a random siamese_depth model directory through the archs/ remote code; returns the model."""
+    import json
+
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    directory = pathlib.Path(directory)
+    install_remote_code(directory)
+    (directory / "config.json").write_text(json.dumps(variant_config_dict(**overrides)))
+    config = AutoConfig.from_pretrained(directory, trust_remote_code=True)
+    model = AutoModelForCausalLM.from_config(config, trust_remote_code=True).to(torch.float32).eval()
+    randomize_(model, seed)
+    model.save_pretrained(directory)
+    install_remote_code(directory)
+    return model

@@ -10,6 +10,7 @@
 
 #include "archspace/config/model_config.h"
 #include "archspace/io/safetensors.h"
+#include "archspace/model/depth_attention.h"
 #include "archspace/model/layers.h"
 #include "archspace/model/rope.h"
 
@@ -51,22 +52,38 @@ class CausalLM {
   at::Tensor forward(const at::Tensor& input_ids, const ForwardOptions& options = {}) const;
 
  private:
+  bool uses_siamese_norm() const { return config_.variant == Variant::kSiameseDepth && config_.use_siamese_norm; }
+  bool uses_depth_attention() const { return config_.variant == Variant::kSiameseDepth && config_.use_depth_attention; }
+
   struct Layer {
+    int64_t index;
     LayerType type;
     at::Tensor q_proj, k_proj, v_proj, o_proj, q_norm, k_norm;
     at::Tensor gate_proj, up_proj, down_proj;
+    // base block (and the variant with SiameseNorm off)
     at::Tensor post_attention_layernorm, post_feedforward_layernorm;
+    // SiameseNorm block
+    at::Tensor pre_mlp_layernorm, siamese_attn_pre_norm, siamese_mlp_pre_norm, siamese_mlp_input_norm,
+        siamese_hybrid_attn_scale;
+  };
+  // What one layer's attention needs besides its input.
+  struct AttentionContext {
+    const at::Tensor& cos;
+    const at::Tensor& sin;
+    const ForwardOptions& options;
+    DepthAttentionState* depth;  // null: no Depth-Attention
   };
 
-  at::Tensor attention(const Layer& layer, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                       const ForwardOptions& options) const;
-  at::Tensor base_block(const Layer& layer, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                        const ForwardOptions& options) const;
+  at::Tensor attention(const Layer& layer, const at::Tensor& x, const AttentionContext& ctx) const;
+  at::Tensor base_block(const Layer& layer, const at::Tensor& x, const AttentionContext& ctx) const;
+  // SiameseNorm "hybrid_pre" block: updates the two residual streams X and Y in place.
+  void siamese_block(const Layer& layer, at::Tensor& X, at::Tensor& Y, const AttentionContext& ctx) const;
 
   ModelConfig config_;
   NamedTensors params_;
   std::map<std::string, size_t> index_;
   at::Tensor embed_tokens_, norm_, lm_head_;
+  at::Tensor siamese_post_final_layernorm_, siamese_pre_final_layernorm_;
   std::vector<Layer> layers_;
   Rope sliding_rope_, full_rope_;
 };

@@ -8,6 +8,9 @@
 
 namespace archspace {
 
+// Norms, RoPE and softmax run in fp32, or wider when the activations are (fp64 gradient checks).
+at::ScalarType compute_dtype(const at::Tensor& x);
+
 // RMS_w(x) = w * (x * rsqrt(mean(x^2) + eps)), computed in fp32 and cast back to x's dtype.
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 

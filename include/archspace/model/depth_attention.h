@@ -1,0 +1,38 @@
+// Depth-Attention (SPEC.md section 3.2): cross-layer value mixing, no parameters. Inside layer l's
+// attention, after Q/K norm and RoPE, each token's value per kv head becomes a softmax-weighted mix of
+// its own value and the already-mixed values of earlier "source" layers, weighted by how well the mean
+// query of the head group matches each layer's key. State lives for one forward call only.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <vector>
+
+namespace archspace {
+
+// Sources of layer l: { j < l : j % stride == 0 or j >= l - recent_window }, ascending.
+std::vector<int64_t> depth_sources(int64_t layer, int64_t stride, int64_t recent_window);
+
+// The mix itself. q [B, H, T, h]; k, v [B, G, T, h] (this layer's post-norm, post-RoPE keys and values);
+// source_keys / source_values: the sources' keys and mixed values, each [B, G, T, h].
+// Scores qbar . k_j / sqrt(h) for each source, then the layer's own key last; softmax in fp32 (or wider).
+// Returns vhat [B, G, T, h] in v's dtype.
+at::Tensor depth_attention_mix(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                               const std::vector<at::Tensor>& source_keys,
+                               const std::vector<at::Tensor>& source_values);
+
+// Per-forward record of (key, mixed value) for the layers that later layers read.
+class DepthAttentionState {
+ public:
+  DepthAttentionState(int64_t num_layers, int64_t stride, int64_t recent_window);
+
+  // Mixes layer l's values with its sources' and records (k, vhat) if a later layer will read them.
+  at::Tensor mix(int64_t layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
+
+ private:
+  int64_t stride_, recent_window_;
+  std::vector<at::Tensor> keys_, values_;  // indexed by layer; undefined where not kept
+  std::vector<bool> is_source_;            // layer j is a source of some later layer
+};
+
+}  // namespace archspace
