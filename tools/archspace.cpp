@@ -5,10 +5,13 @@
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <iostream>
 #include <sstream>
 
+#include "archspace/data/tokenize.h"
 #include "archspace/io/model_io.h"
+#include "archspace/tokenizer/tokenizer.h"
 #include "archspace/util/error.h"
 
 using namespace archspace;
@@ -214,6 +217,36 @@ int cmd_init(const InitArgs& a) {
   return 0;
 }
 
+struct EncodeArgs {
+  std::string tokenizer = "dolma2", text, file, ids;
+};
+
+// Encode text (or decode ids) with a tokenizer: for inspecting what the model sees.
+int cmd_encode(const EncodeArgs& a) {
+  auto tok = Tokenizer::load(a.tokenizer);
+  if (!a.ids.empty()) {
+    std::vector<uint32_t> ids;
+    for (int64_t id : parse_tokens(a.ids, tok->vocab_size())) ids.push_back(static_cast<uint32_t>(id));
+    std::cout << tok->decode(ids);
+    return 0;
+  }
+  std::string text = a.text;
+  if (!a.file.empty()) {
+    std::ifstream in(a.file, std::ios::binary);
+    if (!in) throw Error(a.file + ": cannot open");
+    text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  std::vector<uint32_t> ids;
+  try {
+    ids = tok->encode(text);
+  } catch (const Error& e) {
+    throw Error((a.file.empty() ? std::string("--text") : a.file) + ": " + e.what());
+  }
+  for (size_t i = 0; i < ids.size(); ++i) std::cout << (i ? " " : "") << ids[i];
+  std::cout << "\n";
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -251,6 +284,27 @@ int main(int argc, char** argv) {
   init->add_option("--depth-stride", init_args.depth_stride, "siamese_depth: depth_attention_stride (default 8)");
   init->add_option("--depth-recent-window", init_args.depth_recent_window, "siamese_depth: depth_attention_recent_window (default 0)");
 
+  EncodeArgs encode_args;
+  auto* encode = app.add_subcommand("encode", "Encode text to token ids (or --ids to decode) with a tokenizer");
+  encode->add_option("--tokenizer", encode_args.tokenizer, "tokenizer.json, a directory holding one, or dolma2 (default)");
+  auto* enc_text = encode->add_option("--text", encode_args.text, "text to encode");
+  auto* enc_file = encode->add_option("--file", encode_args.file, "file to encode");
+  auto* enc_ids = encode->add_option("--ids", encode_args.ids, "token ids to decode instead");
+  enc_text->excludes(enc_file)->excludes(enc_ids);
+  enc_file->excludes(enc_ids);
+
+  TokenizeOptions tok_opts;
+  std::string invalid_utf8 = "error";
+  auto* tokenize = app.add_subcommand("tokenize", "Text/JSONL to token shards (uint32, EOS after each document) + manifest.json");
+  tokenize->add_option("--tokenizer", tok_opts.tokenizer, "tokenizer.json, a directory holding one, or dolma2 (default)");
+  tokenize->add_option("--out", tok_opts.out_dir, "output shard directory (must not hold shards yet)")->required();
+  tokenize->add_option("INPUT", tok_opts.inputs, "text files (one document each), *.jsonl (one per line), or directories")->required();
+  tokenize->add_option("--threads", tok_opts.threads, "encoding threads (default: all cores)");
+  tokenize->add_option("--shard-tokens", tok_opts.shard_tokens, "tokens per shard file (default 268435456 = 1 GiB)");
+  tokenize->add_option("--invalid-utf8", invalid_utf8, "error (default: stop, naming file and byte) or replace (U+FFFD, counted)");
+  tokenize->add_option("--text-field", tok_opts.text_field, "JSONL field holding the text (default: text)");
+  tokenize->add_flag("--verify-roundtrip", tok_opts.verify_roundtrip, "check decode(encode(doc)) == doc for every document");
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (threads > 0) at::set_num_threads(threads);
@@ -259,6 +313,15 @@ int main(int argc, char** argv) {
       return cmd_info(info_dir, info_preset);
     }
     if (*logits) return cmd_logits(logits_args);
+    if (*encode) return cmd_encode(encode_args);
+    if (*tokenize) {
+      if (invalid_utf8 == "replace") tok_opts.invalid_utf8 = InvalidUtf8Policy::kReplace;
+      else if (invalid_utf8 != "error") throw Error("--invalid-utf8: '" + invalid_utf8 + "' (use error or replace)");
+      ShardManifest m = tokenize_to_shards(tok_opts);
+      std::cerr << "wrote " << m.total_tokens() << " tokens of " << m.total_documents() << " documents in " << m.shards.size()
+                << " shard(s) to " << tok_opts.out_dir << " (tokenizer " << m.tokenizer_name << ")\n";
+      return 0;
+    }
     if (*init) {
       if (init_args.preset_name.empty() && init_args.config_path.empty()) throw Error("init: give --preset NAME or --config FILE");
       return cmd_init(init_args);
