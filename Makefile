@@ -3,7 +3,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 PY := .venv/bin/python
 
-.PHONY: all setup build test unit pytest bench clean
+.PHONY: all setup build test unit pytest bench corpus clean
 
 all: build
 
@@ -24,9 +24,13 @@ pytest: build
 
 test: unit pytest
 
+corpus: build
+	bash scripts/prepare_corpus.sh
+
 bench: build
 	$(PY) bench/bench_logits.py
 	$(PY) bench/bench_variant.py
+	$(PY) bench/bench_tokenizer.py
 
 clean:
 	rm -rf $(BUILD)

@@ -206,7 +206,12 @@ ShardManifest tokenize_to_shards(const TokenizeOptions& o) {
       last_report = now;
     }
   }
-  if (o.progress) report(true);
+  if (o.progress) {
+    report(true);
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::fprintf(stderr, "[tokenize] done: %llu bytes -> %llu tokens in %.3f s (%.2f MB/s, %d threads)\n",
+                 (unsigned long long)reader.bytes_read, (unsigned long long)tokens, elapsed, reader.bytes_read / 1e6 / elapsed, threads);
+  }
 
   ShardManifest m;
   m.tokenizer_name = tokenizer->name();
