@@ -11,6 +11,7 @@
 
 #include "archspace/data/tokenize.h"
 #include "archspace/io/model_io.h"
+#include "archspace/train/trainer.h"
 #include "archspace/tokenizer/tokenizer.h"
 #include "archspace/util/error.h"
 
@@ -305,6 +306,13 @@ int main(int argc, char** argv) {
   tokenize->add_option("--text-field", tok_opts.text_field, "JSONL field holding the text (default: text)");
   tokenize->add_flag("--verify-roundtrip", tok_opts.verify_roundtrip, "check decode(encode(doc)) == doc for every document");
 
+  std::string train_config;
+  TrainOptions train_opts;
+  auto* train = app.add_subcommand("train", "Train one pipeline stage from a TOML run config");
+  train->add_option("--config", train_config, "the run's TOML (see README, Training configuration)")->required();
+  train->add_flag("--resume", train_opts.resume, "continue from the run's latest checkpoint");
+  train->add_option("--stop-after", train_opts.stop_after_step, "stop after this step as if interrupted (for tests)");
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (threads > 0) at::set_num_threads(threads);
@@ -314,6 +322,11 @@ int main(int argc, char** argv) {
     }
     if (*logits) return cmd_logits(logits_args);
     if (*encode) return cmd_encode(encode_args);
+    if (*train) {
+      TrainResult r = run_training(TrainConfig::load(train_config), train_opts);
+      std::cerr << "checkpoint: " << r.final_checkpoint << "\n";
+      return 0;
+    }
     if (*tokenize) {
       if (invalid_utf8 == "replace") tok_opts.invalid_utf8 = InvalidUtf8Policy::kReplace;
       else if (invalid_utf8 != "error") throw Error("--invalid-utf8: '" + invalid_utf8 + "' (use error or replace)");

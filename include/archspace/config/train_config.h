@@ -1,0 +1,73 @@
+// TrainConfig: one training run (one pipeline stage), read from TOML. One key per concept; an unknown
+// key is an error. Every key is documented in README.md ("Training configuration").
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "archspace/config/model_config.h"
+
+namespace archspace {
+
+struct TrainConfig {
+  std::string source;  // the TOML file, for messages
+
+  // [model]
+  std::string preset;        // a preset name, or
+  std::string model_config;  // a config.json path
+  std::string variant = "base";
+  std::optional<bool> use_siamese_norm, use_depth_attention;
+  std::optional<int64_t> depth_attention_stride, depth_attention_recent_window;
+  std::string init_from;  // a checkpoint (or model directory) whose weights start this stage
+  std::optional<YarnScaling> rope_scaling;            // switch YaRN on for full layers
+  std::optional<int64_t> max_position_embeddings;
+
+  // [data]
+  std::string train_data;  // token shard directory, or chat JSONL when format = "chat"
+  std::string valid_data;  // optional
+  std::string format = "tokens";  // "tokens" (pretraining shards) | "chat" (SFT JSONL with "messages")
+  std::string tokenizer = "dolma2";  // for chat data
+  bool shuffle = true;
+
+  // [train]
+  std::string run_dir;
+  int64_t sequence_length = 0;
+  int64_t micro_batch = 1;
+  int64_t grad_accum = 1;
+  int64_t max_steps = 0;
+  uint64_t seed = 0;
+  std::string device = "cpu";
+  std::string dtype = "fp32";  // "bf16": autocast on CUDA (weights and optimizer stay fp32)
+  int threads = 0;
+
+  // [optim]
+  double lr = 1e-3;
+  double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
+  double weight_decay = 0.1;
+  bool decay_norms = false;       // norms and SiameseNorm scale vectors
+  bool decay_embeddings = true;
+  int64_t warmup_steps = 0;
+  double final_lr_factor = 0.1;
+  double clip_grad_norm = 1.0;    // 0: off
+  double z_loss = 1e-5;
+
+  // [checkpoint]
+  int64_t checkpoint_interval = 0;  // 0: only the final one
+  int64_t keep_last = 3;
+
+  // [eval]
+  int64_t eval_interval = 0;
+  int64_t eval_batches = 4;
+
+  // [debug]
+  int64_t dump_gradients_steps = 0;  // write the gradients of the first N steps (tests)
+
+  int64_t global_batch() const { return micro_batch * grad_accum; }
+  static TrainConfig load(const std::string& path);
+  // The model this run trains (before any init_from); throws naming the TOML key on bad values.
+  ModelConfig model() const;
+};
+
+}  // namespace archspace

@@ -1,0 +1,37 @@
+// Training checkpoints: RUN_DIR/checkpoints/step-NNNNNNNN/ holding model/ (a Hugging Face model
+// directory), optimizer.safetensors, trainer_state.json, the run's TOML, and checksums.json (SHA-256 of
+// every file, verified on load). Written into a temporary directory, fsynced, then renamed, so a crash
+// or a full disk never leaves a half checkpoint under a real name; `latest` and `final` name the newest.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "archspace/io/safetensors.h"
+#include "archspace/model/causal_lm.h"
+
+namespace archspace {
+
+struct CheckpointContents {
+  const CausalLM* model;
+  NamedTensors optimizer_state;
+  nlohmann::json trainer_state;  // step, tokens, data position, seed, ...
+  std::string config_toml;       // path of the run's TOML, copied in
+};
+
+// Returns the checkpoint directory. Keeps the newest `keep_last` step checkpoints (never the final one).
+std::string save_checkpoint(const std::string& run_dir, int64_t step, const CheckpointContents& contents, int64_t keep_last,
+                            bool is_final);
+
+// The checkpoint `latest` names, or "" when the run has none.
+std::string latest_checkpoint(const std::string& run_dir);
+// Throws naming the file whose SHA-256 does not match checksums.json.
+void verify_checkpoint(const std::string& checkpoint_dir);
+nlohmann::json read_trainer_state(const std::string& checkpoint_dir);
+
+// A model directory from: a checkpoint (its model/), a run directory (its final checkpoint), or an HF
+// model directory itself.
+std::string resolve_model_dir(const std::string& path);
+
+}  // namespace archspace

@@ -1,0 +1,45 @@
+// AdamW with decoupled weight decay, computed exactly as torch.optim.AdamW (single-tensor path), and
+// the learning-rate schedule: linear warm-up, then cosine decay to final_lr_factor * lr.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <string>
+#include <vector>
+
+#include "archspace/io/safetensors.h"
+
+namespace archspace {
+
+struct AdamWOptions {
+  double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
+};
+
+class AdamW {
+ public:
+  struct Group {
+    std::string name;
+    at::Tensor param;
+    bool decay;
+  };
+  AdamW(std::vector<Group> params, AdamWOptions options);
+
+  // One update with learning rate `lr` and weight decay `weight_decay` (applied to decay params only).
+  void step(double lr, double weight_decay);
+  int64_t steps_taken() const { return step_; }
+
+  NamedTensors state() const;  // "exp_avg.NAME", "exp_avg_sq.NAME"
+  void load_state(const NamedTensors& state, int64_t steps_taken, const std::string& source);
+
+ private:
+  std::vector<Group> params_;
+  std::vector<at::Tensor> exp_avg_, exp_avg_sq_;
+  AdamWOptions o_;
+  int64_t step_ = 0;
+};
+
+// lr at (0-based) step: (step + 1) / warmup * lr during warm-up, then a cosine from lr down to
+// final_factor * lr at the last step.
+double scheduled_lr(int64_t step, int64_t max_steps, int64_t warmup, double lr, double final_factor);
+
+}  // namespace archspace

@@ -1,0 +1,71 @@
+#include "archspace/train/chat.h"
+
+#include <fstream>
+
+#include "archspace/util/error.h"
+
+namespace archspace {
+
+const char* const kDefaultSystemPrompt =
+    "You are a helpful function-calling AI assistant. You do not currently have access to any functions. "
+    "<functions></functions>";
+
+ChatExample encode_chat(const Tokenizer& tokenizer, const nlohmann::json& messages, const std::string& where) {
+  if (!messages.is_array() || messages.empty()) throw Error(where + ": 'messages' must be a non-empty list");
+  ChatExample ex;
+  auto append = [&](const std::string& text, bool trained) {
+    for (uint32_t id : tokenizer.encode(text)) {
+      ex.ids.push_back(id);
+      ex.trained.push_back(trained);
+    }
+  };
+  size_t last_assistant = messages.size();
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const auto& m = messages[i];
+    if (!m.is_object() || !m.contains("role") || !m["role"].is_string() || !m.contains("content") || !m["content"].is_string()) {
+      throw Error(where + ": message " + std::to_string(i) + " needs string 'role' and 'content'");
+    }
+    const std::string role = m["role"];
+    if (role != "system" && role != "user" && role != "assistant" && role != "environment") {
+      throw Error(where + ": message " + std::to_string(i) + " has role '" + role + "' (system, user, assistant, environment)");
+    }
+    if (role == "assistant") last_assistant = i;
+  }
+  if (last_assistant == messages.size()) throw Error(where + ": no assistant message to learn from");
+  if (messages[0]["role"] != "system") append(std::string("<|im_start|>system\n") + kDefaultSystemPrompt + "<|im_end|>\n", false);
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const std::string role = messages[i]["role"], content = messages[i]["content"];
+    const bool assistant = role == "assistant";
+    append("<|im_start|>" + role + "\n", false);
+    if (i == last_assistant) {
+      append(content + "<|endoftext|>", true);
+      break;  // nothing after the final assistant turn is trained on or needed
+    }
+    append(content + "<|im_end|>", assistant);
+    append("\n", false);
+  }
+  return ex;
+}
+
+std::vector<ChatExample> load_chat_jsonl(const std::string& path, const Tokenizer& tokenizer) {
+  std::ifstream in(path);
+  if (!in) throw Error(path + ": cannot open chat data");
+  std::vector<ChatExample> out;
+  std::string line;
+  for (int64_t n = 1; std::getline(in, line); ++n) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const std::string where = path + ":" + std::to_string(n);
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::parse_error& e) {
+      throw Error(where + ": malformed JSON line: " + e.what());
+    }
+    if (!j.is_object() || !j.contains("messages")) throw Error(where + ": no 'messages' field");
+    out.push_back(encode_chat(tokenizer, j["messages"], where));
+  }
+  if (out.empty()) throw Error(path + ": no chat examples");
+  return out;
+}
+
+}  // namespace archspace

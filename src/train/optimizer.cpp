@@ -1,0 +1,71 @@
+#include "archspace/train/optimizer.h"
+
+#include <c10/core/GradMode.h>
+
+#include <cmath>
+#include <map>
+
+#include "archspace/util/error.h"
+
+namespace archspace {
+
+AdamW::AdamW(std::vector<Group> params, AdamWOptions options) : params_(std::move(params)), o_(options) {
+  for (const auto& g : params_) {
+    exp_avg_.push_back(at::zeros_like(g.param, at::MemoryFormat::Contiguous));
+    exp_avg_sq_.push_back(at::zeros_like(g.param, at::MemoryFormat::Contiguous));
+  }
+}
+
+void AdamW::step(double lr, double weight_decay) {
+  c10::NoGradGuard no_grad;
+  ++step_;
+  const double bias_correction1 = 1 - std::pow(o_.beta1, static_cast<double>(step_));
+  const double bias_correction2 = 1 - std::pow(o_.beta2, static_cast<double>(step_));
+  const double step_size = lr / bias_correction1;
+  const double bias_correction2_sqrt = std::sqrt(bias_correction2);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    at::Tensor p = params_[i].param;
+    const at::Tensor& grad = p.grad();
+    if (!grad.defined()) continue;
+    if (params_[i].decay && weight_decay != 0) p.mul_(1 - lr * weight_decay);
+    exp_avg_[i].lerp_(grad, 1 - o_.beta1);
+    exp_avg_sq_[i].mul_(o_.beta2).addcmul_(grad, grad, 1 - o_.beta2);
+    at::Tensor denom = (exp_avg_sq_[i].sqrt() / bias_correction2_sqrt).add_(o_.eps);
+    p.addcdiv_(exp_avg_[i], denom, -step_size);
+  }
+}
+
+NamedTensors AdamW::state() const {
+  NamedTensors out;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    out.emplace_back("exp_avg." + params_[i].name, exp_avg_[i]);
+    out.emplace_back("exp_avg_sq." + params_[i].name, exp_avg_sq_[i]);
+  }
+  return out;
+}
+
+void AdamW::load_state(const NamedTensors& state, int64_t steps_taken, const std::string& source) {
+  std::map<std::string, at::Tensor> by_name(state.begin(), state.end());
+  c10::NoGradGuard no_grad;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    for (auto [prefix, dst] : {std::pair{"exp_avg.", &exp_avg_[i]}, std::pair{"exp_avg_sq.", &exp_avg_sq_[i]}}) {
+      auto it = by_name.find(prefix + params_[i].name);
+      if (it == by_name.end()) throw Error(source + ": optimizer state lacks '" + prefix + params_[i].name + "'");
+      if (it->second.sizes() != dst->sizes()) throw Error(source + ": optimizer state '" + prefix + params_[i].name + "' has the wrong shape");
+      dst->copy_(it->second);
+    }
+  }
+  if (by_name.size() != 2 * params_.size()) throw Error(source + ": optimizer state has tensors for parameters the model lacks");
+  step_ = steps_taken;
+}
+
+double scheduled_lr(int64_t step, int64_t max_steps, int64_t warmup, double lr, double final_factor) {
+  if (step < warmup) return lr * static_cast<double>(step + 1) / static_cast<double>(warmup);
+  const int64_t decay_steps = max_steps - warmup;
+  if (decay_steps <= 1) return lr;
+  const double progress = static_cast<double>(step - warmup) / static_cast<double>(decay_steps - 1);
+  const double kPi = 3.14159265358979323846;
+  return lr * (final_factor + (1 - final_factor) * 0.5 * (1 + std::cos(kPi * progress)));
+}
+
+}  // namespace archspace
