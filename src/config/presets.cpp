@@ -45,7 +45,7 @@ ModelConfig from_dims(const Dims& d, Variant variant) {
 }  // namespace
 
 std::vector<std::string> preset_names() {
-  std::vector<std::string> names = {"tiny", "small"};
+  std::vector<std::string> names = {"tiny", "micro", "small"};
   for (const auto& [name, dims] : olmo_core_sizes()) names.push_back(name);
   return names;
 }
@@ -63,6 +63,13 @@ ModelConfig preset(const std::string& name, Variant variant) {
     c.max_position_embeddings = 4096;
     c.eos_token_id = 0;
     c.pad_token_id = 1;
+    return c;
+  }
+  if (name == "micro") {
+    // The tiny shapes with the real dolma2 vocabulary: minutes-long CPU pipelines on tokenized text.
+    ModelConfig c = from_dims({4, 64, 4, 2, 16, 192}, variant);
+    c.sliding_window = 32;
+    c.max_position_embeddings = 8192;
     return c;
   }
   if (name == "small") {

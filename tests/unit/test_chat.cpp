@@ -1,0 +1,51 @@
+// SFT formatting and masking (SPEC.md section 6): which tokens carry loss.
+#include <gtest/gtest.h>
+
+#include "archspace/train/chat.h"
+#include "archspace/util/error.h"
+
+using namespace archspace;
+
+namespace {
+std::string trained_text(const Tokenizer& tok, const ChatExample& ex) {
+  std::vector<uint32_t> ids;
+  for (size_t i = 0; i < ex.ids.size(); ++i)
+    if (ex.trained[i]) ids.push_back(ex.ids[i]);
+  return tok.decode(ids);
+}
+}  // namespace
+
+TEST(Chat, FormatAndLossMask) {
+  auto tok = Tokenizer::load("dolma2");
+  nlohmann::json messages = {{{"role", "user"}, {"content", "Hi?"}},
+                             {{"role", "assistant"}, {"content", "Hello."}},
+                             {{"role", "user"}, {"content", "2+2?"}},
+                             {{"role", "assistant"}, {"content", "4"}}};
+  ChatExample ex = encode_chat(*tok, messages, "test");
+  ASSERT_EQ(ex.ids.size(), ex.trained.size());
+  const std::string expected_text = std::string("<|im_start|>system\n") + kDefaultSystemPrompt +
+                                    "<|im_end|>\n<|im_start|>user\nHi?<|im_end|>\n<|im_start|>assistant\nHello.<|im_end|>\n"
+                                    "<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n4<|endoftext|>";
+  EXPECT_EQ(tok->decode(ex.ids), expected_text);
+  // Only assistant content and each assistant turn's end token carry loss.
+  EXPECT_EQ(trained_text(*tok, ex), "Hello.<|im_end|>4<|endoftext|>");
+  EXPECT_EQ(ex.ids.back(), 100257u);
+}
+
+TEST(Chat, GivenSystemPromptReplacesTheDefault) {
+  auto tok = Tokenizer::load("dolma2");
+  nlohmann::json messages = {{{"role", "system"}, {"content", "Be brief."}},
+                             {{"role", "user"}, {"content", "x"}},
+                             {{"role", "environment"}, {"content", "tool says 3"}},
+                             {{"role", "assistant"}, {"content", "3"}}};
+  ChatExample ex = encode_chat(*tok, messages, "test");
+  EXPECT_EQ(tok->decode(ex.ids).find(kDefaultSystemPrompt), std::string::npos);
+  EXPECT_EQ(trained_text(*tok, ex), "3<|endoftext|>");
+}
+
+TEST(Chat, BadMessagesAreClearErrors) {
+  auto tok = Tokenizer::load("dolma2");
+  EXPECT_THROW(encode_chat(*tok, nlohmann::json::array(), "f:1"), Error);
+  EXPECT_THROW(encode_chat(*tok, {{{"role", "user"}, {"content", "no answer"}}}, "f:1"), Error);
+  EXPECT_THROW(encode_chat(*tok, {{{"role", "robot"}, {"content", "x"}}, {{"role", "assistant"}, {"content", "y"}}}, "f:1"), Error);
+}
