@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "archspace/data/tokenize.h"
+#include "archspace/io/export_hf.h"
 #include "archspace/io/model_io.h"
 #include "archspace/train/trainer.h"
 #include "archspace/tokenizer/tokenizer.h"
@@ -313,6 +314,14 @@ int main(int argc, char** argv) {
   train->add_flag("--resume", train_opts.resume, "continue from the run's latest checkpoint");
   train->add_option("--stop-after", train_opts.stop_after_step, "stop after this step as if interrupted (for tests)");
 
+  std::string export_src, export_out, export_dtype = "fp32";
+  ExportOptions export_opts;
+  auto* exporter = app.add_subcommand("export-hf", "Export a checkpoint as a Hugging Face model directory (+ tokenizer, + remote code)");
+  exporter->add_option("CHECKPOINT", export_src, "a checkpoint, a finished run directory, or a model directory")->required();
+  exporter->add_option("OUT_DIR", export_out, "new output directory")->required();
+  exporter->add_option("--tokenizer", export_opts.tokenizer, "tokenizer to ship (default: the model's, else dolma2)");
+  exporter->add_option("--dtype", export_dtype, "weights dtype: fp32 (default) or bf16");
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (threads > 0) at::set_num_threads(threads);
@@ -322,6 +331,12 @@ int main(int argc, char** argv) {
     }
     if (*logits) return cmd_logits(logits_args);
     if (*encode) return cmd_encode(encode_args);
+    if (*exporter) {
+      export_opts.dtype = parse_dtype(export_dtype);
+      export_hf(export_src, export_out, export_opts);
+      std::cerr << "exported " << export_src << " to " << export_out << "\n";
+      return 0;
+    }
     if (*train) {
       TrainResult r = run_training(TrainConfig::load(train_config), train_opts);
       std::cerr << "checkpoint: " << r.final_checkpoint << "\n";

@@ -1,0 +1,19 @@
+// export-hf: a checkpoint (or run, or model directory) to a Hugging Face model directory: config.json,
+// safetensors weights, the tokenizer (tokenizer.json, tokenizer_config.json with the chat template),
+// generation_config.json, and for siamese_depth the archs/ remote code (trust_remote_code=True).
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <string>
+
+namespace archspace {
+
+struct ExportOptions {
+  std::string tokenizer;  // "" : the model directory's tokenizer.json if any, else dolma2
+  at::ScalarType dtype = at::kFloat;
+};
+
+void export_hf(const std::string& checkpoint, const std::string& out_dir, const ExportOptions& options);
+
+}  // namespace archspace

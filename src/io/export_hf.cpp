@@ -1,0 +1,76 @@
+#include "archspace/io/export_hf.h"
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "archspace/io/model_io.h"
+#include "archspace/remote_code.h"
+#include "archspace/tokenizer/tokenizer.h"
+#include "archspace/train/chat.h"
+#include "archspace/train/checkpoint.h"
+#include "archspace/util/error.h"
+
+namespace archspace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+void write_file(const fs::path& p, const std::string& text) {
+  std::ofstream out(p, std::ios::binary);
+  out << text;
+  if (!out) throw Error(p.string() + ": write failed");
+}
+
+// SPEC.md section 6 as a Jinja chat template (what encode_chat produces, plus a generation prompt).
+std::string chat_template() {
+  return std::string("{%- if messages[0]['role'] != 'system' %}{{ '<|im_start|>system\\n") + kDefaultSystemPrompt +
+         "<|im_end|>\\n' }}{%- endif %}"
+         "{%- for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] }}"
+         "{%- if loop.last and message['role'] == 'assistant' %}{{ '<|endoftext|>' }}{%- else %}{{ '<|im_end|>\\n' }}{%- endif %}"
+         "{%- endfor %}{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}";
+}
+
+}  // namespace
+
+void export_hf(const std::string& checkpoint, const std::string& out_dir, const ExportOptions& options) {
+  const std::string model_dir = resolve_model_dir(checkpoint);
+  const fs::path ckpt = fs::path(model_dir).parent_path();
+  if (fs::exists(ckpt / "checksums.json")) verify_checkpoint(ckpt.string());
+  CausalLM model = load_model(model_dir);
+  const ModelConfig& c = model.config();
+
+  std::string tok_spec = options.tokenizer;
+  if (tok_spec.empty()) tok_spec = fs::exists(fs::path(model_dir) / "tokenizer.json") ? model_dir : "dolma2";
+  auto tokenizer = Tokenizer::load(tok_spec);
+  if (tokenizer->vocab_size() > c.vocab_size) {
+    throw Error("export-hf: tokenizer " + tokenizer->path() + " has " + std::to_string(tokenizer->vocab_size()) +
+                " ids but the model's vocab_size is " + std::to_string(c.vocab_size) + " (give the model's tokenizer with --tokenizer)");
+  }
+  if (fs::exists(out_dir) && !fs::is_empty(out_dir)) throw Error(out_dir + ": exists and is not empty");
+  fs::create_directories(out_dir);
+  const fs::path out(out_dir);
+
+  save_model(model, out_dir, options.dtype);
+  fs::copy_file(tokenizer->path(), out / "tokenizer.json", fs::copy_options::overwrite_existing);
+  auto token_or_null = [&](const char* t) { return tokenizer->token_to_id(t) ? json(t) : json(nullptr); };
+  json tok_config = {{"tokenizer_class", "PreTrainedTokenizerFast"},
+                     {"eos_token", token_or_null("<|endoftext|>")},
+                     {"pad_token", token_or_null("<|pad|>")},
+                     {"bos_token", nullptr},
+                     {"model_max_length", c.max_position_embeddings},
+                     {"clean_up_tokenization_spaces", false}};
+  if (tokenizer->token_to_id("<|im_start|>")) tok_config["chat_template"] = chat_template();
+  write_file(out / "tokenizer_config.json", tok_config.dump(2) + "\n");
+  json gen = {{"eos_token_id", c.eos_token_id ? json(*c.eos_token_id) : json(nullptr)},
+              {"pad_token_id", c.pad_token_id ? json(*c.pad_token_id) : json(nullptr)}};
+  write_file(out / "generation_config.json", gen.dump(2) + "\n");
+  if (c.variant == Variant::kSiameseDepth) {
+    write_file(out / "configuration_olmo3_siamese_depth.py", kRemoteConfigurationPy);
+    write_file(out / "modeling_olmo3_siamese_depth.py", kRemoteModelingPy);
+  }
+}
+
+}  // namespace archspace
