@@ -3,7 +3,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 PY := .venv/bin/python
 
-.PHONY: all setup build test unit pytest bench corpus clean
+.PHONY: all setup build test unit pytest bench corpus demo clean
 
 all: build
 
@@ -23,6 +23,9 @@ pytest: build
 	$(PY) -m pytest -q tests/python
 
 test: unit pytest
+
+demo: build
+	bash scripts/demo.sh
 
 corpus: build
 	bash scripts/prepare_corpus.sh

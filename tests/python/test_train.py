@@ -276,3 +276,12 @@ def test_stage_transition_refuses_other_architecture(tmp_path):
 def test_existing_run_needs_resume(tmp_path, resume_setup):
     run_cli("train", "--config", resume_setup("run"), "--stop-after", "2")
     expect_error(["train", "--config", resume_setup("run")], "already holds a run", "--resume")
+
+
+def test_plot_draws_several_runs(tmp_path, resume_setup):
+    run_cli("train", "--config", resume_setup("a"), "--stop-after", "3")
+    run_cli("train", "--config", resume_setup("b"), "--stop-after", "2")
+    run_cli("plot", tmp_path / "a", tmp_path / "b", "--out", tmp_path / "loss.png")
+    assert (tmp_path / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    result = run_cli("plot", tmp_path / "nope", "--out", tmp_path / "x.png", check=False)
+    assert result.returncode != 0 and "no metrics" in result.stderr
