@@ -34,6 +34,7 @@ bench: build
 	$(PY) bench/bench_logits.py
 	$(PY) bench/bench_variant.py
 	$(PY) bench/bench_tokenizer.py
+	$(PY) bench/bench_train.py
 
 clean:
 	rm -rf $(BUILD)
