@@ -224,6 +224,13 @@ TrainResult run_training(const TrainConfig& cfg, const TrainOptions& options) {
     TensorStore opt_store = TensorStore::open_file((fs::path(resume_from) / "optimizer.safetensors").string());
     NamedTensors opt_state;
     for (const auto& n : opt_store.names()) opt_state.emplace_back(n, opt_store.tensor(n).to(device));
+    // Resuming under other batch geometry would silently read other instances: refuse.
+    for (const auto& [key, value] : {std::pair<const char*, int64_t>{"sequence_length", cfg.sequence_length}, {"global_batch", cfg.global_batch()}}) {
+      if (state.at(key).get<int64_t>() != value) {
+        throw Error(cfg.source + ": cannot resume " + resume_from + ": it was trained with " + key + " " + state.at(key).dump() +
+                    ", this config says " + std::to_string(value));
+      }
+    }
     start_step = state.at("step").get<int64_t>();
     tokens_seen = state.at("tokens").get<uint64_t>();
     optimizer.load_state(opt_state, state.at("optimizer_steps").get<int64_t>(), resume_from);
@@ -300,7 +307,10 @@ TrainResult run_training(const TrainConfig& cfg, const TrainOptions& options) {
         at::autocast::set_autocast_enabled(at::kCUDA, true);
       }
       at::Tensor logits = model.forward(b.input_ids.to(device));
-      if (autocast) at::autocast::set_autocast_enabled(at::kCUDA, false);
+      if (autocast) {
+        at::autocast::set_autocast_enabled(at::kCUDA, false);
+        at::autocast::clear_cache();  // drop the bf16 copies of the weights made for this forward
+      }
       LossSums s = next_token_loss(logits, b.labels.to(device), cfg.z_loss);
       ((s.ce_sum + s.z_sum) / static_cast<double>(labelled)).backward();
       ce += s.ce_sum.item<double>();
@@ -350,7 +360,7 @@ TrainResult run_training(const TrainConfig& cfg, const TrainOptions& options) {
       std::fflush(stderr);
       last_print = now;
     }
-    if (valid_loader && cfg.eval_interval > 0 && ((step + 1) % cfg.eval_interval == 0 || left == 0)) {
+    if (valid_loader && ((cfg.eval_interval > 0 && (step + 1) % cfg.eval_interval == 0) || left == 0)) {
       const double vl = evaluate();
       metrics << json{{"step", step + 1}, {"tokens", tokens_seen}, {"valid_loss", vl}}.dump() << "\n" << std::flush;
       if (options.progress) std::fprintf(stderr, "%s[eval] step %lld | validation loss %.4f\n", tty ? "\n" : "", (long long)step + 1, vl);

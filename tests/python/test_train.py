@@ -285,3 +285,10 @@ def test_plot_draws_several_runs(tmp_path, resume_setup):
     assert (tmp_path / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     result = run_cli("plot", tmp_path / "nope", "--out", tmp_path / "x.png", check=False)
     assert result.returncode != 0 and "no metrics" in result.stderr
+
+
+def test_resume_with_other_batch_geometry_is_refused(tmp_path, resume_setup):
+    run_cli("train", "--config", resume_setup("run"), "--stop-after", "2")
+    text = (tmp_path / "run.toml").read_text().replace("micro_batch = 2", "micro_batch = 4")
+    (tmp_path / "run.toml").write_text(text)
+    expect_error(["train", "--config", tmp_path / "run.toml", "--resume"], "cannot resume", "global_batch 4", "says 8")
