@@ -12,6 +12,7 @@
 
 #include "archspace/tokenizer/tokenizer.h"
 #include "archspace/util/error.h"
+#include "archspace/util/format.h"
 
 namespace archspace {
 
@@ -119,12 +120,6 @@ class DocumentReader {
   uint64_t line_ = 0;
 };
 
-std::string format_duration(double seconds) {
-  const long s = static_cast<long>(seconds + 0.5);
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%ld:%02ld:%02ld", s / 3600, (s / 60) % 60, s % 60);
-  return buf;
-}
 
 }  // namespace
 

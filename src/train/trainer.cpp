@@ -17,6 +17,7 @@
 #include "archspace/train/checkpoint.h"
 #include "archspace/train/optimizer.h"
 #include "archspace/util/error.h"
+#include "archspace/util/format.h"
 
 namespace archspace {
 
@@ -95,12 +96,6 @@ std::string batch_hash(const at::Tensor& ids) {
   return buf;
 }
 
-std::string hms(double seconds) {
-  const long s = static_cast<long>(seconds + 0.5);
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%ld:%02ld:%02ld", s / 3600, (s / 60) % 60, s % 60);
-  return buf;
-}
 
 // The model of this stage: fresh, or the previous stage's weights with only RoPE/length changes allowed.
 CausalLM build_model(const TrainConfig& cfg, at::Device device) {
@@ -355,8 +350,8 @@ TrainResult run_training(const TrainConfig& cfg, const TrainOptions& options) {
     const int64_t done = step + 1 - start_step, left = cfg.max_steps - step - 1;
     if (options.progress && (std::chrono::duration<double>(now - last_print).count() > (tty ? 0.3 : 5.0) || left == 0 || done == 1)) {
       std::fprintf(stderr, "%s[train] step %lld/%lld | loss %.4f | lr %.2e | grad %.3f | %.0f tok/s | elapsed %s | ETA %s%s", tty ? "\r" : "",
-                   (long long)step + 1, (long long)cfg.max_steps, loss, lr, grad_norm, step_tokens / step_s, hms(elapsed).c_str(),
-                   hms(elapsed / done * left).c_str(), tty && left ? "" : "\n");
+                   (long long)step + 1, (long long)cfg.max_steps, loss, lr, grad_norm, step_tokens / step_s, format_duration(elapsed).c_str(),
+                   format_duration(elapsed / done * left).c_str(), tty && left ? "" : "\n");
       std::fflush(stderr);
       last_print = now;
     }
