@@ -150,7 +150,14 @@ at::Tensor CausalLM::attention(const Layer& layer, const at::Tensor& x, const At
   // Depth-Attention replaces the values with their cross-layer mix; token attention reads the mix.
   if (ctx.depth) v_BGTD = ctx.depth->mix(layer.index, q_BHTD, k_BGTD, v_BGTD);
   const int64_t window = layer.type == LayerType::kSliding ? config_.sliding_window : 0;
-  at::Tensor o = causal_attention(q_BHTD, k_BGTD, v_BGTD, window, /*q_offset=*/0, ctx.options.attention);
+  int64_t q_offset = 0;
+  if (ctx.options.cache) {
+    KVCache::View view = ctx.options.cache->append(layer.index, k_BGTD, v_BGTD);
+    k_BGTD = view.k;
+    v_BGTD = view.v;
+    q_offset = view.q_offset;
+  }
+  at::Tensor o = causal_attention(q_BHTD, k_BGTD, v_BGTD, window, q_offset, ctx.options.attention);
   return at::linear(o.transpose(1, 2).reshape({B, T, -1}), layer.o_proj);
 }
 
@@ -181,7 +188,8 @@ at::Tensor CausalLM::forward(const at::Tensor& input_ids, const ForwardOptions& 
   if (input_ids.dim() != 2) throw Error("forward: input_ids must be [batch, time], got " + shape_string(input_ids.sizes().vec()));
   const int64_t T = input_ids.size(1);
   at::Tensor ids = input_ids.to(device(), at::kLong);
-  at::Tensor positions = at::arange(T, at::TensorOptions().dtype(at::kLong).device(device()));
+  const int64_t start = options.cache ? options.cache->length() : 0;
+  at::Tensor positions = at::arange(start, start + T, at::TensorOptions().dtype(at::kLong).device(device()));
   auto [sliding_cos, sliding_sin] = sliding_rope_.tables(positions);
   auto [full_cos, full_sin] = full_rope_.tables(positions);
 
@@ -204,6 +212,7 @@ at::Tensor CausalLM::forward(const at::Tensor& input_ids, const ForwardOptions& 
   } else {
     for (const Layer& layer : layers_) x = base_block(layer, x, context(layer));
   }
+  if (options.cache) options.cache->advance(T);
   return at::linear(rms_norm(x, norm_, config_.rms_norm_eps), lm_head_);
 }
 

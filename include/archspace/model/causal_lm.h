@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "archspace/config/model_config.h"
+#include "archspace/infer/kv_cache.h"
 #include "archspace/io/safetensors.h"
 #include "archspace/model/depth_attention.h"
 #include "archspace/model/layers.h"
@@ -30,6 +31,9 @@ int64_t parameter_count(const ModelConfig& config);
 
 struct ForwardOptions {
   AttentionImpl attention = AttentionImpl::kSdpa;
+  // Incremental decoding: the input continues the cached positions, and this call's keys and (mixed)
+  // values are added to the cache.
+  KVCache* cache = nullptr;
 };
 
 class CausalLM {

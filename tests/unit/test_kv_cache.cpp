@@ -1,0 +1,88 @@
+// Incremental decoding with the KV cache equals the full forward (fp32, <= 1e-4), for both variants,
+// past the sliding window and with YaRN on full layers; sliding layers' cache stays bounded.
+#include <gtest/gtest.h>
+
+#include "archspace/infer/kv_cache.h"
+#include "archspace/model/causal_lm.h"
+
+using namespace archspace;
+
+namespace {
+
+ModelConfig config_for(Variant v) {
+  ModelConfig c = preset("tiny", v);  // window 8, GQA 4/2, [S, S, S, F]
+  c.num_hidden_layers = 7;
+  c.layer_types = default_layer_types(7);
+  c.depth_attention_stride = 2;
+  c.depth_attention_recent_window = 1;
+  c.rope_scaling = YarnScaling{4.0, 16, 32.0, 1.0, std::nullopt};
+  return c;
+}
+
+// Perturbed init: norms away from 1, weights larger, so that a wrong cache shows in the logits.
+CausalLM random_model(const ModelConfig& c, uint64_t seed) {
+  CausalLM m = CausalLM::random_init(c, seed);
+  at::manual_seed(seed);
+  NamedTensors p;
+  for (const auto& [n, t] : m.parameters()) p.emplace_back(n, t.dim() == 1 ? t + 0.2 * at::randn_like(t) : t * 4);
+  return CausalLM(c, p);
+}
+
+}  // namespace
+
+class IncrementalDecoding : public ::testing::TestWithParam<Variant> {};
+
+TEST_P(IncrementalDecoding, ChunkedPrefillThenTokensEqualFullForward) {
+  const ModelConfig c = config_for(GetParam());
+  CausalLM model = random_model(c, 1);
+  at::Tensor ids = at::randint(0, c.vocab_size, {1, 40}, at::kLong);  // 5x the window of 8
+  at::Tensor full = model.forward(ids);
+  KVCache cache(c);
+  std::vector<at::Tensor> pieces;
+  int64_t pos = 0;
+  for (int64_t chunk : {13, 5, 1, 1, 7, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1}) {  // prefill chunks, then single tokens
+    pieces.push_back(model.forward(ids.narrow(1, pos, chunk), {AttentionImpl::kSdpa, &cache}));
+    pos += chunk;
+  }
+  ASSERT_EQ(pos, 40);
+  EXPECT_EQ(cache.length(), 40);
+  const double diff = (at::cat(pieces, 1) - full).abs().max().item<double>();
+  EXPECT_LE(diff, 1e-4);
+  EXPECT_GT(full.abs().max().item<double>(), 1.0);  // logits of a real scale, not all near zero
+  // Sliding layers hold window - 1 positions; full layers hold everything.
+  EXPECT_EQ(cache.cached_positions(0), c.sliding_window - 1);
+  EXPECT_EQ(cache.cached_positions(3), 40);
+}
+
+TEST_P(IncrementalDecoding, BatchedDecodingEqualsEachRowAlone) {
+  const ModelConfig c = config_for(GetParam());
+  CausalLM model = random_model(c, 2);
+  at::Tensor ids = at::randint(0, c.vocab_size, {3, 20}, at::kLong);
+  KVCache batch_cache(c);
+  at::Tensor batched = at::cat({model.forward(ids.narrow(1, 0, 12), {AttentionImpl::kSdpa, &batch_cache}),
+                                model.forward(ids.narrow(1, 12, 8), {AttentionImpl::kSdpa, &batch_cache})}, 1);
+  for (int64_t b = 0; b < 3; ++b) {
+    KVCache row_cache(c);
+    at::Tensor row = ids.narrow(0, b, 1);
+    at::Tensor alone = at::cat({model.forward(row.narrow(1, 0, 12), {AttentionImpl::kSdpa, &row_cache}),
+                                model.forward(row.narrow(1, 12, 8), {AttentionImpl::kSdpa, &row_cache})}, 1);
+    EXPECT_LE((batched[b] - alone[0]).abs().max().item<double>(), 1e-5) << "row " << b;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(BothVariants, IncrementalDecoding, ::testing::Values(Variant::kBase, Variant::kSiameseDepth));
+
+TEST(KVCache, SlidingMemoryIsBoundedByTheWindow) {
+  ModelConfig c = config_for(Variant::kBase);
+  CausalLM model = random_model(c, 3);
+  KVCache cache(c);
+  int64_t sliding_bytes_at_window = 0;
+  for (int64_t step = 0; step < 60; ++step) {
+    model.forward(at::randint(0, c.vocab_size, {1, 1}, at::kLong), {AttentionImpl::kSdpa, &cache});
+    if (step == c.sliding_window) sliding_bytes_at_window = cache.bytes(LayerType::kSliding);
+  }
+  EXPECT_EQ(cache.bytes(LayerType::kSliding), sliding_bytes_at_window);  // no growth after the window
+  // 7 layers [S, S, S, F, S, S, S]: 6 sliding layers x (k + v) x G=2 x (window - 1) x h=16 x 4 bytes.
+  EXPECT_EQ(cache.bytes(LayerType::kSliding), 6 * 2 * 2 * (c.sliding_window - 1) * 16 * 4);
+  EXPECT_EQ(cache.bytes(LayerType::kFull), 1 * 2 * 2 * 60 * 16 * 4);  // the full layer grows with the length
+}
