@@ -7,12 +7,15 @@
 #include <cstdio>
 #include <cstdlib>
 #include <unistd.h>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <sstream>
 
 #include "archspace/data/tokenize.h"
+#include "archspace/infer/generator.h"
 #include "archspace/io/export_hf.h"
+#include "archspace/train/chat.h"
 #include "archspace/io/model_io.h"
 #include "archspace/train/trainer.h"
 #include "archspace/tokenizer/tokenizer.h"
@@ -251,6 +254,71 @@ int cmd_encode(const EncodeArgs& a) {
   return 0;
 }
 
+struct GenerateArgs {
+  std::string model, prompt, prompt_tokens, messages, tokenizer, dtype = "fp32", device = "cpu";
+  bool chat = false;
+  std::vector<std::string> stops;
+  GenerateOptions options;
+};
+
+int cmd_generate(GenerateArgs a) {
+  namespace fs = std::filesystem;
+  std::string tok_spec = a.tokenizer;
+  if (tok_spec.empty()) {
+    if (!fs::exists(fs::path(a.model) / "tokenizer.json")) {
+      throw Error(a.model + ": the model directory has no tokenizer.json (export-hf adds one; or pass --tokenizer)");
+    }
+    tok_spec = a.model;
+  }
+  auto tokenizer = Tokenizer::load(tok_spec);
+  CausalLM model = load_model(a.model, {parse_dtype(a.dtype), parse_device(a.device)});
+  if (tokenizer->vocab_size() > model.config().vocab_size) {
+    throw Error(tokenizer->path() + ": " + std::to_string(tokenizer->vocab_size()) + " ids, more than the model's vocab_size " +
+                std::to_string(model.config().vocab_size));
+  }
+  std::vector<uint32_t> prompt;
+  if (!a.prompt_tokens.empty()) {
+    for (int64_t id : parse_tokens(a.prompt_tokens, model.config().vocab_size)) prompt.push_back(static_cast<uint32_t>(id));
+  } else if (a.chat || !a.messages.empty()) {
+    nlohmann::json messages;
+    if (!a.messages.empty()) {
+      std::ifstream in(a.messages);
+      if (!in) throw Error(a.messages + ": cannot open");
+      try {
+        messages = nlohmann::json::parse(in);
+      } catch (const nlohmann::json::parse_error& e) {
+        throw Error(a.messages + ": malformed JSON: " + e.what());
+      }
+      if (messages.is_object() && messages.contains("messages")) messages = messages["messages"];
+      if (!a.prompt.empty()) messages.push_back({{"role", "user"}, {"content", a.prompt}});
+    } else {
+      if (a.prompt.empty()) throw Error("--prompt: empty prompt");
+      messages = nlohmann::json::array({{{"role", "user"}, {"content", a.prompt}}});
+    }
+    prompt = encode_chat_prompt(*tokenizer, messages, a.messages.empty() ? "--prompt" : a.messages);
+    if (auto end = tokenizer->token_to_id("<|im_end|>")) a.options.stop_ids.push_back(*end);
+  } else {
+    if (a.prompt.empty()) throw Error("--prompt: empty prompt");
+    prompt = tokenizer->encode(a.prompt);
+  }
+  if (auto eos = tokenizer->token_to_id("<|endoftext|>")) a.options.stop_ids.push_back(*eos);
+  if (model.config().eos_token_id) a.options.stop_ids.push_back(static_cast<uint32_t>(*model.config().eos_token_id));
+  a.options.stop_strings = a.stops;
+  GenerateResult r = generate(model, *tokenizer, prompt, a.options, [](const std::string& text) {
+    std::cout << text << std::flush;
+  });
+  std::cout << std::endl;
+  char line[512];
+  std::snprintf(line, sizeof(line),
+                "[generate] prefill %lld tokens in %.3f s (%.1f tok/s) | decode %lld tokens in %.3f s (%.1f tok/s) | "
+                "KV cache %.2f MB (sliding %.2f MB, full %.2f MB)\n",
+                (long long)r.prefill_tokens, r.prefill_seconds, r.prefill_tokens / std::max(r.prefill_seconds, 1e-9),
+                (long long)r.decode_tokens, r.decode_seconds, r.decode_tokens / std::max(r.decode_seconds, 1e-9), r.cache_bytes / 1e6,
+                r.cache_sliding_bytes / 1e6, r.cache_full_bytes / 1e6);
+  std::cerr << line;
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -331,6 +399,23 @@ int main(int argc, char** argv) {
   plot->add_option("--out", plot_out, "output image, e.g. losses.png")->required();
   plot->add_option("--x", plot_x, "x axis: step (default) or tokens");
 
+  GenerateArgs gen_args;
+  auto* gen = app.add_subcommand("generate", "Generate text from a prompt (streams; reports tokens/s and cache memory)");
+  gen->add_option("--model", gen_args.model, "model directory (with tokenizer.json, or pass --tokenizer)")->required();
+  gen->add_option("--prompt", gen_args.prompt, "prompt text (with --chat: the user message)");
+  gen->add_option("--prompt-tokens", gen_args.prompt_tokens, "prompt as token ids instead");
+  gen->add_flag("--chat", gen_args.chat, "format as a chat (SPEC.md section 6) and answer as the assistant");
+  gen->add_option("--messages", gen_args.messages, "chat: a JSON file with the conversation so far (list of {role, content})");
+  gen->add_option("--max-new-tokens", gen_args.options.max_new_tokens, "tokens to generate at most (128)");
+  gen->add_option("--temperature", gen_args.options.sampling.temperature, "0 (default): greedy");
+  gen->add_option("--top-k", gen_args.options.sampling.top_k, "sample among the k most likely (0: off)");
+  gen->add_option("--top-p", gen_args.options.sampling.top_p, "nucleus sampling mass (1: off)");
+  gen->add_option("--seed", gen_args.options.sampling.seed, "sampling seed (0)");
+  gen->add_option("--stop", gen_args.stops, "stop when the text contains this string (repeatable)");
+  gen->add_option("--tokenizer", gen_args.tokenizer, "tokenizer (default: the model directory's)");
+  gen->add_option("--dtype", gen_args.dtype, "fp32 (default) or bf16");
+  gen->add_option("--device", gen_args.device, "cpu (default) or cuda[:N]");
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (threads > 0) at::set_num_threads(threads);
@@ -340,6 +425,7 @@ int main(int argc, char** argv) {
     }
     if (*logits) return cmd_logits(logits_args);
     if (*encode) return cmd_encode(encode_args);
+    if (*gen) return cmd_generate(gen_args);
     if (*plot) {
       // Plotting is matplotlib's job; hand the arguments to the project's script, unquoted by execvp.
       const char* python = std::getenv("ARCHSPACE_PYTHON") ? std::getenv("ARCHSPACE_PYTHON") : ARCHSPACE_PLOT_PYTHON;

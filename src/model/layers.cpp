@@ -55,9 +55,22 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
     return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, 0.0, /*is_causal=*/true, scale,
                                             /*enable_gqa=*/q.size(1) != k.size(1));
   }
+  const bool gqa = q.size(1) != k.size(1);
+  if (window > 0 && tq > 2 * window) {
+    // Long sequences under a sliding window: attend block by block, each query block reading only the
+    // keys its window reaches, so memory grows with T * window instead of T^2 (65,536-token contexts).
+    std::vector<at::Tensor> blocks;
+    for (int64_t s = 0; s < tq; s += window) {
+      const int64_t e = std::min(tq, s + window);
+      const int64_t k0 = std::max<int64_t>(0, s + q_offset - (window - 1)), k1 = std::min(tk, e + q_offset);
+      at::Tensor mask = causal_mask(e - s, k1 - k0, window, s + q_offset - k0, q.device());
+      blocks.push_back(at::scaled_dot_product_attention(q.narrow(2, s, e - s), k.narrow(2, k0, k1 - k0), v.narrow(2, k0, k1 - k0),
+                                                        mask, 0.0, false, scale, gqa));
+    }
+    return at::cat(blocks, 2);
+  }
   at::Tensor mask = causal_mask(tq, tk, window, q_offset, q.device());
-  return at::scaled_dot_product_attention(q, k, v, mask, 0.0, /*is_causal=*/false, scale,
-                                          /*enable_gqa=*/q.size(1) != k.size(1));
+  return at::scaled_dot_product_attention(q, k, v, mask, 0.0, /*is_causal=*/false, scale, gqa);
 }
 
 }  // namespace archspace

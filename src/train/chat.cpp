@@ -47,6 +47,23 @@ ChatExample encode_chat(const Tokenizer& tokenizer, const nlohmann::json& messag
   return ex;
 }
 
+std::vector<uint32_t> encode_chat_prompt(const Tokenizer& tokenizer, const nlohmann::json& messages, const std::string& where) {
+  if (!messages.is_array() || messages.empty()) throw Error(where + ": the conversation must be a non-empty list of messages");
+  std::string text;
+  if (!messages[0].is_object() || messages[0].value("role", "") != "system") {
+    text += std::string("<|im_start|>system\n") + kDefaultSystemPrompt + "<|im_end|>\n";
+  }
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const auto& m = messages[i];
+    if (!m.is_object() || !m.contains("role") || !m["role"].is_string() || !m.contains("content") || !m["content"].is_string()) {
+      throw Error(where + ": message " + std::to_string(i) + " needs string 'role' and 'content'");
+    }
+    text += "<|im_start|>" + m["role"].get<std::string>() + "\n" + m["content"].get<std::string>() + "<|im_end|>\n";
+  }
+  text += "<|im_start|>assistant\n";
+  return tokenizer.encode(text);
+}
+
 std::vector<ChatExample> load_chat_jsonl(const std::string& path, const Tokenizer& tokenizer) {
   std::ifstream in(path);
   if (!in) throw Error(path + ": cannot open chat data");

@@ -1,0 +1,45 @@
+// Text generation with the KV cache: chunked prefill, then one token per step, sampled (temperature,
+// top-k, top-p; temperature 0 is greedy), streamed as UTF-8 text as it is produced.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "archspace/model/causal_lm.h"
+#include "archspace/tokenizer/tokenizer.h"
+
+namespace archspace {
+
+struct SamplingOptions {
+  double temperature = 0.0;  // 0: greedy
+  int64_t top_k = 0;         // 0: off
+  double top_p = 1.0;        // 1: off
+  uint64_t seed = 0;
+};
+
+struct GenerateOptions {
+  int64_t max_new_tokens = 128;
+  SamplingOptions sampling;
+  std::vector<uint32_t> stop_ids;       // generation ends after any of these (not printed)
+  std::vector<std::string> stop_strings;  // or when the text contains one (cut before it)
+  int64_t prefill_chunk = 1024;
+};
+
+struct GenerateResult {
+  std::vector<uint32_t> ids;  // generated ids (without the prompt)
+  std::string text;
+  int64_t prefill_tokens = 0, decode_tokens = 0;
+  double prefill_seconds = 0, decode_seconds = 0;
+  int64_t cache_bytes = 0, cache_sliding_bytes = 0, cache_full_bytes = 0;
+};
+
+// Picks the next token from logits [V] (fp32).
+int64_t sample_token(const at::Tensor& logits, const SamplingOptions& options, at::Generator& gen);
+
+GenerateResult generate(const CausalLM& model, const Tokenizer& tokenizer, const std::vector<uint32_t>& prompt,
+                        const GenerateOptions& options, const std::function<void(const std::string&)>& on_text);
+
+}  // namespace archspace
