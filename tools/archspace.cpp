@@ -13,6 +13,8 @@
 #include <sstream>
 
 #include "archspace/data/tokenize.h"
+#include "archspace/data/token_shards.h"
+#include "archspace/eval/perplexity.h"
 #include "archspace/infer/generator.h"
 #include "archspace/io/export_hf.h"
 #include "archspace/train/chat.h"
@@ -319,6 +321,62 @@ int cmd_generate(GenerateArgs a) {
   return 0;
 }
 
+struct PplArgs {
+  std::string model, data, tokenizer, out, dtype = "fp32", device = "cpu";
+  int64_t max_tokens = 0;
+  PerplexityOptions options;
+};
+
+int cmd_eval_ppl(const PplArgs& a) {
+  namespace fs = std::filesystem;
+  CausalLM model = load_model(a.model, {parse_dtype(a.dtype), parse_device(a.device)});
+  std::vector<int64_t> tokens;
+  std::string tokenizer_name;
+  if (fs::exists(fs::path(a.data) / "manifest.json")) {
+    auto shards = TokenShards::open(a.data);
+    tokenizer_name = shards->manifest().tokenizer_name;
+    for (size_t s = 0; s < shards->num_shards(); ++s) {
+      std::vector<uint32_t> buf(shards->shard_tokens(s));
+      shards->read(s, 0, buf.size(), buf.data());
+      tokens.insert(tokens.end(), buf.begin(), buf.end());
+    }
+  } else {
+    std::string spec = a.tokenizer;
+    if (spec.empty()) {
+      if (!fs::exists(fs::path(a.model) / "tokenizer.json")) throw Error(a.model + ": the model directory has no tokenizer.json (pass --tokenizer)");
+      spec = a.model;
+    }
+    auto tok = Tokenizer::load(spec);
+    tokenizer_name = tok->name();
+    std::ifstream in(a.data, std::ios::binary);
+    if (!in) throw Error(a.data + ": cannot open (give a text file or a token shard directory)");
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    try {
+      for (uint32_t id : tok->encode(text)) tokens.push_back(id);
+    } catch (const Error& e) {
+      throw Error(a.data + ": " + e.what());
+    }
+  }
+  if (a.max_tokens > 0 && static_cast<int64_t>(tokens.size()) > a.max_tokens) tokens.resize(a.max_tokens);
+  const auto start = std::chrono::steady_clock::now();
+  PerplexityResult r = perplexity(model, tokens, a.options, [&](int64_t done, int64_t total) {
+    std::fprintf(stderr, "\r[eval ppl] %lld/%lld tokens (%.0f%%)", (long long)done, (long long)total, 100.0 * done / total);
+    std::fflush(stderr);
+  });
+  std::fprintf(stderr, "\n");
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  nlohmann::json j = {{"model", a.model}, {"data", a.data}, {"tokenizer", tokenizer_name}, {"tokens", tokens.size()},
+                      {"scored_tokens", r.scored_tokens}, {"nll_sum", r.nll_sum}, {"mean_nll", r.nll_sum / r.scored_tokens},
+                      {"perplexity", r.perplexity()}, {"context", r.context}, {"stride", r.stride}, {"windows", r.windows},
+                      {"method", "strided sliding windows: each window scores only tokens no earlier window scored; ppl = exp(total NLL / scored tokens)"},
+                      {"seconds", seconds}};
+  if (!a.out.empty()) {
+    std::ofstream(a.out) << j.dump(2) << "\n";
+  }
+  std::cout << j.dump(2) << std::endl;
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -416,6 +474,20 @@ int main(int argc, char** argv) {
   gen->add_option("--dtype", gen_args.dtype, "fp32 (default) or bf16");
   gen->add_option("--device", gen_args.device, "cpu (default) or cuda[:N]");
 
+  PplArgs ppl_args;
+  auto* eval = app.add_subcommand("eval", "Evaluate a model");
+  auto* ppl = eval->add_subcommand("ppl", "Perplexity on token shards or a text file (JSON result)");
+  eval->require_subcommand(1);
+  ppl->add_option("--model", ppl_args.model, "model directory")->required();
+  ppl->add_option("--data", ppl_args.data, "token shard directory, or a text file (tokenized with the model's tokenizer)")->required();
+  ppl->add_option("--context", ppl_args.options.context, "window length (default min(max_position_embeddings, 4096))");
+  ppl->add_option("--stride", ppl_args.options.stride, "window start spacing (default = context: disjoint windows)");
+  ppl->add_option("--max-tokens", ppl_args.max_tokens, "evaluate only the first N tokens");
+  ppl->add_option("--tokenizer", ppl_args.tokenizer, "tokenizer for text data (default: the model's)");
+  ppl->add_option("--out", ppl_args.out, "also write the JSON result here");
+  ppl->add_option("--dtype", ppl_args.dtype, "fp32 (default) or bf16");
+  ppl->add_option("--device", ppl_args.device, "cpu (default) or cuda[:N]");
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (threads > 0) at::set_num_threads(threads);
@@ -426,6 +498,7 @@ int main(int argc, char** argv) {
     if (*logits) return cmd_logits(logits_args);
     if (*encode) return cmd_encode(encode_args);
     if (*gen) return cmd_generate(gen_args);
+    if (*ppl) return cmd_eval_ppl(ppl_args);
     if (*plot) {
       // Plotting is matplotlib's job; hand the arguments to the project's script, unquoted by execvp.
       const char* python = std::getenv("ARCHSPACE_PYTHON") ? std::getenv("ARCHSPACE_PYTHON") : ARCHSPACE_PLOT_PYTHON;

@@ -1,0 +1,74 @@
+"""archspace eval ppl: the perplexity of an exported model equals transformers' on the same tokens and
+the same strided windows (relative difference <= 1e-6: fp32 log-softmax on both sides, the same windows,
+summation order differing only inside matmuls), and bad input."""
+import json
+import math
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import run_cli, save_random_olmo3, tiny_olmo3_config
+from test_tokenizer import DOLMA2
+
+TEXT = ("Perplexity measures how well a probability model predicts a sample. " * 3 +
+        "Numbers 12345 and symbols {x: [1, 2]} and naïve café text. ") * 6
+
+
+def reference_ppl(model, ids, context, stride):
+    nll, count, prev_end = 0.0, 0, 0
+    with torch.no_grad():
+        for begin in range(0, len(ids), stride):
+            end = min(begin + context, len(ids))
+            window = torch.tensor([ids[begin:end]])
+            new = end - prev_end
+            logp = torch.log_softmax(model(window).logits[0].float(), -1)
+            first = max(1, window.shape[1] - new)
+            for t in range(first, window.shape[1]):
+                nll -= logp[t - 1, window[0, t]].item()
+                count += 1
+            prev_end = end
+            if end == len(ids):
+                break
+    return math.exp(nll / count), count
+
+
+@pytest.mark.parametrize("context,stride", [(32, 32), (32, 8), (64, 20)])
+def test_perplexity_equals_transformers(context, stride, tmp_path):
+    from tokenizers import Tokenizer
+    from transformers import Olmo3ForCausalLM
+
+    save_random_olmo3(tiny_olmo3_config(vocab_size=100278, num_key_value_heads=2), tmp_path / "m")
+    run_cli("export-hf", tmp_path / "m", tmp_path / "hf")
+    (tmp_path / "text.txt").write_text(TEXT)
+    out = json.loads(run_cli("eval", "ppl", "--model", tmp_path / "hf", "--data", tmp_path / "text.txt",
+                             "--context", context, "--stride", stride, "--out", tmp_path / "ppl.json").stdout)
+    assert json.loads((tmp_path / "ppl.json").read_text())["perplexity"] == out["perplexity"]
+    ids = Tokenizer.from_file(str(DOLMA2)).encode(TEXT).ids
+    model = Olmo3ForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    expected, count = reference_ppl(model, ids, context, stride)
+    assert out["scored_tokens"] == count
+    # Overlapping windows score every token but the first; disjoint ones lose each window's first token.
+    assert count == (len(ids) - 1 if stride < context else len(ids) - out["windows"])
+    assert abs(out["perplexity"] - expected) / expected <= 1e-6, (out["perplexity"], expected)
+
+
+def test_perplexity_on_shards(tmp_path):
+    save_random_olmo3(tiny_olmo3_config(vocab_size=100278), tmp_path / "m")
+    (tmp_path / "a.txt").write_text(TEXT)
+    run_cli("tokenize", "--tokenizer", DOLMA2, "--out", tmp_path / "shards", tmp_path / "a.txt")
+    out = json.loads(run_cli("eval", "ppl", "--model", tmp_path / "m", "--data", tmp_path / "shards", "--context", 64).stdout)
+    assert out["tokenizer"] == "allenai/dolma2" and out["perplexity"] > 1
+
+
+def test_bad_input(tmp_path):
+    save_random_olmo3(tiny_olmo3_config(vocab_size=100278, max_position_embeddings=64), tmp_path / "m")
+    (tmp_path / "a.txt").write_text(TEXT)
+    r = run_cli("eval", "ppl", "--model", tmp_path / "m", "--data", tmp_path / "a.txt", check=False)
+    assert r.returncode == 1 and "no tokenizer.json" in r.stderr
+    shutil.copy(DOLMA2, tmp_path / "m" / "tokenizer.json")
+    r = run_cli("eval", "ppl", "--model", tmp_path / "m", "--data", tmp_path / "a.txt", "--context", 128, check=False)
+    assert r.returncode == 1 and "exceeds the model's max_position_embeddings 64" in r.stderr
+    r = run_cli("eval", "ppl", "--model", tmp_path / "m", "--data", tmp_path / "nope.txt", check=False)
+    assert r.returncode == 1 and "nope.txt" in r.stderr
