@@ -35,6 +35,7 @@ bench: build
 	$(PY) bench/bench_variant.py
 	$(PY) bench/bench_tokenizer.py
 	$(PY) bench/bench_train.py
+	$(PY) bench/bench_generate.py
 
 clean:
 	rm -rf $(BUILD)

@@ -59,7 +59,7 @@ GenerateResult generate(const CausalLM& model, const Tokenizer& tokenizer, const
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(o.sampling.seed);
   KVCache cache(c);
   GenerateResult r;
-  const ForwardOptions fwd{AttentionImpl::kSdpa, &cache};
+  const ForwardOptions fwd{AttentionImpl::kSdpa, &cache, /*last_position_only=*/true};
   auto now = [] { return std::chrono::steady_clock::now(); };
 
   // Prefill in chunks: bounded activation memory for long prompts.
@@ -68,7 +68,7 @@ GenerateResult generate(const CausalLM& model, const Tokenizer& tokenizer, const
   at::Tensor last;
   for (int64_t s = 0; s < ids.size(1); s += o.prefill_chunk) {
     const int64_t n = std::min<int64_t>(o.prefill_chunk, ids.size(1) - s);
-    last = model.forward(ids.narrow(1, s, n), fwd).select(1, n - 1)[0].to(at::kCPU, at::kFloat);
+    last = model.forward(ids.narrow(1, s, n), fwd)[0][0].to(at::kCPU, at::kFloat);
   }
   r.prefill_tokens = ids.size(1);
   r.prefill_seconds = std::chrono::duration<double>(now() - t0).count();

@@ -213,6 +213,7 @@ at::Tensor CausalLM::forward(const at::Tensor& input_ids, const ForwardOptions& 
     for (const Layer& layer : layers_) x = base_block(layer, x, context(layer));
   }
   if (options.cache) options.cache->advance(T);
+  if (options.last_position_only) x = x.narrow(1, T - 1, 1);
   return at::linear(rms_norm(x, norm_, config_.rms_norm_eps), lm_head_);
 }
 

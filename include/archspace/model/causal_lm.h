@@ -34,6 +34,8 @@ struct ForwardOptions {
   // Incremental decoding: the input continues the cached positions, and this call's keys and (mixed)
   // values are added to the cache.
   KVCache* cache = nullptr;
+  // Only the last position's logits (prefill for generation: the head is the largest matmul).
+  bool last_position_only = false;
 };
 
 class CausalLM {

@@ -1,0 +1,96 @@
+"""Generation speed: `archspace generate` against transformers' generate() on the same model and prompt
+(CPU, fp32, greedy, the same threads): prefill tokens/s and batch-1 decode tokens/s, and siamese_depth
+against base in the engine. Target: decode >= 2x transformers on the 190M preset.
+
+Decode tokens/s for transformers: (N - 1) new tokens over the time of generate(N) minus generate(1)
+(which is the prefill plus the first token). Results: bench/results/generate-<time>.json and a table.
+
+    .venv/bin/python bench/bench_generate.py [--preset 190M] [--prompt 128] [--new 32]
+"""
+import argparse
+import json
+import os
+import pathlib
+import re
+import statistics
+import subprocess
+import time
+
+import numpy as np
+import torch
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+BINARY = REPO / "build" / "archspace"
+
+
+def model_dir(preset, variant, cache):
+    d = pathlib.Path(cache) / f"{preset}-{variant}-seed0"
+    if not (d / "config.json").exists():
+        subprocess.run([str(BINARY), "init", "--preset", preset, "--variant", variant, "--out", str(d)], check=True)
+    return d
+
+
+def engine(d, prompt, new, threads):
+    r = subprocess.run([str(BINARY), "--threads", str(threads), "generate", "--model", str(d), "--tokenizer", "dolma2",
+                        "--prompt-tokens", " ".join(map(str, prompt)), "--max-new-tokens", str(new)],
+                       capture_output=True, text=True, check=True)
+    m = re.search(r"prefill (\d+) tokens in ([0-9.]+) s .*decode (\d+) tokens in ([0-9.]+) s", r.stderr)
+    return int(m.group(1)) / float(m.group(2)), int(m.group(3)) / float(m.group(4)), int(m.group(3))
+
+
+def hf(d, prompt, new, threads, repeat=2):
+    from transformers import Olmo3ForCausalLM
+
+    torch.set_num_threads(threads)
+    model = Olmo3ForCausalLM.from_pretrained(d).eval()
+    ids = torch.tensor([prompt])
+
+    def timed(n):
+        best = []
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            with torch.inference_mode():
+                model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
+            best.append(time.perf_counter() - t0)
+        return min(best)
+
+    t1, tn = timed(1), timed(new)
+    return len(prompt) / t1, (new - 1) / (tn - t1)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", default="190M")
+    parser.add_argument("--prompt", type=int, default=128)
+    parser.add_argument("--new", type=int, default=32)
+    parser.add_argument("--threads", type=int, default=os.cpu_count())
+    parser.add_argument("--model-cache", default=str(REPO / "bench" / "results" / "models"))
+    args = parser.parse_args()
+    prompt = np.random.default_rng(0).integers(0, 100000, args.prompt).tolist()
+    base = model_dir(args.preset, "base", args.model_cache)
+    variant = model_dir(args.preset, "siamese_depth", args.model_cache)
+    e_pre, e_dec, n = engine(base, prompt, args.new, args.threads)
+    v_pre, v_dec, _ = engine(variant, prompt, args.new, args.threads)
+    h_pre, h_dec = hf(base, prompt, args.new, args.threads)
+    result = {"benchmark": "generate", "preset": args.preset, "prompt_tokens": args.prompt, "new_tokens": args.new,
+              "engine_decoded": n, "threads": args.threads, "dtype": "fp32", "device": "cpu",
+              "engine_prefill_tok_s": e_pre, "engine_decode_tok_s": e_dec,
+              "transformers_prefill_tok_s": h_pre, "transformers_decode_tok_s": h_dec,
+              "engine_siamese_depth_prefill_tok_s": v_pre, "engine_siamese_depth_decode_tok_s": v_dec,
+              "decode_speedup_vs_transformers": e_dec / h_dec, "prefill_speedup_vs_transformers": e_pre / h_pre,
+              "siamese_depth_vs_base_decode": v_dec / e_dec}
+    out = REPO / "bench" / "results" / f"generate-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"\ngeneration, {args.preset}, prompt {args.prompt}, {args.new} new tokens, fp32 CPU, {args.threads} threads, batch 1")
+    print(f"  {'':<26}{'prefill tok/s':>14}{'decode tok/s':>14}")
+    print(f"  {'engine base':<26}{e_pre:14.1f}{e_dec:14.2f}")
+    print(f"  {'engine siamese_depth':<26}{v_pre:14.1f}{v_dec:14.2f}")
+    print(f"  {'transformers base':<26}{h_pre:14.1f}{h_dec:14.2f}")
+    print(f"  decode speedup vs transformers: {result['decode_speedup_vs_transformers']:.2f}x "
+          f"(prefill {result['prefill_speedup_vs_transformers']:.2f}x); siamese_depth/base decode {result['siamese_depth_vs_base_decode']:.3f}")
+    print(f"  wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
