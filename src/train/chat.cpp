@@ -10,6 +10,20 @@ const char* const kDefaultSystemPrompt =
     "You are a helpful function-calling AI assistant. You do not currently have access to any functions. "
     "<functions></functions>";
 
+namespace {
+// Checks one message's shape and role; returns the role.
+std::string checked_role(const nlohmann::json& m, size_t i, const std::string& where) {
+  if (!m.is_object() || !m.contains("role") || !m["role"].is_string() || !m.contains("content") || !m["content"].is_string()) {
+    throw Error(where + ": message " + std::to_string(i) + " needs string 'role' and 'content'");
+  }
+  const std::string role = m["role"];
+  if (role != "system" && role != "user" && role != "assistant" && role != "environment") {
+    throw Error(where + ": message " + std::to_string(i) + " has role '" + role + "' (system, user, assistant, environment)");
+  }
+  return role;
+}
+}  // namespace
+
 ChatExample encode_chat(const Tokenizer& tokenizer, const nlohmann::json& messages, const std::string& where) {
   if (!messages.is_array() || messages.empty()) throw Error(where + ": 'messages' must be a non-empty list");
   ChatExample ex;
@@ -21,15 +35,7 @@ ChatExample encode_chat(const Tokenizer& tokenizer, const nlohmann::json& messag
   };
   size_t last_assistant = messages.size();
   for (size_t i = 0; i < messages.size(); ++i) {
-    const auto& m = messages[i];
-    if (!m.is_object() || !m.contains("role") || !m["role"].is_string() || !m.contains("content") || !m["content"].is_string()) {
-      throw Error(where + ": message " + std::to_string(i) + " needs string 'role' and 'content'");
-    }
-    const std::string role = m["role"];
-    if (role != "system" && role != "user" && role != "assistant" && role != "environment") {
-      throw Error(where + ": message " + std::to_string(i) + " has role '" + role + "' (system, user, assistant, environment)");
-    }
-    if (role == "assistant") last_assistant = i;
+    if (checked_role(messages[i], i, where) == "assistant") last_assistant = i;
   }
   if (last_assistant == messages.size()) throw Error(where + ": no assistant message to learn from");
   if (messages[0]["role"] != "system") append(std::string("<|im_start|>system\n") + kDefaultSystemPrompt + "<|im_end|>\n", false);
@@ -54,11 +60,7 @@ std::vector<uint32_t> encode_chat_prompt(const Tokenizer& tokenizer, const nlohm
     text += std::string("<|im_start|>system\n") + kDefaultSystemPrompt + "<|im_end|>\n";
   }
   for (size_t i = 0; i < messages.size(); ++i) {
-    const auto& m = messages[i];
-    if (!m.is_object() || !m.contains("role") || !m["role"].is_string() || !m.contains("content") || !m["content"].is_string()) {
-      throw Error(where + ": message " + std::to_string(i) + " needs string 'role' and 'content'");
-    }
-    text += "<|im_start|>" + m["role"].get<std::string>() + "\n" + m["content"].get<std::string>() + "<|im_end|>\n";
+    text += "<|im_start|>" + checked_role(messages[i], i, where) + "\n" + messages[i]["content"].get<std::string>() + "<|im_end|>\n";
   }
   text += "<|im_start|>assistant\n";
   return tokenizer.encode(text);
