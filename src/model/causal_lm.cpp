@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "archspace/model/linear.h"
 #include "archspace/util/error.h"
 
 namespace archspace {
@@ -141,9 +142,9 @@ at::Tensor CausalLM::attention(const Layer& layer, const at::Tensor& x, const At
   const int64_t B = x.size(0), T = x.size(1), h = config_.head_dim;
   const double eps = config_.rms_norm_eps;
   // Q/K RMSNorm over the whole projection width, before splitting into heads.
-  at::Tensor q = rms_norm(at::linear(x, layer.q_proj), layer.q_norm, eps);
-  at::Tensor k = rms_norm(at::linear(x, layer.k_proj), layer.k_norm, eps);
-  at::Tensor v = at::linear(x, layer.v_proj);
+  at::Tensor q = rms_norm(archspace::linear(x, layer.q_proj), layer.q_norm, eps);
+  at::Tensor k = rms_norm(archspace::linear(x, layer.k_proj), layer.k_norm, eps);
+  at::Tensor v = archspace::linear(x, layer.v_proj);
   at::Tensor q_BHTD = apply_rope(q.view({B, T, -1, h}).transpose(1, 2), ctx.cos, ctx.sin);
   at::Tensor k_BGTD = apply_rope(k.view({B, T, -1, h}).transpose(1, 2), ctx.cos, ctx.sin);
   at::Tensor v_BGTD = v.view({B, T, -1, h}).transpose(1, 2);
@@ -158,7 +159,7 @@ at::Tensor CausalLM::attention(const Layer& layer, const at::Tensor& x, const At
     q_offset = view.q_offset;
   }
   at::Tensor o = causal_attention(q_BHTD, k_BGTD, v_BGTD, window, q_offset, ctx.options.attention);
-  return at::linear(o.transpose(1, 2).reshape({B, T, -1}), layer.o_proj);
+  return archspace::linear(o.transpose(1, 2).reshape({B, T, -1}), layer.o_proj);
 }
 
 at::Tensor CausalLM::base_block(const Layer& layer, const at::Tensor& x, const AttentionContext& ctx) const {
@@ -214,7 +215,7 @@ at::Tensor CausalLM::forward(const at::Tensor& input_ids, const ForwardOptions& 
   }
   if (options.cache) options.cache->advance(T);
   if (options.last_position_only) x = x.narrow(1, T - 1, 1);
-  return at::linear(rms_norm(x, norm_, config_.rms_norm_eps), lm_head_);
+  return archspace::linear(rms_norm(x, norm_, config_.rms_norm_eps), lm_head_);
 }
 
 }  // namespace archspace

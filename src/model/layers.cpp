@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "archspace/model/linear.h"
+
 namespace archspace {
 
 at::ScalarType compute_dtype(const at::Tensor& x) { return at::promote_types(x.scalar_type(), at::kFloat); }
@@ -15,7 +17,7 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
 
 at::Tensor swiglu_mlp(const at::Tensor& x, const at::Tensor& gate_proj, const at::Tensor& up_proj,
                       const at::Tensor& down_proj) {
-  return at::linear(at::silu(at::linear(x, gate_proj)) * at::linear(x, up_proj), down_proj);
+  return archspace::linear(at::silu(archspace::linear(x, gate_proj)) * archspace::linear(x, up_proj), down_proj);
 }
 
 at::Tensor causal_mask(int64_t tq, int64_t tk, int64_t window, int64_t q_offset, const at::Device& device) {
