@@ -257,11 +257,74 @@ int cmd_encode(const EncodeArgs& a) {
 }
 
 struct GenerateArgs {
-  std::string model, prompt, prompt_tokens, messages, tokenizer, dtype = "fp32", device = "cpu";
+  std::string model, prompt_tokens, messages, prompts_file, tokenizer, dtype = "fp32", device = "cpu";
+  std::vector<std::string> prompts;
   bool chat = false;
   std::vector<std::string> stops;
   GenerateOptions options;
 };
+
+nlohmann::json read_json_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw Error(path + ": cannot open");
+  try {
+    return nlohmann::json::parse(in);
+  } catch (const nlohmann::json::parse_error& e) {
+    throw Error(path + ": malformed JSON: " + e.what());
+  }
+}
+
+// One user turn as a chat, or a conversation followed by an optional user turn.
+std::vector<uint32_t> chat_prompt(const Tokenizer& tokenizer, nlohmann::json messages, const std::string& text, const std::string& where) {
+  if (messages.is_object() && messages.contains("messages")) messages = messages["messages"];
+  if (messages.is_null()) messages = nlohmann::json::array();
+  if (!text.empty()) messages.push_back({{"role", "user"}, {"content", text}});
+  return encode_chat_prompt(tokenizer, messages, where);
+}
+
+// --prompts-file: JSON Lines, one prompt per line: a string, or {"prompt": "..."}, {"tokens": [ids]} or
+// {"messages": [...]} (a chat, whatever --chat says).
+std::vector<std::vector<uint32_t>> read_prompts_file(const std::string& path, const Tokenizer& tokenizer, bool& chat, int64_t vocab_size) {
+  std::ifstream in(path);
+  if (!in) throw Error(path + ": cannot open");
+  const bool format_as_chat = chat;
+  std::vector<std::vector<uint32_t>> prompts;
+  std::string line;
+  for (int64_t number = 1; std::getline(in, line); ++number) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const std::string where = path + ":" + std::to_string(number);
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::parse_error& e) {
+      throw Error(where + ": malformed JSON: " + e.what());
+    }
+    if (j.is_string()) j = {{"prompt", j}};
+    if (!j.is_object()) throw Error(where + ": expected a string or an object with \"prompt\", \"tokens\" or \"messages\"");
+    if (j.contains("tokens")) {
+      if (!j["tokens"].is_array()) throw Error(where + ": \"tokens\" must be a list of ids");
+      std::vector<uint32_t> ids;
+      for (const auto& id : j["tokens"]) {
+        if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= vocab_size) {
+          throw Error(where + ": token id " + id.dump() + " is out of range [0, " + std::to_string(vocab_size) + ")");
+        }
+        ids.push_back(id.get<uint32_t>());
+      }
+      prompts.push_back(std::move(ids));
+    } else if (j.contains("messages")) {
+      prompts.push_back(chat_prompt(tokenizer, j["messages"], "", where));
+      chat = true;  // the assistant's turn ends at <|im_end|>
+    } else if (j.contains("prompt") && j["prompt"].is_string()) {
+      const std::string text = j["prompt"].get<std::string>();
+      if (text.empty()) throw Error(where + ": empty prompt");
+      prompts.push_back(format_as_chat ? chat_prompt(tokenizer, nullptr, text, where) : tokenizer.encode(text));
+    } else {
+      throw Error(where + ": expected a string or an object with \"prompt\", \"tokens\" or \"messages\"");
+    }
+  }
+  if (prompts.empty()) throw Error(path + ": no prompts");
+  return prompts;
+}
 
 int cmd_generate(GenerateArgs a) {
   namespace fs = std::filesystem;
@@ -278,43 +341,54 @@ int cmd_generate(GenerateArgs a) {
     throw Error(tokenizer->path() + ": " + std::to_string(tokenizer->vocab_size()) + " ids, more than the model's vocab_size " +
                 std::to_string(model.config().vocab_size));
   }
-  std::vector<uint32_t> prompt;
-  if (!a.prompt_tokens.empty()) {
-    for (int64_t id : parse_tokens(a.prompt_tokens, model.config().vocab_size)) prompt.push_back(static_cast<uint32_t>(id));
-  } else if (a.chat || !a.messages.empty()) {
-    nlohmann::json messages;
-    if (!a.messages.empty()) {
-      std::ifstream in(a.messages);
-      if (!in) throw Error(a.messages + ": cannot open");
-      try {
-        messages = nlohmann::json::parse(in);
-      } catch (const nlohmann::json::parse_error& e) {
-        throw Error(a.messages + ": malformed JSON: " + e.what());
-      }
-      if (messages.is_object() && messages.contains("messages")) messages = messages["messages"];
-      if (!a.prompt.empty()) messages.push_back({{"role", "user"}, {"content", a.prompt}});
-    } else {
-      if (a.prompt.empty()) throw Error("--prompt: empty prompt");
-      messages = nlohmann::json::array({{{"role", "user"}, {"content", a.prompt}}});
+  bool chat = a.chat || !a.messages.empty();
+  std::vector<std::vector<uint32_t>> prompts;
+  if (!a.prompts_file.empty()) {
+    if (!a.prompts.empty() || !a.prompt_tokens.empty() || !a.messages.empty()) {
+      throw Error("--prompts-file: give the prompts in the file only (not also --prompt, --prompt-tokens or --messages)");
     }
-    prompt = encode_chat_prompt(*tokenizer, messages, a.messages.empty() ? "--prompt" : a.messages);
-    if (auto end = tokenizer->token_to_id("<|im_end|>")) a.options.stop_ids.push_back(*end);
+    prompts = read_prompts_file(a.prompts_file, *tokenizer, chat, model.config().vocab_size);
+  } else if (!a.prompt_tokens.empty()) {
+    std::vector<uint32_t> prompt;
+    for (int64_t id : parse_tokens(a.prompt_tokens, model.config().vocab_size)) prompt.push_back(static_cast<uint32_t>(id));
+    prompts.push_back(std::move(prompt));
+  } else if (!a.messages.empty()) {
+    if (a.prompts.size() > 1) throw Error("--messages: takes at most one --prompt (the next user turn)");
+    prompts.push_back(chat_prompt(*tokenizer, read_json_file(a.messages), a.prompts.empty() ? "" : a.prompts[0], a.messages));
   } else {
-    if (a.prompt.empty()) throw Error("--prompt: empty prompt");
-    prompt = tokenizer->encode(a.prompt);
+    if (a.prompts.empty()) throw Error("generate: give --prompt, --prompt-tokens, --messages or --prompts-file");
+    for (const auto& text : a.prompts) {
+      if (text.empty()) throw Error("--prompt: empty prompt");
+      prompts.push_back(chat ? chat_prompt(*tokenizer, nullptr, text, "--prompt") : tokenizer->encode(text));
+    }
+  }
+  if (chat) {
+    if (auto end = tokenizer->token_to_id("<|im_end|>")) a.options.stop_ids.push_back(*end);
   }
   if (auto eos = tokenizer->token_to_id("<|endoftext|>")) a.options.stop_ids.push_back(*eos);
   if (model.config().eos_token_id) a.options.stop_ids.push_back(static_cast<uint32_t>(*model.config().eos_token_id));
   a.options.stop_strings = a.stops;
-  GenerateResult r = generate(model, *tokenizer, prompt, a.options, [](const std::string& text) {
-    std::cout << text << std::flush;
-  });
-  std::cout << std::endl;
+
+  GenerateResult r;
+  if (prompts.size() == 1) {
+    r = generate(model, *tokenizer, prompts[0], a.options, [](const std::string& text) { std::cout << text << std::flush; });
+    std::cout << std::endl;
+  } else {
+    // A batch: interleaved streams would be unreadable, so one JSON line per prompt at the end.
+    r = generate(model, *tokenizer, prompts, a.options, [](size_t, const std::string&) {});
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      const Completion& done = r.completions[i];
+      nlohmann::json line = {{"index", i}, {"prompt_tokens", prompts[i].size()}, {"completion_tokens", done.ids.size()},
+                             {"text", done.text}, {"tokens", done.ids}};
+      std::cout << line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+    }
+    std::cout << std::flush;
+  }
   char line[512];
   std::snprintf(line, sizeof(line),
-                "[generate] prefill %lld tokens in %.3f s (%.1f tok/s) | decode %lld tokens in %.3f s (%.1f tok/s) | "
+                "[generate] batch %zu | prefill %lld tokens in %.3f s (%.1f tok/s) | decode %lld tokens in %.3f s (%.1f tok/s) | "
                 "KV cache %.2f MB (sliding %.2f MB, full %.2f MB)\n",
-                (long long)r.prefill_tokens, r.prefill_seconds, r.prefill_tokens / std::max(r.prefill_seconds, 1e-9),
+                prompts.size(), (long long)r.prefill_tokens, r.prefill_seconds, r.prefill_tokens / std::max(r.prefill_seconds, 1e-9),
                 (long long)r.decode_tokens, r.decode_seconds, r.decode_tokens / std::max(r.decode_seconds, 1e-9), r.cache_bytes / 1e6,
                 r.cache_sliding_bytes / 1e6, r.cache_full_bytes / 1e6);
   std::cerr << line;
@@ -460,10 +534,13 @@ int main(int argc, char** argv) {
   GenerateArgs gen_args;
   auto* gen = app.add_subcommand("generate", "Generate text from a prompt (streams; reports tokens/s and cache memory)");
   gen->add_option("--model", gen_args.model, "model directory (with tokenizer.json, or pass --tokenizer)")->required();
-  gen->add_option("--prompt", gen_args.prompt, "prompt text (with --chat: the user message)");
+  gen->add_option("--prompt", gen_args.prompts, "prompt text (with --chat: the user message); repeat it to decode a batch");
   gen->add_option("--prompt-tokens", gen_args.prompt_tokens, "prompt as token ids instead");
   gen->add_flag("--chat", gen_args.chat, "format as a chat (SPEC.md section 6) and answer as the assistant");
   gen->add_option("--messages", gen_args.messages, "chat: a JSON file with the conversation so far (list of {role, content})");
+  gen->add_option("--prompts-file", gen_args.prompts_file,
+                  "a batch: JSON Lines, one prompt per line (a string, or {\"prompt\"|\"tokens\"|\"messages\": ...}); "
+                  "prompts of different lengths decode together; prints one JSON line per prompt");
   gen->add_option("--max-new-tokens", gen_args.options.max_new_tokens, "tokens to generate at most (128)");
   gen->add_option("--temperature", gen_args.options.sampling.temperature, "0 (default): greedy");
   gen->add_option("--top-k", gen_args.options.sampling.top_k, "sample among the k most likely (0: off)");

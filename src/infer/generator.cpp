@@ -42,73 +42,122 @@ size_t incomplete_utf8_tail(const std::string& s) {
 }
 }  // namespace
 
-GenerateResult generate(const CausalLM& model, const Tokenizer& tokenizer, const std::vector<uint32_t>& prompt,
-                        const GenerateOptions& o, const std::function<void(const std::string&)>& on_text) {
-  const ModelConfig& c = model.config();
-  if (prompt.empty()) throw Error("generate: the prompt is empty");
+namespace {
+void check_prompt(const std::vector<uint32_t>& prompt, const ModelConfig& c, const std::string& which) {
+  if (prompt.empty()) throw Error("generate: " + which + " is empty");
   for (uint32_t id : prompt) {
     if (id >= static_cast<uint64_t>(c.vocab_size)) {
-      throw Error("generate: prompt token id " + std::to_string(id) + " is out of range [0, " + std::to_string(c.vocab_size) + ")");
+      throw Error("generate: " + which + " token id " + std::to_string(id) + " is out of range [0, " + std::to_string(c.vocab_size) + ")");
     }
   }
   if (static_cast<int64_t>(prompt.size()) >= c.max_position_embeddings) {
-    throw Error("generate: the prompt has " + std::to_string(prompt.size()) + " tokens; the model's maximum is " +
+    throw Error("generate: " + which + " has " + std::to_string(prompt.size()) + " tokens; the model's maximum is " +
                 std::to_string(c.max_position_embeddings) + " positions (max_position_embeddings)");
+  }
+}
+
+// One row's decoding state: the raw bytes so far, how much of them was streamed, whether it stopped.
+struct RowState {
+  Completion completion;
+  std::string bytes;
+  size_t emitted = 0;
+  bool done = false;
+};
+}  // namespace
+
+GenerateResult generate(const CausalLM& model, const Tokenizer& tokenizer, const std::vector<std::vector<uint32_t>>& prompts,
+                        const GenerateOptions& o, const std::function<void(size_t, const std::string&)>& on_text) {
+  const ModelConfig& c = model.config();
+  if (prompts.empty()) throw Error("generate: no prompt");
+  const size_t B = prompts.size();
+  int64_t longest = 0;
+  for (size_t b = 0; b < B; ++b) {
+    check_prompt(prompts[b], c, B == 1 ? "the prompt" : "prompt " + std::to_string(b + 1));
+    longest = std::max<int64_t>(longest, static_cast<int64_t>(prompts[b].size()));
   }
   c10::InferenceMode inference;
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(o.sampling.seed);
-  KVCache cache(c);
+  // Left-pad to the longest prompt; the padding id is masked out, any valid id will do.
+  const int64_t pad_id = c.pad_token_id && *c.pad_token_id < c.vocab_size ? *c.pad_token_id : 0;
+  std::vector<int64_t> padding(B), flat;
+  for (size_t b = 0; b < B; ++b) {
+    padding[b] = longest - static_cast<int64_t>(prompts[b].size());
+    flat.insert(flat.end(), padding[b], pad_id);
+    flat.insert(flat.end(), prompts[b].begin(), prompts[b].end());
+  }
+  KVCache cache(c, B > 1 ? padding : std::vector<int64_t>{});
   GenerateResult r;
   const ForwardOptions fwd{AttentionImpl::kSdpa, &cache, /*last_position_only=*/true};
   auto now = [] { return std::chrono::steady_clock::now(); };
 
   // Prefill in chunks: bounded activation memory for long prompts.
   auto t0 = now();
-  at::Tensor ids = at::tensor(std::vector<int64_t>(prompt.begin(), prompt.end()), at::kLong).unsqueeze(0);
-  at::Tensor last;
-  for (int64_t s = 0; s < ids.size(1); s += o.prefill_chunk) {
-    const int64_t n = std::min<int64_t>(o.prefill_chunk, ids.size(1) - s);
-    last = model.forward(ids.narrow(1, s, n), fwd)[0][0].to(at::kCPU, at::kFloat);
+  at::Tensor ids = at::tensor(flat, at::kLong).view({static_cast<int64_t>(B), longest});
+  at::Tensor last;  // [B, V] fp32 on CPU: the logits the next tokens are sampled from
+  for (int64_t s = 0; s < longest; s += o.prefill_chunk) {
+    const int64_t n = std::min<int64_t>(o.prefill_chunk, longest - s);
+    last = model.forward(ids.narrow(1, s, n), fwd).select(1, 0).to(at::kCPU, at::kFloat);
   }
-  r.prefill_tokens = ids.size(1);
+  for (const auto& p : prompts) r.prefill_tokens += static_cast<int64_t>(p.size());
   r.prefill_seconds = std::chrono::duration<double>(now() - t0).count();
 
   // Decode.
-  std::string bytes;  // raw bytes of the generated tokens so far
-  size_t emitted = 0;
+  std::vector<RowState> rows(B);
+  auto stream = [&](size_t b, size_t upto) {
+    RowState& row = rows[b];
+    if (upto > row.emitted) {
+      on_text(b, utf8_lossy(std::string_view(row.bytes).substr(row.emitted, upto - row.emitted)));
+      row.emitted = upto;
+    }
+  };
   t0 = now();
-  const int64_t budget = std::min<int64_t>(o.max_new_tokens, c.max_position_embeddings - r.prefill_tokens);
+  const int64_t budget = std::min<int64_t>(o.max_new_tokens, c.max_position_embeddings - longest);
   for (int64_t step = 0; step < budget; ++step) {
-    const int64_t next = sample_token(last, o.sampling, gen);
-    if (std::find(o.stop_ids.begin(), o.stop_ids.end(), static_cast<uint32_t>(next)) != o.stop_ids.end()) break;
-    r.ids.push_back(static_cast<uint32_t>(next));
-    bytes += tokenizer.id_to_token(static_cast<uint32_t>(next));
-    bool stop = false;
-    size_t printable = bytes.size() - incomplete_utf8_tail(bytes);
-    for (const auto& s : o.stop_strings) {
-      const size_t at = bytes.find(s);
-      if (at != std::string::npos) {
-        printable = std::min(printable, at);
-        bytes.resize(at);
-        stop = true;
+    std::vector<int64_t> next(B, pad_id);
+    for (size_t b = 0; b < B; ++b) {
+      RowState& row = rows[b];
+      if (row.done) continue;
+      const int64_t id = sample_token(last[b], o.sampling, gen);
+      if (std::find(o.stop_ids.begin(), o.stop_ids.end(), static_cast<uint32_t>(id)) != o.stop_ids.end()) {
+        row.done = true;
+        continue;
       }
+      next[b] = id;
+      row.completion.ids.push_back(static_cast<uint32_t>(id));
+      row.bytes += tokenizer.id_to_token(static_cast<uint32_t>(id));
+      size_t printable = row.bytes.size() - incomplete_utf8_tail(row.bytes);
+      for (const auto& stop : o.stop_strings) {
+        const size_t at = row.bytes.find(stop);
+        if (at != std::string::npos) {
+          printable = std::min(printable, at);
+          row.bytes.resize(at);
+          row.done = true;
+        }
+      }
+      stream(b, printable);
     }
-    if (printable > emitted) {
-      on_text(utf8_lossy(std::string_view(bytes).substr(emitted, printable - emitted)));
-      emitted = printable;
-    }
-    if (stop) break;
-    if (step + 1 == budget) break;  // no forward needed for a token that will not be sampled from
-    last = model.forward(at::full({1, 1}, next, at::kLong), fwd)[0][0].to(at::kCPU, at::kFloat);
+    if (std::all_of(rows.begin(), rows.end(), [](const RowState& row) { return row.done; })) break;
+    if (step + 1 == budget) break;  // no forward needed for tokens that will not be sampled from
+    // Rows that are done feed the padding id; their logits are ignored from here on.
+    last = model.forward(at::tensor(next, at::kLong).view({static_cast<int64_t>(B), 1}), fwd).select(1, 0).to(at::kCPU, at::kFloat);
   }
-  if (bytes.size() > emitted) on_text(utf8_lossy(std::string_view(bytes).substr(emitted)));
-  r.decode_tokens = static_cast<int64_t>(r.ids.size());
   r.decode_seconds = std::chrono::duration<double>(now() - t0).count();
-  r.text = utf8_lossy(bytes);
+  for (size_t b = 0; b < B; ++b) {
+    stream(b, rows[b].bytes.size());
+    rows[b].completion.text = utf8_lossy(rows[b].bytes);
+    r.decode_tokens += static_cast<int64_t>(rows[b].completion.ids.size());
+    r.completions.push_back(std::move(rows[b].completion));
+  }
   r.cache_bytes = cache.bytes();
   r.cache_sliding_bytes = cache.bytes(LayerType::kSliding);
   r.cache_full_bytes = cache.bytes(LayerType::kFull);
   return r;
+}
+
+GenerateResult generate(const CausalLM& model, const Tokenizer& tokenizer, const std::vector<uint32_t>& prompt,
+                        const GenerateOptions& options, const std::function<void(const std::string&)>& on_text) {
+  return generate(model, tokenizer, std::vector<std::vector<uint32_t>>{prompt}, options,
+                  [&](size_t, const std::string& text) { on_text(text); });
 }
 
 }  // namespace archspace

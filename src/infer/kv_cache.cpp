@@ -1,39 +1,135 @@
 #include "archspace/infer/kv_cache.h"
 
+#include <algorithm>
+
+#include "archspace/util/error.h"
+
 namespace archspace {
 
-KVCache::KVCache(const ModelConfig& config)
-    : types_(config.layer_types), window_(config.sliding_window), k_(config.num_hidden_layers), v_(config.num_hidden_layers) {}
+KVCache::KVCache(const ModelConfig& config, std::vector<int64_t> left_padding)
+    : types_(config.layer_types), window_(config.sliding_window), left_padding_(std::move(left_padding)),
+      layers_(config.num_hidden_layers) {
+  for (int64_t pad : left_padding_) {
+    if (pad < 0) throw Error("KVCache: left padding must be >= 0, got " + std::to_string(pad));
+    if (pad > 0) padded_ = true;
+  }
+}
+
+at::Tensor KVCache::positions(int64_t tokens, const at::Device& device) const {
+  auto opts = at::TensorOptions().dtype(at::kLong).device(device);
+  at::Tensor slots = at::arange(length_, length_ + tokens, opts);
+  if (!padded_) return slots;
+  at::Tensor pad = at::tensor(left_padding_, at::kLong).to(device).unsqueeze(1);
+  return (slots.unsqueeze(0) - pad).clamp_min(0);
+}
+
+at::Tensor KVCache::padding_mask(int64_t tokens, const at::Tensor& key_slots) const {
+  const at::Device device = key_slots.device();
+  at::Tensor pad = at::tensor(left_padding_, at::kLong).to(device).view({-1, 1, 1, 1});        // [B, 1, 1, 1]
+  at::Tensor query_slots = at::arange(length_, length_ + tokens, key_slots.options()).view({1, 1, -1, 1});
+  at::Tensor key_is_real = key_slots.view({1, 1, 1, -1}) >= pad;                                 // [B, 1, 1, S]
+  at::Tensor query_is_padding = query_slots < pad;                                               // [B, 1, T, 1]
+  return key_is_real | query_is_padding;
+}
+
+void KVCache::reserve(LayerCache& c, const at::Tensor& like, int64_t needed, int64_t limit) {
+  const int64_t capacity = c.k.defined() ? c.k.size(2) : 0;
+  if (needed <= capacity) return;
+  const int64_t grown = std::min(limit, std::max({needed, 2 * capacity, int64_t{16}}));
+  std::vector<int64_t> shape = like.sizes().vec();
+  shape[2] = grown;
+  at::Tensor k = at::empty(shape, like.options()), v = at::empty(shape, like.options());
+  if (c.held > 0) {
+    k.narrow(2, 0, c.held).copy_(c.k.narrow(2, 0, c.held));
+    v.narrow(2, 0, c.held).copy_(c.v.narrow(2, 0, c.held));
+  }
+  c.k = k;
+  c.v = v;
+}
 
 KVCache::View KVCache::append(int64_t layer, const at::Tensor& k, const at::Tensor& v) {
-  at::Tensor& ck = k_[layer];
-  at::Tensor& cv = v_[layer];
-  const int64_t previous = ck.defined() ? ck.size(2) : 0;
-  at::Tensor all_k = previous ? at::cat({ck, k}, 2) : k;
-  at::Tensor all_v = previous ? at::cat({cv, v}, 2) : v;
-  if (types_[layer] == LayerType::kSliding) {
-    // Keep the last window - 1 positions: a later query at p sees p - window + 1 .. p.
-    const int64_t keep = std::min<int64_t>(all_k.size(2), window_ - 1);
-    ck = all_k.narrow(2, all_k.size(2) - keep, keep).contiguous();
-    cv = all_v.narrow(2, all_v.size(2) - keep, keep).contiguous();
-  } else {
-    ck = all_k;
-    cv = all_v;
+  if (!left_padding_.empty() && k.size(0) != static_cast<int64_t>(left_padding_.size())) {
+    throw Error("KVCache: batch of " + std::to_string(k.size(0)) + " rows, the cache was made for " +
+                std::to_string(left_padding_.size()));
   }
-  return {all_k, all_v, previous};
+  LayerCache& c = layers_[layer];
+  return types_[layer] == LayerType::kSliding ? append_sliding(c, k, v) : append_full(c, k, v);
+}
+
+KVCache::View KVCache::append_full(LayerCache& c, const at::Tensor& k, const at::Tensor& v) {
+  const int64_t T = k.size(2), previous = c.held;
+  reserve(c, k, previous + T, std::numeric_limits<int64_t>::max());
+  c.k.narrow(2, previous, T).copy_(k);
+  c.v.narrow(2, previous, T).copy_(v);
+  c.held = previous + T;
+  View view{c.k.narrow(2, 0, c.held), c.v.narrow(2, 0, c.held), previous, {}};
+  if (padded_) view.padding_mask = padding_mask(T, at::arange(c.held, at::TensorOptions().dtype(at::kLong).device(k.device())));
+  return view;
+}
+
+KVCache::View KVCache::append_sliding(LayerCache& c, const at::Tensor& k, const at::Tensor& v) {
+  // Slot s lives at ring index s % window_ (the ring only wraps once it holds window_ positions, and
+  // until then index == slot).
+  const int64_t T = k.size(2), W = window_, start = length_;
+  auto long_opts = at::TensorOptions().dtype(at::kLong).device(k.device());
+  if (T == 1) {
+    // Decoding: the new key overwrites the one that just left the window; the query sees the whole ring.
+    reserve(c, k, std::min(start + 1, W), W);
+    const int64_t index = start % W;
+    c.k.narrow(2, index, 1).copy_(k);
+    c.v.narrow(2, index, 1).copy_(v);
+    c.held = std::min(start + 1, W);
+    View view{c.k.narrow(2, 0, c.held), c.v.narrow(2, 0, c.held), c.held - 1, {}};
+    if (padded_) {
+      // Ring index j holds the latest slot s <= start with s % W == j.
+      at::Tensor j = at::arange(c.held, long_opts);
+      view.padding_mask = padding_mask(1, start - (start - j).remainder(W));
+    }
+    return view;
+  }
+  // A chunk: its queries see the previous window - 1 positions, in order, then the chunk itself.
+  const int64_t keep = std::min(c.held, W - 1);
+  at::Tensor k_all = k, v_all = v;
+  if (keep > 0) {
+    std::vector<at::Tensor> ks, vs;
+    for (int64_t s = start - keep; s < start;) {  // at most two contiguous runs of the ring
+      const int64_t index = s % W, run = std::min(start - s, c.k.size(2) - index);
+      ks.push_back(c.k.narrow(2, index, run));
+      vs.push_back(c.v.narrow(2, index, run));
+      s += run;
+    }
+    ks.push_back(k);
+    vs.push_back(v);
+    k_all = at::cat(ks, 2);
+    v_all = at::cat(vs, 2);
+  }
+  // Store the chunk's last min(T, W) positions.
+  const int64_t end = start + T;
+  reserve(c, k, std::min(end, W), W);
+  for (int64_t s = std::max(start, end - W); s < end;) {
+    const int64_t index = s % W, run = std::min(end - s, c.k.size(2) - index);
+    c.k.narrow(2, index, run).copy_(k.narrow(2, s - start, run));
+    c.v.narrow(2, index, run).copy_(v.narrow(2, s - start, run));
+    s += run;
+  }
+  c.held = std::min(end, W);
+  View view{k_all, v_all, keep, {}};
+  if (padded_) view.padding_mask = padding_mask(T, at::arange(start - keep, end, long_opts));
+  return view;
 }
 
 int64_t KVCache::bytes() const { return bytes(LayerType::kSliding) + bytes(LayerType::kFull); }
 
 int64_t KVCache::bytes(LayerType type) const {
   int64_t n = 0;
-  for (size_t l = 0; l < k_.size(); ++l) {
-    if (types_[l] != type || !k_[l].defined()) continue;
-    n += k_[l].numel() * k_[l].element_size() + v_[l].numel() * v_[l].element_size();
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const LayerCache& c = layers_[l];
+    if (types_[l] != type || !c.k.defined()) continue;
+    n += c.k.numel() * c.k.element_size() + c.v.numel() * c.v.element_size();
   }
   return n;
 }
 
-int64_t KVCache::cached_positions(int64_t layer) const { return k_[layer].defined() ? k_[layer].size(2) : 0; }
+int64_t KVCache::cached_positions(int64_t layer) const { return layers_[layer].held; }
 
 }  // namespace archspace

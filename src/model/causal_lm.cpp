@@ -152,13 +152,15 @@ at::Tensor CausalLM::attention(const Layer& layer, const at::Tensor& x, const At
   if (ctx.depth) v_BGTD = ctx.depth->mix(layer.index, q_BHTD, k_BGTD, v_BGTD);
   const int64_t window = layer.type == LayerType::kSliding ? config_.sliding_window : 0;
   int64_t q_offset = 0;
+  at::Tensor padding_mask;
   if (ctx.options.cache) {
     KVCache::View view = ctx.options.cache->append(layer.index, k_BGTD, v_BGTD);
     k_BGTD = view.k;
     v_BGTD = view.v;
     q_offset = view.q_offset;
+    padding_mask = view.padding_mask;
   }
-  at::Tensor o = causal_attention(q_BHTD, k_BGTD, v_BGTD, window, q_offset, ctx.options.attention);
+  at::Tensor o = causal_attention(q_BHTD, k_BGTD, v_BGTD, window, q_offset, ctx.options.attention, padding_mask);
   return archspace::linear(o.transpose(1, 2).reshape({B, T, -1}), layer.o_proj);
 }
 
@@ -189,10 +191,14 @@ at::Tensor CausalLM::forward(const at::Tensor& input_ids, const ForwardOptions& 
   if (input_ids.dim() != 2) throw Error("forward: input_ids must be [batch, time], got " + shape_string(input_ids.sizes().vec()));
   const int64_t T = input_ids.size(1);
   at::Tensor ids = input_ids.to(device(), at::kLong);
-  const int64_t start = options.cache ? options.cache->length() : 0;
-  at::Tensor positions = at::arange(start, start + T, at::TensorOptions().dtype(at::kLong).device(device()));
+  // [T], or [B, T] for a left-padded batch (each row counts positions from its first real token).
+  at::Tensor positions = options.cache ? options.cache->positions(T, device())
+                                       : at::arange(T, at::TensorOptions().dtype(at::kLong).device(device()));
   auto [sliding_cos, sliding_sin] = sliding_rope_.tables(positions);
   auto [full_cos, full_sin] = full_rope_.tables(positions);
+  if (positions.dim() == 2) {  // broadcast over heads: [B, 1, T, h]
+    for (at::Tensor* table : {&sliding_cos, &sliding_sin, &full_cos, &full_sin}) *table = table->unsqueeze(1);
+  }
 
   std::optional<DepthAttentionState> depth;
   if (uses_depth_attention()) {

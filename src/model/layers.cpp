@@ -31,14 +31,21 @@ at::Tensor causal_mask(int64_t tq, int64_t tk, int64_t window, int64_t q_offset,
 
 namespace {
 
+// The causal (and window) mask, narrowed by the padding mask when there is one.
+at::Tensor full_mask(int64_t tq, int64_t tk, int64_t window, int64_t q_offset, const at::Tensor& padding_mask,
+                     const at::Device& device) {
+  at::Tensor allowed = causal_mask(tq, tk, window, q_offset, device);
+  return padding_mask.defined() ? allowed & padding_mask : allowed;
+}
+
 at::Tensor reference_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t window,
-                               int64_t q_offset) {
+                               int64_t q_offset, const at::Tensor& padding_mask) {
   const int64_t groups = q.size(1) / k.size(1);
   const at::ScalarType dtype = compute_dtype(q);
   at::Tensor kf = k.to(dtype).repeat_interleave(groups, 1);
   at::Tensor vf = v.to(dtype).repeat_interleave(groups, 1);
   at::Tensor scores = at::matmul(q.to(dtype), kf.transpose(-2, -1)) / std::sqrt(static_cast<double>(q.size(-1)));
-  at::Tensor allowed = causal_mask(q.size(2), k.size(2), window, q_offset, q.device());
+  at::Tensor allowed = full_mask(q.size(2), k.size(2), window, q_offset, padding_mask, q.device());
   scores = scores.masked_fill(allowed.logical_not(), -std::numeric_limits<double>::infinity());
   at::Tensor probs = at::softmax(scores, -1);
   return at::matmul(probs, vf).to(q.scalar_type());
@@ -47,17 +54,22 @@ at::Tensor reference_attention(const at::Tensor& q, const at::Tensor& k, const a
 }  // namespace
 
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t window,
-                            int64_t q_offset, AttentionImpl impl) {
-  if (impl == AttentionImpl::kReference) return reference_attention(q, k, v, window, q_offset);
+                            int64_t q_offset, AttentionImpl impl, const at::Tensor& padding_mask) {
+  if (impl == AttentionImpl::kReference) return reference_attention(q, k, v, window, q_offset, padding_mask);
   const int64_t tq = q.size(2), tk = k.size(2);
-  const bool plain_causal = q_offset == 0 && tq == tk && (window == 0 || window >= tk);
   const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
-  if (plain_causal) {
-    // is_causal lets the kernels skip masked blocks instead of reading a mask.
-    return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, 0.0, /*is_causal=*/true, scale,
-                                            /*enable_gqa=*/q.size(1) != k.size(1));
-  }
   const bool gqa = q.size(1) != k.size(1);
+  if (!padding_mask.defined()) {
+    const bool plain_causal = q_offset == 0 && tq == tk && (window == 0 || window >= tk);
+    if (plain_causal) {
+      // is_causal lets the kernels skip masked blocks instead of reading a mask.
+      return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, 0.0, /*is_causal=*/true, scale, gqa);
+    }
+    const bool one_query_sees_all = tq == 1 && q_offset == tk - 1 && (window == 0 || window >= tk);
+    if (one_query_sees_all) {  // decoding: no mask to build or read
+      return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, 0.0, /*is_causal=*/false, scale, gqa);
+    }
+  }
   if (window > 0 && tq > 2 * window) {
     // Long sequences under a sliding window: attend block by block, each query block reading only the
     // keys its window reaches, so memory grows with T * window instead of T^2 (65,536-token contexts).
@@ -65,13 +77,14 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
     for (int64_t s = 0; s < tq; s += window) {
       const int64_t e = std::min(tq, s + window);
       const int64_t k0 = std::max<int64_t>(0, s + q_offset - (window - 1)), k1 = std::min(tk, e + q_offset);
-      at::Tensor mask = causal_mask(e - s, k1 - k0, window, s + q_offset - k0, q.device());
+      at::Tensor block_padding = padding_mask.defined() ? padding_mask.narrow(2, s, e - s).narrow(3, k0, k1 - k0) : at::Tensor();
+      at::Tensor mask = full_mask(e - s, k1 - k0, window, s + q_offset - k0, block_padding, q.device());
       blocks.push_back(at::scaled_dot_product_attention(q.narrow(2, s, e - s), k.narrow(2, k0, k1 - k0), v.narrow(2, k0, k1 - k0),
                                                         mask, 0.0, false, scale, gqa));
     }
     return at::cat(blocks, 2);
   }
-  at::Tensor mask = causal_mask(tq, tk, window, q_offset, q.device());
+  at::Tensor mask = full_mask(tq, tk, window, q_offset, padding_mask, q.device());
   return at::scaled_dot_product_attention(q, k, v, mask, 0.0, /*is_causal=*/false, scale, gqa);
 }
 

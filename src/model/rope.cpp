@@ -51,8 +51,8 @@ Rope rope_for(const ModelConfig& config, LayerType type) {
 std::pair<at::Tensor, at::Tensor> Rope::tables(const at::Tensor& positions) const {
   at::Tensor inv = inv_freq.to(positions.device());
   // An outer product of fp32 values: each angle is one correctly rounded product, as in transformers.
-  at::Tensor angles = positions.to(at::kFloat).unsqueeze(1) * inv.unsqueeze(0);  // [T, h/2]
-  at::Tensor emb = at::cat({angles, angles}, -1);                                 // [T, h]
+  at::Tensor angles = positions.to(at::kFloat).unsqueeze(-1) * inv;  // [..., T, h/2]
+  at::Tensor emb = at::cat({angles, angles}, -1);                     // [..., T, h]
   return {emb.cos() * attention_factor, emb.sin() * attention_factor};
 }
 

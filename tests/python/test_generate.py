@@ -71,3 +71,51 @@ def test_bad_input(tmp_path):
     expect_error(["generate", "--model", tmp_path / "m", "--prompt", ""], "empty prompt")
     expect_error(["generate", "--model", tmp_path / "m", "--prompt", "word " * 40], "the model's maximum is 16 positions")
     expect_error(["generate", "--model", tmp_path / "m", "--prompt-tokens", "5 100278"], "token id 100278 is out of range")
+
+
+@pytest.mark.parametrize("variant", ["base", "siamese_depth"])
+def test_batch_of_different_lengths_equals_each_prompt_alone(variant, tmp_path):
+    """Four prompts of 3 to 19 tokens (window 6) decode as one left-padded batch; each row's greedy tokens
+    equal transformers' greedy loop over that prompt alone, and the engine run with that prompt alone."""
+    vocab = 100278
+    if variant == "base":
+        model = save_random_olmo3(tiny_olmo3_config(vocab_size=vocab, num_key_value_heads=2), tmp_path / "m")
+    else:
+        model = save_random_variant(tmp_path / "m", vocab_size=vocab, depth_attention_recent_window=1)
+    shutil.copy(DOLMA2, tmp_path / "m" / "tokenizer.json")
+    rng = np.random.default_rng(3)
+    prompts = [rng.integers(0, 100000, n).tolist() for n in (7, 3, 19, 11)]
+    lines = [json.dumps({"tokens": p}) for p in prompts]
+    (tmp_path / "prompts.jsonl").write_text("\n".join(lines) + "\n")
+    new = 12
+    out = subprocess.run([str(BINARY), "generate", "--model", str(tmp_path / "m"), "--prompts-file", str(tmp_path / "prompts.jsonl"),
+                          "--max-new-tokens", str(new)], capture_output=True, text=True, check=True)
+    rows = [json.loads(line) for line in out.stdout.splitlines()]
+    assert [r["index"] for r in rows] == [0, 1, 2, 3]
+    assert "batch 4" in out.stderr
+    for prompt, row in zip(prompts, rows):
+        expected = greedy_reference(model, prompt, new)[len(prompt):]
+        eos = [i for i, t in enumerate(expected) if t == 100257]
+        expected = expected[: eos[0]] if eos else expected
+        assert row["prompt_tokens"] == len(prompt)
+        assert row["tokens"] == expected
+        alone = subprocess.run([str(BINARY), "generate", "--model", str(tmp_path / "m"), "--prompt-tokens", " ".join(map(str, prompt)),
+                                "--max-new-tokens", str(new)], capture_output=True, check=True).stdout
+        assert alone.decode("utf-8").rstrip("\n") == row["text"]
+
+
+def test_prompts_file_bad_input(tmp_path):
+    save_random_olmo3(tiny_olmo3_config(vocab_size=100278), tmp_path / "m")
+    shutil.copy(DOLMA2, tmp_path / "m" / "tokenizer.json")
+    f = tmp_path / "p.jsonl"
+    f.write_text('"fine"\n{"prompt": "also fine"\n')
+    expect_error(["generate", "--model", tmp_path / "m", "--prompts-file", f], f"{f}:2", "malformed JSON")
+    f.write_text('"fine"\n{"tokens": [1, 100278]}\n')
+    expect_error(["generate", "--model", tmp_path / "m", "--prompts-file", f], f"{f}:2", "token id 100278 is out of range")
+    f.write_text('{"prompt": ""}\n')
+    expect_error(["generate", "--model", tmp_path / "m", "--prompts-file", f], f"{f}:1", "empty prompt")
+    f.write_text('[1, 2]\n')
+    expect_error(["generate", "--model", tmp_path / "m", "--prompts-file", f], f"{f}:1", "expected a string or an object")
+    f.write_text("\n\n")
+    expect_error(["generate", "--model", tmp_path / "m", "--prompts-file", f], "no prompts")
+    expect_error(["generate", "--model", tmp_path / "m", "--prompts-file", tmp_path / "missing.jsonl"], "missing.jsonl: cannot open")

@@ -1,5 +1,6 @@
 // Incremental decoding with the KV cache equals the full forward (fp32, <= 1e-4), for both variants,
-// past the sliding window and with YaRN on full layers; sliding layers' cache stays bounded.
+// past the sliding window and with YaRN on full layers; batches of sequences of different lengths equal
+// each sequence run alone; sliding layers' cache stays bounded by the window.
 #include <gtest/gtest.h>
 
 #include "archspace/infer/kv_cache.h"
@@ -49,8 +50,8 @@ TEST_P(IncrementalDecoding, ChunkedPrefillThenTokensEqualFullForward) {
   const double diff = (at::cat(pieces, 1) - full).abs().max().item<double>();
   EXPECT_LE(diff, 1e-4);
   EXPECT_GT(full.abs().max().item<double>(), 1.0);  // logits of a real scale, not all near zero
-  // Sliding layers hold window - 1 positions; full layers hold everything.
-  EXPECT_EQ(cache.cached_positions(0), c.sliding_window - 1);
+  // Sliding layers hold the last window positions (a ring); full layers hold everything.
+  EXPECT_EQ(cache.cached_positions(0), c.sliding_window);
   EXPECT_EQ(cache.cached_positions(3), 40);
 }
 
@@ -70,6 +71,52 @@ TEST_P(IncrementalDecoding, BatchedDecodingEqualsEachRowAlone) {
   }
 }
 
+// Three prompts of different lengths (shorter than, about, and past the window of 8), left-padded into one
+// batch, prefilled in chunks and decoded token by token: every row's logits equal that row run alone.
+TEST_P(IncrementalDecoding, DifferentLengthsInOneBatchEqualEachRowAlone) {
+  const ModelConfig c = config_for(GetParam());
+  CausalLM model = random_model(c, 4);
+  const std::vector<int64_t> lengths = {3, 9, 21};
+  const int64_t longest = 21, decode_steps = 12, pad_id = 5;
+  std::vector<at::Tensor> prompts, continuations;
+  for (int64_t n : lengths) {
+    prompts.push_back(at::randint(0, c.vocab_size, {n}, at::kLong));
+    continuations.push_back(at::randint(0, c.vocab_size, {decode_steps}, at::kLong));
+  }
+  std::vector<int64_t> padding;
+  std::vector<at::Tensor> rows;
+  for (size_t b = 0; b < lengths.size(); ++b) {
+    padding.push_back(longest - lengths[b]);
+    rows.push_back(at::cat({at::full({padding.back()}, pad_id, at::kLong), prompts[b]}));
+  }
+  at::Tensor batch = at::stack(rows);  // [3, 21], left-padded
+
+  for (AttentionImpl impl : {AttentionImpl::kSdpa, AttentionImpl::kReference}) {
+    KVCache cache(c, padding);
+    std::vector<at::Tensor> prefill;
+    for (int64_t s = 0; s < longest; s += 8) {
+      const int64_t n = std::min<int64_t>(8, longest - s);
+      prefill.push_back(model.forward(batch.narrow(1, s, n), {impl, &cache}));
+    }
+    at::Tensor prefill_logits = at::cat(prefill, 1);  // [3, 21, V]
+    std::vector<at::Tensor> decoded;
+    for (int64_t step = 0; step < decode_steps; ++step) {
+      at::Tensor next = at::stack({continuations[0][step], continuations[1][step], continuations[2][step]}).view({3, 1});
+      decoded.push_back(model.forward(next, {impl, &cache}));
+    }
+    at::Tensor decode_logits = at::cat(decoded, 1);  // [3, 12, V]
+    ASSERT_FALSE(at::isnan(prefill_logits).any().item<bool>());  // padding rows stay finite
+
+    for (size_t b = 0; b < lengths.size(); ++b) {
+      // Alone: no padding, the full forward over prompt + continuation.
+      at::Tensor alone = model.forward(at::cat({prompts[b], continuations[b]}).unsqueeze(0), {impl})[0];
+      at::Tensor batched = at::cat({prefill_logits[b].narrow(0, padding[b], lengths[b]), decode_logits[b]}, 0);
+      const double diff = (batched - alone).abs().max().item<double>();
+      EXPECT_LE(diff, 1e-4) << "row " << b << " (length " << lengths[b] << ")";
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(BothVariants, IncrementalDecoding, ::testing::Values(Variant::kBase, Variant::kSiameseDepth));
 
 TEST(KVCache, SlidingMemoryIsBoundedByTheWindow) {
@@ -82,7 +129,9 @@ TEST(KVCache, SlidingMemoryIsBoundedByTheWindow) {
     if (step == c.sliding_window) sliding_bytes_at_window = cache.bytes(LayerType::kSliding);
   }
   EXPECT_EQ(cache.bytes(LayerType::kSliding), sliding_bytes_at_window);  // no growth after the window
-  // 7 layers [S, S, S, F, S, S, S]: 6 sliding layers x (k + v) x G=2 x (window - 1) x h=16 x 4 bytes.
-  EXPECT_EQ(cache.bytes(LayerType::kSliding), 6 * 2 * 2 * (c.sliding_window - 1) * 16 * 4);
-  EXPECT_EQ(cache.bytes(LayerType::kFull), 1 * 2 * 2 * 60 * 16 * 4);  // the full layer grows with the length
+  // 7 layers [S, S, S, F, S, S, S]: 6 sliding layers x (k + v) x G=2 x window x h=16 x 4 bytes.
+  EXPECT_EQ(cache.bytes(LayerType::kSliding), 6 * 2 * 2 * c.sliding_window * 16 * 4);
+  // The full layer grows with the length, doubling its buffer: 16, 32, then 64 positions for 60.
+  EXPECT_EQ(cache.cached_positions(3), 60);
+  EXPECT_EQ(cache.bytes(LayerType::kFull), 1 * 2 * 2 * 64 * 16 * 4);
 }

@@ -1,5 +1,6 @@
 // Text generation with the KV cache: chunked prefill, then one token per step, sampled (temperature,
-// top-k, top-p; temperature 0 is greedy), streamed as UTF-8 text as it is produced.
+// top-k, top-p; temperature 0 is greedy), streamed as UTF-8 text as it is produced. Several prompts of
+// different lengths decode together as one left-padded batch (KVCache); each row stops on its own.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -28,10 +29,14 @@ struct GenerateOptions {
   int64_t prefill_chunk = 1024;
 };
 
-struct GenerateResult {
-  std::vector<uint32_t> ids;  // generated ids (without the prompt)
+struct Completion {
+  std::vector<uint32_t> ids;  // generated ids (without the prompt; without the stop id that ended it)
   std::string text;
-  int64_t prefill_tokens = 0, decode_tokens = 0;
+};
+
+struct GenerateResult {
+  std::vector<Completion> completions;  // one per prompt, in order
+  int64_t prefill_tokens = 0, decode_tokens = 0;  // summed over prompts (padding not counted)
   double prefill_seconds = 0, decode_seconds = 0;
   int64_t cache_bytes = 0, cache_sliding_bytes = 0, cache_full_bytes = 0;
 };
@@ -39,6 +44,11 @@ struct GenerateResult {
 // Picks the next token from logits [V] (fp32).
 int64_t sample_token(const at::Tensor& logits, const SamplingOptions& options, at::Generator& gen);
 
+// on_text(prompt index, text) receives each prompt's completion piece by piece (whole UTF-8 characters).
+GenerateResult generate(const CausalLM& model, const Tokenizer& tokenizer, const std::vector<std::vector<uint32_t>>& prompts,
+                        const GenerateOptions& options, const std::function<void(size_t, const std::string&)>& on_text);
+
+// One prompt.
 GenerateResult generate(const CausalLM& model, const Tokenizer& tokenizer, const std::vector<uint32_t>& prompt,
                         const GenerateOptions& options, const std::function<void(const std::string&)>& on_text);
 

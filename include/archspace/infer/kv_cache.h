@@ -1,7 +1,16 @@
-// KV cache for incremental decoding. Full-attention layers keep every position; sliding layers keep only
-// the last sliding_window - 1 positions (all a new query can still see), so their memory is bounded by
-// the window whatever the length. For siamese_depth the cached values are the Depth-Attention mixed
-// values (SPEC.md section 3.2): nothing else persists between steps.
+// KV cache for incremental decoding.
+//
+// Full-attention layers keep every position in a buffer that grows by doubling (no per-step copy of the
+// whole cache). Sliding layers keep the last sliding_window positions in a ring buffer: a new token
+// overwrites the position that just left its window, so their memory is bounded by the window whatever
+// the length. For siamese_depth the cached values are the Depth-Attention mixed values (SPEC.md section
+// 3.2): nothing else persists between steps.
+//
+// Batches of sequences of different lengths are left-padded: all rows share one slot index (the cache's
+// length), row b's first left_padding[b] slots are padding, and its token at slot s has position
+// s - left_padding[b]. Real queries never attend to padding; padding queries attend causally to whatever
+// precedes them (their outputs are never used, but must stay finite: a fully masked softmax is NaN, and
+// NaN values would leak through zero attention weights).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -14,29 +23,50 @@ namespace archspace {
 
 class KVCache {
  public:
-  explicit KVCache(const ModelConfig& config);
+  // left_padding: one entry per batch row (empty: no padding, any batch size).
+  explicit KVCache(const ModelConfig& config, std::vector<int64_t> left_padding = {});
 
-  // Positions consumed so far (the next token's position).
+  // Slots consumed so far (the next token's slot; its position when there is no padding).
   int64_t length() const { return length_; }
+  const std::vector<int64_t>& left_padding() const { return left_padding_; }
+
+  // RoPE positions of the next `tokens` slots: [tokens] without padding, else [B, tokens] (padding slots
+  // get position 0).
+  at::Tensor positions(int64_t tokens, const at::Device& device) const;
 
   struct View {
     at::Tensor k, v;   // [B, G, S, h]: the keys and values this chunk's queries attend over
-    int64_t q_offset;  // position of the first query relative to the first key of the view
+    int64_t q_offset;  // slot of the first query relative to the first key of the view
+    // With padding: [B, 1, T, S] bool, false where a real query would see a padding key. Else undefined.
+    at::Tensor padding_mask;
   };
   // Adds a chunk's keys and values [B, G, T, h] for `layer` (called once per layer per forward).
   View append(int64_t layer, const at::Tensor& k, const at::Tensor& v);
   // Marks the chunk as consumed by every layer.
   void advance(int64_t tokens) { length_ += tokens; }
 
-  int64_t bytes() const;                 // all layers
-  int64_t bytes(LayerType type) const;   // layers of one type
-  int64_t cached_positions(int64_t layer) const;
+  int64_t bytes() const;                 // allocated by all layers
+  int64_t bytes(LayerType type) const;   // allocated by layers of one type
+  int64_t cached_positions(int64_t layer) const;  // positions a layer holds
 
  private:
+  struct LayerCache {
+    at::Tensor k, v;   // [B, G, capacity, h]; for a sliding layer slot s lives at s % capacity once full
+    int64_t held = 0;  // positions held
+  };
+  View append_full(LayerCache& c, const at::Tensor& k, const at::Tensor& v);
+  View append_sliding(LayerCache& c, const at::Tensor& k, const at::Tensor& v);
+  // Grows c's buffers to hold `needed` positions (at most `limit`), keeping the first c.held.
+  void reserve(LayerCache& c, const at::Tensor& like, int64_t needed, int64_t limit);
+  // Padding mask for queries at slots length_ .. length_ + T - 1 over keys at the given slots [S].
+  at::Tensor padding_mask(int64_t tokens, const at::Tensor& key_slots) const;
+
   std::vector<LayerType> types_;
   int64_t window_;
+  std::vector<int64_t> left_padding_;
+  bool padded_ = false;
   int64_t length_ = 0;
-  std::vector<at::Tensor> k_, v_;
+  std::vector<LayerCache> layers_;
 };
 
 }  // namespace archspace

@@ -29,8 +29,9 @@ enum class AttentionImpl {
 at::Tensor causal_mask(int64_t tq, int64_t tk, int64_t window, int64_t q_offset, const at::Device& device);
 
 // q [B, H, Tq, h]; k, v [B, G, Tk, h] with H a multiple of G (query head j reads kv head j / (H/G)).
-// Scale 1/sqrt(h). Returns [B, H, Tq, h] in q's dtype.
+// Scale 1/sqrt(h). `padding_mask` ([B, 1, Tq, Tk] bool, optional) further restricts the causal mask
+// (left-padded batches, see KVCache). Returns [B, H, Tq, h] in q's dtype.
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t window,
-                            int64_t q_offset, AttentionImpl impl);
+                            int64_t q_offset, AttentionImpl impl, const at::Tensor& padding_mask = {});
 
 }  // namespace archspace

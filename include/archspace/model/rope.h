@@ -23,7 +23,7 @@ struct Rope {
   at::Tensor inv_freq;  // fp32 [h/2], on the CPU
   double attention_factor = 1.0;
 
-  // cos and sin tables, fp32 [T, h], for int64 positions [T], on `positions`' device.
+  // cos and sin tables, fp32 [..., h], for int64 positions [...] (e.g. [T] or [B, T]), on `positions`' device.
   std::pair<at::Tensor, at::Tensor> tables(const at::Tensor& positions) const;
 };
 
