@@ -7,7 +7,8 @@
 namespace archspace {
 
 KVCache::KVCache(const ModelConfig& config, std::vector<int64_t> left_padding)
-    : types_(config.layer_types), window_(config.sliding_window), left_padding_(std::move(left_padding)),
+    : types_(config.layer_types), window_(config.sliding_window), max_positions_(config.max_position_embeddings),
+      left_padding_(std::move(left_padding)),
       layers_(config.num_hidden_layers) {
   for (int64_t pad : left_padding_) {
     if (pad < 0) throw Error("KVCache: left padding must be >= 0, got " + std::to_string(pad));
@@ -35,7 +36,8 @@ at::Tensor KVCache::padding_mask(int64_t tokens, const at::Tensor& key_slots) co
 void KVCache::reserve(LayerCache& c, const at::Tensor& like, int64_t needed, int64_t limit) {
   const int64_t capacity = c.k.defined() ? c.k.size(2) : 0;
   if (needed <= capacity) return;
-  const int64_t grown = std::min(limit, std::max({needed, 2 * capacity, int64_t{16}}));
+  // Double (amortised O(1) per position), but not past `limit` unless `needed` is.
+  const int64_t grown = std::max(needed, std::min(limit, std::max(2 * capacity, int64_t{16})));
   std::vector<int64_t> shape = like.sizes().vec();
   shape[2] = grown;
   at::Tensor k = at::empty(shape, like.options()), v = at::empty(shape, like.options());
@@ -58,7 +60,7 @@ KVCache::View KVCache::append(int64_t layer, const at::Tensor& k, const at::Tens
 
 KVCache::View KVCache::append_full(LayerCache& c, const at::Tensor& k, const at::Tensor& v) {
   const int64_t T = k.size(2), previous = c.held;
-  reserve(c, k, previous + T, std::numeric_limits<int64_t>::max());
+  reserve(c, k, previous + T, max_positions_);
   c.k.narrow(2, previous, T).copy_(k);
   c.v.narrow(2, previous, T).copy_(v);
   c.held = previous + T;

@@ -135,3 +135,13 @@ TEST(KVCache, SlidingMemoryIsBoundedByTheWindow) {
   EXPECT_EQ(cache.cached_positions(3), 60);
   EXPECT_EQ(cache.bytes(LayerType::kFull), 1 * 2 * 2 * 64 * 16 * 4);
 }
+
+TEST(KVCache, FullLayerGrowthStopsAtTheModelsMaximum) {
+  ModelConfig c = config_for(Variant::kBase);
+  c.max_position_embeddings = 40;
+  CausalLM model = random_model(c, 5);
+  KVCache cache(c);
+  for (int64_t step = 0; step < 40; ++step) model.forward(at::randint(0, c.vocab_size, {1, 1}, at::kLong), {AttentionImpl::kSdpa, &cache});
+  EXPECT_EQ(cache.cached_positions(3), 40);
+  EXPECT_EQ(cache.bytes(LayerType::kFull), 1 * 2 * 2 * 40 * 16 * 4);  // 16, 32, then 40 rather than 64
+}

@@ -56,13 +56,15 @@ class KVCache {
   };
   View append_full(LayerCache& c, const at::Tensor& k, const at::Tensor& v);
   View append_sliding(LayerCache& c, const at::Tensor& k, const at::Tensor& v);
-  // Grows c's buffers to hold `needed` positions (at most `limit`), keeping the first c.held.
+  // Grows c's buffers to hold `needed` positions, keeping the first c.held; doubling stops at `limit`
+  // (the window for a sliding layer, max_position_embeddings for a full one).
   void reserve(LayerCache& c, const at::Tensor& like, int64_t needed, int64_t limit);
   // Padding mask for queries at slots length_ .. length_ + T - 1 over keys at the given slots [S].
   at::Tensor padding_mask(int64_t tokens, const at::Tensor& key_slots) const;
 
   std::vector<LayerType> types_;
   int64_t window_;
+  int64_t max_positions_;
   std::vector<int64_t> left_padding_;
   bool padded_ = false;
   int64_t length_ = 0;
