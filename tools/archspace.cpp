@@ -378,7 +378,7 @@ int cmd_generate(GenerateArgs a) {
     r = generate(model, *tokenizer, prompts, a.options, [](size_t, const std::string&) {});
     for (size_t i = 0; i < prompts.size(); ++i) {
       const Completion& done = r.completions[i];
-      nlohmann::json line = {{"index", i}, {"prompt_tokens", prompts[i].size()}, {"completion_tokens", done.ids.size()},
+      nlohmann::ordered_json line = {{"index", i}, {"prompt_tokens", prompts[i].size()}, {"completion_tokens", done.ids.size()},
                              {"text", done.text}, {"tokens", done.ids}};
       std::cout << line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
     }
