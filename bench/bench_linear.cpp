@@ -6,7 +6,7 @@
 // bandwidth; in a real decode step the 12 layers' weights do not fit, and the lm_head row (hundreds of
 // MB) is the memory-bound case.
 //
-//     build/bench_linear [--preset 190M] [--threads N] [--repeat 20] [--out FILE]
+//     build/bench_linear [--preset 190M] [--threads N] [--repeat 20] [--rows 1,4] [--out FILE]
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/core/InferenceMode.h>
@@ -43,12 +43,21 @@ double median_seconds(int repeat, F&& f) {
 int main(int argc, char** argv) {
   std::string preset_name = "190M", out;
   int threads = 0, repeat = 20;
+  std::vector<int64_t> row_counts = {1, 4};
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i], value = argv[i + 1];
     if (flag == "--preset") preset_name = value;
     else if (flag == "--threads") threads = std::stoi(value);
     else if (flag == "--repeat") repeat = std::stoi(value);
     else if (flag == "--out") out = value;
+    else if (flag == "--rows") {
+      row_counts.clear();
+      for (size_t at = 0; at < value.size();) {
+        const size_t comma = std::min(value.find(',', at), value.size());
+        row_counts.push_back(std::stoll(value.substr(at, comma - at)));
+        at = comma + 1;
+      }
+    }
     else {
       std::cerr << "unknown option " << flag << "\n";
       return 2;
@@ -70,7 +79,7 @@ int main(int argc, char** argv) {
   for (const Shape& s : shapes) {
     at::Tensor w = at::randn({s.out, s.in});
     const double gigabytes = static_cast<double>(w.numel()) * 4 / 1e9;
-    for (int64_t m : {int64_t(1), int64_t(4)}) {
+    for (int64_t m : row_counts) {
       at::Tensor x = at::randn({m, s.in});
       const double diff = (streaming_linear(x, w) - at::linear(x, w)).abs().max().item<double>();
       const double t_aten = median_seconds(repeat, [&] { at::linear(x, w); });
