@@ -22,6 +22,7 @@
 #include "archspace/train/trainer.h"
 #include "archspace/tokenizer/tokenizer.h"
 #include "archspace/util/error.h"
+#include "archspace/util/json_lines.h"
 
 using namespace archspace;
 
@@ -285,21 +286,10 @@ std::vector<uint32_t> chat_prompt(const Tokenizer& tokenizer, nlohmann::json mes
 // --prompts-file: JSON Lines, one prompt per line: a string, or {"prompt": "..."}, {"tokens": [ids]} or
 // {"messages": [...]} (a chat, whatever --chat says).
 std::vector<std::vector<uint32_t>> read_prompts_file(const std::string& path, const Tokenizer& tokenizer, bool& chat, int64_t vocab_size) {
-  std::ifstream in(path);
-  if (!in) throw Error(path + ": cannot open");
   const bool format_as_chat = chat;
   std::vector<std::vector<uint32_t>> prompts;
-  std::string line;
-  for (int64_t number = 1; std::getline(in, line); ++number) {
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    const std::string where = path + ":" + std::to_string(number);
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::parse_error& e) {
-      throw Error(where + ": malformed JSON: " + e.what());
-    }
-    if (j.is_string()) j = {{"prompt", j}};
+  for_each_json_line(path, [&](const nlohmann::json& value, const std::string& where) {
+    const nlohmann::json j = value.is_string() ? nlohmann::json{{"prompt", value}} : value;
     if (!j.is_object()) throw Error(where + ": expected a string or an object with \"prompt\", \"tokens\" or \"messages\"");
     if (j.contains("tokens")) {
       if (!j["tokens"].is_array()) throw Error(where + ": \"tokens\" must be a list of ids");
@@ -321,7 +311,7 @@ std::vector<std::vector<uint32_t>> read_prompts_file(const std::string& path, co
     } else {
       throw Error(where + ": expected a string or an object with \"prompt\", \"tokens\" or \"messages\"");
     }
-  }
+  });
   if (prompts.empty()) throw Error(path + ": no prompts");
   return prompts;
 }

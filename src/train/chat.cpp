@@ -1,8 +1,7 @@
 #include "archspace/train/chat.h"
 
-#include <fstream>
-
 #include "archspace/util/error.h"
+#include "archspace/util/json_lines.h"
 
 namespace archspace {
 
@@ -67,22 +66,11 @@ std::vector<uint32_t> encode_chat_prompt(const Tokenizer& tokenizer, const nlohm
 }
 
 std::vector<ChatExample> load_chat_jsonl(const std::string& path, const Tokenizer& tokenizer) {
-  std::ifstream in(path);
-  if (!in) throw Error(path + ": cannot open chat data");
   std::vector<ChatExample> out;
-  std::string line;
-  for (int64_t n = 1; std::getline(in, line); ++n) {
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    const std::string where = path + ":" + std::to_string(n);
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::parse_error& e) {
-      throw Error(where + ": malformed JSON line: " + e.what());
-    }
+  for_each_json_line(path, [&](const nlohmann::json& j, const std::string& where) {
     if (!j.is_object() || !j.contains("messages")) throw Error(where + ": no 'messages' field");
     out.push_back(encode_chat(tokenizer, j["messages"], where));
-  }
+  });
   if (out.empty()) throw Error(path + ": no chat examples");
   return out;
 }

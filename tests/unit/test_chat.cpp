@@ -1,6 +1,9 @@
 // SFT formatting and masking (SPEC.md section 6): which tokens carry loss.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
+
 #include "archspace/train/chat.h"
 #include "archspace/util/error.h"
 
@@ -48,4 +51,32 @@ TEST(Chat, BadMessagesAreClearErrors) {
   EXPECT_THROW(encode_chat(*tok, nlohmann::json::array(), "f:1"), Error);
   EXPECT_THROW(encode_chat(*tok, {{{"role", "user"}, {"content", "no answer"}}}, "f:1"), Error);
   EXPECT_THROW(encode_chat(*tok, {{{"role", "robot"}, {"content", "x"}}, {{"role", "assistant"}, {"content", "y"}}}, "f:1"), Error);
+}
+
+// Chat data files: every bad line is an error naming the file and the line.
+TEST(Chat, BadChatDataFilesNameFileAndLine) {
+  auto tok = Tokenizer::load("dolma2");
+  const std::string path = ::testing::TempDir() + "/chat-bad.jsonl";
+  auto expect_error = [&](const std::string& content, const std::vector<std::string>& fragments) {
+    std::ofstream(path) << content;
+    try {
+      load_chat_jsonl(path, *tok);
+      ADD_FAILURE() << "no error for:\n" << content;
+    } catch (const Error& e) {
+      for (const auto& f : fragments) EXPECT_NE(std::string(e.what()).find(f), std::string::npos) << e.what() << " lacks " << f;
+    }
+  };
+  const std::string good = R"({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]})";
+  expect_error(good + "\n\n{\"messages\": [\n", {path + ":3", "malformed JSON line"});
+  expect_error(good + "\n{\"text\": \"x\"}\n", {path + ":2", "no 'messages' field"});
+  expect_error("\n \n", {path, "no chat examples"});
+  std::ofstream(path) << good << "\n\n" << good << "\n";  // blank lines are skipped
+  EXPECT_EQ(load_chat_jsonl(path, *tok).size(), 2u);
+  std::filesystem::remove(path);
+  try {
+    load_chat_jsonl(path, *tok);
+    ADD_FAILURE() << "no error for a missing file";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(path + ": cannot open"), std::string::npos) << e.what();
+  }
 }

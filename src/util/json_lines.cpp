@@ -1,0 +1,29 @@
+#include "archspace/util/json_lines.h"
+
+#include <fstream>
+
+#include "archspace/util/error.h"
+
+namespace archspace {
+
+int64_t for_each_json_line(const std::string& path, const std::function<void(const nlohmann::json&, const std::string&)>& fn) {
+  std::ifstream in(path);
+  if (!in) throw Error(path + ": cannot open");
+  int64_t count = 0;
+  std::string line;
+  for (int64_t number = 1; std::getline(in, line); ++number) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const std::string where = path + ":" + std::to_string(number);
+    nlohmann::json value;
+    try {
+      value = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::parse_error& e) {
+      throw Error(where + ": malformed JSON line: " + e.what());
+    }
+    fn(value, where);
+    ++count;
+  }
+  return count;
+}
+
+}  // namespace archspace
