@@ -12,6 +12,7 @@
 
 #include "archspace/tokenizer/tokenizer.h"
 #include "archspace/util/error.h"
+#include "archspace/util/json_lines.h"
 #include "archspace/util/format.h"
 
 namespace archspace {
@@ -83,14 +84,10 @@ class DocumentReader {
       }
       ++line_;
       bytes_read += line.size() + 1;
-      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
       const std::string where = current_ + ":" + std::to_string(line_);
-      nlohmann::json j;
-      try {
-        j = nlohmann::json::parse(line);
-      } catch (const nlohmann::json::parse_error& e) {
-        throw Error(where + ": malformed JSON line: " + e.what());
-      }
+      std::optional<nlohmann::json> parsed = parse_json_line(line, where);
+      if (!parsed) continue;
+      const nlohmann::json& j = *parsed;
       if (!j.is_object() || !j.contains(field_) || !j[field_].is_string()) {
         throw Error(where + ": no string field '" + field_ + "'");
       }

@@ -6,22 +6,26 @@
 
 namespace archspace {
 
+std::optional<nlohmann::json> parse_json_line(const std::string& line, const std::string& where) {
+  if (line.find_first_not_of(" \t\r") == std::string::npos) return std::nullopt;
+  try {
+    return nlohmann::json::parse(line);
+  } catch (const nlohmann::json::parse_error& e) {
+    throw Error(where + ": malformed JSON line: " + e.what());
+  }
+}
+
 int64_t for_each_json_line(const std::string& path, const std::function<void(const nlohmann::json&, const std::string&)>& fn) {
   std::ifstream in(path);
   if (!in) throw Error(path + ": cannot open");
   int64_t count = 0;
   std::string line;
   for (int64_t number = 1; std::getline(in, line); ++number) {
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     const std::string where = path + ":" + std::to_string(number);
-    nlohmann::json value;
-    try {
-      value = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::parse_error& e) {
-      throw Error(where + ": malformed JSON line: " + e.what());
+    if (std::optional<nlohmann::json> value = parse_json_line(line, where)) {
+      fn(*value, where);
+      ++count;
     }
-    fn(value, where);
-    ++count;
   }
   return count;
 }

@@ -5,9 +5,13 @@
 #include <nlohmann/json.hpp>
 
 #include <functional>
+#include <optional>
 #include <string>
 
 namespace archspace {
+
+// One line's value; nullopt for a blank line. A malformed line is an Error naming `where` ("PATH:LINE").
+std::optional<nlohmann::json> parse_json_line(const std::string& line, const std::string& where);
 
 // Calls fn(value, "PATH:LINE") for each non-blank line of `path`, in order; returns how many there were.
 // A file that cannot be opened or a malformed line is an Error naming it.
