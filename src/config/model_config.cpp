@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "archspace/util/error.h"
+#include "archspace/util/json_file.h"
 
 namespace archspace {
 
@@ -351,15 +352,7 @@ json ModelConfig::to_json() const {
 }
 
 ModelConfig ModelConfig::load(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw Error(path + ": cannot open the config file");
-  json j;
-  try {
-    j = json::parse(in);
-  } catch (const json::parse_error& e) {
-    throw Error(path + ": malformed JSON: " + e.what());
-  }
-  return from_json(j, path);
+  return from_json(read_json_file(path), path);
 }
 
 void ModelConfig::save(const std::string& path) const {
@@ -367,6 +360,18 @@ void ModelConfig::save(const std::string& path) const {
   if (!out) throw Error(path + ": cannot write the config file");
   out << to_json().dump(2) << "\n";
   if (!out) throw Error(path + ": write failed");
+}
+
+void VariantSwitches::apply_to(ModelConfig& c, const std::string& where) const {
+  if (!any()) return;
+  if (c.variant != Variant::kSiameseDepth) {
+    throw Error(where + ": the SiameseNorm/Depth-Attention switches need the siamese_depth variant (the model is " +
+                variant_name(c.variant) + ")");
+  }
+  if (use_siamese_norm) c.use_siamese_norm = *use_siamese_norm;
+  if (use_depth_attention) c.use_depth_attention = *use_depth_attention;
+  if (depth_attention_stride) c.depth_attention_stride = *depth_attention_stride;
+  if (depth_attention_recent_window) c.depth_attention_recent_window = *depth_attention_recent_window;
 }
 
 }  // namespace archspace

@@ -10,6 +10,7 @@
 #include <fstream>
 
 #include "archspace/util/error.h"
+#include "archspace/util/json_file.h"
 #include "archspace/util/sha256.h"
 
 namespace archspace {
@@ -81,14 +82,7 @@ ShardManifest ShardManifest::from_json(const json& j, const std::string& source)
 ShardManifest ShardManifest::load(const std::string& dir) {
   const fs::path path = fs::path(dir) / "manifest.json";
   if (!fs::exists(path)) throw Error(dir + ": no manifest.json (not a token shard directory; make one with `archspace tokenize`)");
-  std::ifstream in(path);
-  json j;
-  try {
-    j = json::parse(in);
-  } catch (const json::parse_error& e) {
-    throw Error(path.string() + ": malformed JSON: " + e.what());
-  }
-  return from_json(j, path.string());
+  return from_json(read_json_file(path.string()), path.string());
 }
 
 void ShardManifest::save(const std::string& dir) const {

@@ -13,7 +13,7 @@
 #include "archspace/tokenizer/tokenizer.h"
 #include "archspace/util/error.h"
 #include "archspace/util/json_lines.h"
-#include "archspace/util/format.h"
+#include "archspace/util/progress.h"
 
 namespace archspace {
 

@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <chrono>
 
-#include "archspace/infer/kv_cache.h"
+#include "archspace/model/kv_cache.h"
 #include "archspace/util/error.h"
 
 namespace archspace {

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "archspace/util/error.h"
+#include "archspace/util/json_file.h"
 
 namespace archspace {
 
@@ -55,12 +56,6 @@ void write_all(std::FILE* f, const void* data, size_t n, const std::string& path
 }
 
 }  // namespace
-
-std::string shape_string(const std::vector<int64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
-}
 
 std::shared_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
   std::shared_ptr<SafetensorsFile> f(new SafetensorsFile());
@@ -213,13 +208,7 @@ TensorStore TensorStore::open_dir(const std::string& dir) {
   const fs::path single = fs::path(dir) / "model.safetensors";
   const fs::path index = fs::path(dir) / "model.safetensors.index.json";
   if (fs::exists(index)) {
-    std::ifstream in(index);
-    json j;
-    try {
-      j = json::parse(in);
-    } catch (const json::parse_error& e) {
-      throw Error(index.string() + ": malformed JSON: " + e.what());
-    }
+    const json j = read_json_file(index.string());
     if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object()) {
       throw Error(index.string() + ": field 'weight_map' is missing or not an object");
     }

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "archspace/util/error.h"
+#include "archspace/util/json_file.h"
 #include "archspace/util/sha256.h"
 
 namespace archspace {
@@ -216,12 +217,7 @@ std::shared_ptr<const Tokenizer> Tokenizer::load(const std::string& spec) {
   if (!in) throw fail("cannot open");
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   t->sha256_ = sha256_bytes(text.data(), text.size());
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const json::parse_error& e) {
-    throw fail(std::string("malformed JSON (truncated?): ") + e.what());
-  }
+  const json j = parse_json_text(text, path);
   if (!j.is_object() || !j.contains("model") || !j["model"].is_object()) throw fail("field 'model' is missing");
   const json& model = j["model"];
   const std::string type = model.value("type", "");

@@ -8,8 +8,9 @@
 #include <filesystem>
 #include <fstream>
 
-#include "archspace/io/model_io.h"
+#include "archspace/model/model_io.h"
 #include "archspace/util/error.h"
+#include "archspace/util/json_file.h"
 #include "archspace/util/sha256.h"
 
 namespace archspace {
@@ -100,55 +101,6 @@ std::string save_checkpoint(const std::string& run_dir, int64_t step, const Chec
   return final_dir.string();
 }
 
-std::string latest_checkpoint(const std::string& run_dir) {
-  const fs::path pointer = fs::path(run_dir) / "checkpoints" / "latest";
-  if (!fs::exists(pointer)) return "";
-  std::string name;
-  std::ifstream(pointer) >> name;
-  const fs::path dir = fs::path(run_dir) / "checkpoints" / name;
-  if (name.empty() || !fs::is_directory(dir)) throw Error(pointer.string() + ": names '" + name + "', which is not a checkpoint directory");
-  return dir.string();
-}
-
-void verify_checkpoint(const std::string& dir) {
-  const fs::path sums_path = fs::path(dir) / "checksums.json";
-  if (!fs::exists(sums_path)) throw Error(dir + ": no checksums.json (incomplete or not a checkpoint)");
-  json sums;
-  try {
-    sums = json::parse(std::ifstream(sums_path));
-  } catch (const json::parse_error& e) {
-    throw Error(sums_path.string() + ": malformed JSON: " + e.what());
-  }
-  for (auto it = sums.begin(); it != sums.end(); ++it) {
-    const fs::path file = fs::path(dir) / it.key();
-    if (!fs::exists(file)) throw Error(file.string() + ": missing from the checkpoint (listed in checksums.json)");
-    const std::string actual = sha256_file(file.string());
-    if (actual != it.value().get<std::string>()) {
-      throw Error(file.string() + ": checksum mismatch (SHA-256 " + actual + ", checksums.json says " + it.value().get<std::string>() +
-                  "): the checkpoint is corrupt");
-    }
-  }
-}
-
-json read_trainer_state(const std::string& dir) {
-  const fs::path p = fs::path(dir) / "trainer_state.json";
-  try {
-    return json::parse(std::ifstream(p));
-  } catch (const json::parse_error& e) {
-    throw Error(p.string() + ": malformed JSON: " + e.what());
-  }
-}
-
-std::string resolve_model_dir(const std::string& path) {
-  const fs::path p(path);
-  if (fs::exists(p / "checkpoints" / "final")) {
-    std::string name;
-    std::ifstream(p / "checkpoints" / "final") >> name;
-    return (p / "checkpoints" / name / "model").string();
-  }
-  if (fs::exists(p / "model" / "config.json")) return (p / "model").string();
-  if (fs::exists(p / "config.json")) return p.string();
-  throw Error(path + ": not a checkpoint, a finished run directory, or a model directory");
-}
+json read_trainer_state(const std::string& dir) { return read_json_file((fs::path(dir) / "trainer_state.json").string()); }
 
 }  // namespace archspace

@@ -12,12 +12,13 @@
 #include <fstream>
 
 #include "archspace/data/instance_loader.h"
-#include "archspace/io/model_io.h"
-#include "archspace/train/chat.h"
+#include "archspace/io/run_dir.h"
+#include "archspace/model/model_io.h"
+#include "archspace/chat/chat.h"
 #include "archspace/train/checkpoint.h"
 #include "archspace/train/optimizer.h"
 #include "archspace/util/error.h"
-#include "archspace/util/format.h"
+#include "archspace/util/progress.h"
 
 namespace archspace {
 

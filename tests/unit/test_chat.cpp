@@ -4,7 +4,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "archspace/train/chat.h"
+#include "archspace/chat/chat.h"
 #include "archspace/util/error.h"
 
 using namespace archspace;

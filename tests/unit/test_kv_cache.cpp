@@ -3,7 +3,7 @@
 // each sequence run alone; sliding layers' cache stays bounded by the window.
 #include <gtest/gtest.h>
 
-#include "archspace/infer/kv_cache.h"
+#include "archspace/model/kv_cache.h"
 #include "archspace/model/causal_lm.h"
 
 using namespace archspace;

@@ -6,7 +6,7 @@
 
 #include <c10/core/InferenceMode.h>
 
-#include "archspace/infer/kv_cache.h"
+#include "archspace/model/kv_cache.h"
 #include "archspace/model/causal_lm.h"
 
 using namespace archspace;

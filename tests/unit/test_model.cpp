@@ -3,7 +3,7 @@
 
 #include <filesystem>
 
-#include "archspace/io/model_io.h"
+#include "archspace/model/model_io.h"
 #include "archspace/model/causal_lm.h"
 #include "archspace/util/error.h"
 

@@ -4,7 +4,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "archspace/io/model_io.h"
+#include "archspace/model/model_io.h"
 #include "archspace/io/safetensors.h"
 #include "archspace/util/error.h"
 

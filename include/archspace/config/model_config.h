@@ -72,6 +72,17 @@ struct ModelConfig {
   void save(const std::string& path) const;
 };
 
+// The siamese_depth ablation switches (SPEC.md section 3.3) as a user sets them over a preset or a
+// config (init flags, TOML keys): unset fields keep the model's value. The one place that rule lives.
+struct VariantSwitches {
+  std::optional<bool> use_siamese_norm, use_depth_attention;
+  std::optional<int64_t> depth_attention_stride, depth_attention_recent_window;
+
+  bool any() const { return use_siamese_norm || use_depth_attention || depth_attention_stride || depth_attention_recent_window; }
+  // Throws naming `where` when a switch is set on a model that is not siamese_depth.
+  void apply_to(ModelConfig& config, const std::string& where) const;
+};
+
 // Presets: OLMo-core sizes of SPEC.md section 4 ("190M" ... "32B") and small ones of our own for tests
 // and CPU runs ("tiny", "small"). Throws for an unknown name, listing the known ones.
 ModelConfig preset(const std::string& name, Variant variant = Variant::kBase);

@@ -12,6 +12,8 @@
 #include <utility>
 #include <vector>
 
+#include "archspace/util/tensors.h"
+
 namespace archspace {
 
 struct TensorInfo {
@@ -21,8 +23,6 @@ struct TensorInfo {
   uint64_t begin = 0;  // byte range relative to the start of the data section
   uint64_t end = 0;
 };
-
-std::string shape_string(const std::vector<int64_t>& shape);  // "[2, 3]"
 
 // One memory-mapped .safetensors file. Tensors returned by tensor() are read-only views into the
 // mapping (copied only if misaligned) that keep the mapping alive.
@@ -66,8 +66,6 @@ class TensorStore {
   std::vector<std::shared_ptr<SafetensorsFile>> files_;
   std::map<std::string, size_t> where_;  // tensor name -> index into files_
 };
-
-using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 
 // Writes one file (tensors are made contiguous and written in their own dtype, F32/BF16/F16/...).
 void save_safetensors(const std::string& path, const NamedTensors& tensors,

@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "archspace/config/model_config.h"
-#include "archspace/infer/kv_cache.h"
-#include "archspace/io/safetensors.h"
+#include "archspace/model/kv_cache.h"
+#include "archspace/util/tensors.h"
 #include "archspace/model/depth_attention.h"
 #include "archspace/model/layers.h"
 #include "archspace/model/rope.h"

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "archspace/io/safetensors.h"
+#include "archspace/io/run_dir.h"
 #include "archspace/model/causal_lm.h"
 
 namespace archspace {
@@ -24,14 +25,6 @@ struct CheckpointContents {
 std::string save_checkpoint(const std::string& run_dir, int64_t step, const CheckpointContents& contents, int64_t keep_last,
                             bool is_final);
 
-// The checkpoint `latest` names, or "" when the run has none.
-std::string latest_checkpoint(const std::string& run_dir);
-// Throws naming the file whose SHA-256 does not match checksums.json.
-void verify_checkpoint(const std::string& checkpoint_dir);
 nlohmann::json read_trainer_state(const std::string& checkpoint_dir);
-
-// A model directory from: a checkpoint (its model/), a run directory (its final checkpoint), or an HF
-// model directory itself.
-std::string resolve_model_dir(const std::string& path);
 
 }  // namespace archspace

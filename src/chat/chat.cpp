@@ -1,4 +1,4 @@
-#include "archspace/train/chat.h"
+#include "archspace/chat/chat.h"
 
 #include "archspace/util/error.h"
 #include "archspace/util/json_lines.h"

@@ -1,4 +1,4 @@
-#include "archspace/infer/kv_cache.h"
+#include "archspace/model/kv_cache.h"
 
 #include <algorithm>
 

@@ -5,6 +5,7 @@
 
 #include <string>
 
+#include "archspace/io/safetensors.h"
 #include "archspace/model/causal_lm.h"
 
 namespace archspace {

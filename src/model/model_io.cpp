@@ -1,4 +1,4 @@
-#include "archspace/io/model_io.h"
+#include "archspace/model/model_io.h"
 
 #include <filesystem>
 #include <set>

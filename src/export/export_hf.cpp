@@ -1,14 +1,14 @@
-#include "archspace/io/export_hf.h"
+#include "archspace/export/export_hf.h"
 
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "archspace/io/model_io.h"
+#include "archspace/model/model_io.h"
 #include "archspace/remote_code.h"
 #include "archspace/tokenizer/tokenizer.h"
-#include "archspace/train/chat.h"
-#include "archspace/train/checkpoint.h"
+#include "archspace/chat/chat.h"
+#include "archspace/io/run_dir.h"
 #include "archspace/util/error.h"
 
 namespace archspace {

@@ -1,0 +1,23 @@
+// Where things live in a run directory: RUN_DIR/checkpoints/step-NNNNNNNN/{model/, checksums.json, ...}
+// with `latest` and `final` naming the newest and the finished checkpoint. Training writes this layout
+// (train/checkpoint); export, generation and evaluation find a model in it with these functions.
+#pragma once
+
+#include <string>
+
+namespace archspace {
+
+// The checkpoint `latest` names, or "" when the run has none.
+std::string latest_checkpoint(const std::string& run_dir);
+
+// Throws naming the file whose SHA-256 does not match checksums.json.
+void verify_checkpoint(const std::string& checkpoint_dir);
+
+// A model directory from: a checkpoint (its model/), a run directory (its final checkpoint), or a Hugging
+// Face model directory itself.
+std::string resolve_model_dir(const std::string& path);
+
+// The checkpoint directory holding `model_dir` (a checkpoint's model/), or "" for a plain model directory.
+std::string checkpoint_of_model_dir(const std::string& model_dir);
+
+}  // namespace archspace

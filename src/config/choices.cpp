@@ -1,0 +1,79 @@
+#include "archspace/config/choices.h"
+
+#include <ATen/Context.h>
+
+#include "archspace/util/error.h"
+
+namespace archspace {
+
+namespace {
+
+std::string listed(const std::vector<std::string>& choices) {
+  std::string s;
+  for (size_t i = 0; i < choices.size(); ++i) s += (i ? ", " : "") + choices[i];
+  return s;
+}
+
+[[noreturn]] void unknown(const std::string& where, const std::string& what, const std::string& text, const std::string& choices) {
+  throw Error(where + ": unknown " + what + " '" + text + "' (valid: " + choices + ")");
+}
+
+}  // namespace
+
+const std::vector<std::string>& variant_choices() {
+  static const std::vector<std::string> c = {"base", "siamese_depth"};
+  return c;
+}
+const std::vector<std::string>& dtype_choices() {
+  static const std::vector<std::string> c = {"fp32", "bf16"};
+  return c;
+}
+const std::vector<std::string>& data_format_choices() {
+  static const std::vector<std::string> c = {"tokens", "chat"};
+  return c;
+}
+
+Variant parse_variant(const std::string& text, const std::string& where) {
+  if (text == "base") return Variant::kBase;
+  if (text == "siamese_depth") return Variant::kSiameseDepth;
+  unknown(where, "variant", text, listed(variant_choices()));
+}
+
+DType parse_dtype(const std::string& text, const std::string& where) {
+  if (text == "fp32" || text == "float32") return DType::kFp32;
+  if (text == "bf16" || text == "bfloat16") return DType::kBf16;
+  unknown(where, "dtype", text, listed(dtype_choices()));
+}
+
+DataFormat parse_data_format(const std::string& text, const std::string& where) {
+  if (text == "tokens") return DataFormat::kTokens;
+  if (text == "chat") return DataFormat::kChat;
+  unknown(where, "data format", text, listed(data_format_choices()));
+}
+
+DeviceSpec parse_device(const std::string& text, const std::string& where) {
+  if (text == "cpu") return {DeviceKind::kCpu, -1};
+  if (text == "cuda") return {DeviceKind::kCuda, -1};
+  if (text.rfind("cuda:", 0) == 0) {
+    const std::string n = text.substr(5);
+    if (!n.empty() && n.size() <= 3 && n.find_first_not_of("0123456789") == std::string::npos) return {DeviceKind::kCuda, std::stoi(n)};
+  }
+  unknown(where, "device", text, "cpu, cuda, cuda:N");
+}
+
+at::Device DeviceSpec::device() const {
+  if (kind == DeviceKind::kCpu) return at::kCPU;
+  if (!at::hasCUDA()) throw Error("device " + name() + ": this machine has no CUDA device");
+  return index < 0 ? at::Device(at::kCUDA) : at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(index));
+}
+
+std::string DeviceSpec::name() const {
+  if (kind == DeviceKind::kCpu) return "cpu";
+  return index < 0 ? "cuda" : "cuda:" + std::to_string(index);
+}
+
+const char* dtype_name(DType d) { return d == DType::kFp32 ? "fp32" : "bf16"; }
+const char* data_format_name(DataFormat f) { return f == DataFormat::kTokens ? "tokens" : "chat"; }
+at::ScalarType scalar_type(DType d) { return d == DType::kFp32 ? at::kFloat : at::kBFloat16; }
+
+}  // namespace archspace

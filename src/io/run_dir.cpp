@@ -1,0 +1,60 @@
+#include "archspace/io/run_dir.h"
+
+#include <filesystem>
+#include <fstream>
+
+#include "archspace/util/error.h"
+#include "archspace/util/json_file.h"
+#include "archspace/util/sha256.h"
+
+namespace archspace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+std::string latest_checkpoint(const std::string& run_dir) {
+  const fs::path pointer = fs::path(run_dir) / "checkpoints" / "latest";
+  if (!fs::exists(pointer)) return "";
+  std::string name;
+  std::ifstream(pointer) >> name;
+  const fs::path dir = fs::path(run_dir) / "checkpoints" / name;
+  if (name.empty() || !fs::is_directory(dir)) throw Error(pointer.string() + ": names '" + name + "', which is not a checkpoint directory");
+  return dir.string();
+}
+
+void verify_checkpoint(const std::string& dir) {
+  const fs::path sums_path = fs::path(dir) / "checksums.json";
+  if (!fs::exists(sums_path)) throw Error(dir + ": no checksums.json (incomplete or not a checkpoint)");
+  const json sums = read_json_file(sums_path.string());
+  if (!sums.is_object()) throw Error(sums_path.string() + ": expected an object of file -> SHA-256");
+  for (auto it = sums.begin(); it != sums.end(); ++it) {
+    const fs::path file = fs::path(dir) / it.key();
+    if (!fs::exists(file)) throw Error(file.string() + ": missing from the checkpoint (listed in checksums.json)");
+    const std::string actual = sha256_file(file.string());
+    if (actual != it.value().get<std::string>()) {
+      throw Error(file.string() + ": checksum mismatch (SHA-256 " + actual + ", checksums.json says " + it.value().get<std::string>() +
+                  "): the checkpoint is corrupt");
+    }
+  }
+}
+
+std::string resolve_model_dir(const std::string& path) {
+  const fs::path p(path);
+  if (fs::exists(p / "checkpoints" / "final")) {
+    std::string name;
+    std::ifstream(p / "checkpoints" / "final") >> name;
+    return (p / "checkpoints" / name / "model").string();
+  }
+  if (fs::exists(p / "model" / "config.json")) return (p / "model").string();
+  if (fs::exists(p / "config.json")) return p.string();
+  throw Error(path + ": not a checkpoint, a finished run directory, or a model directory");
+}
+
+std::string checkpoint_of_model_dir(const std::string& model_dir) {
+  fs::path dir = fs::path(model_dir).lexically_normal();
+  if (dir.filename().empty()) dir = dir.parent_path();  // "ckpt/model/"
+  const fs::path checkpoint = dir.parent_path();
+  return fs::exists(checkpoint / "checksums.json") ? checkpoint.string() : "";
+}
+
+}  // namespace archspace

@@ -1,0 +1,24 @@
+#include "archspace/util/json_file.h"
+
+#include <fstream>
+
+#include "archspace/util/error.h"
+
+namespace archspace {
+
+nlohmann::json read_json_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw Error(path + ": cannot open");
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return parse_json_text(text, path);
+}
+
+nlohmann::json parse_json_text(const std::string& text, const std::string& where) {
+  try {
+    return nlohmann::json::parse(text);
+  } catch (const nlohmann::json::parse_error& e) {
+    throw Error(where + ": malformed JSON" + (text.empty() ? " (empty file)" : "") + ": " + e.what());
+  }
+}
+
+}  // namespace archspace
