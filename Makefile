@@ -3,7 +3,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 PY := .venv/bin/python
 
-.PHONY: all setup build test unit pytest bench corpus demo clean
+.PHONY: all setup build test format-check format unit pytest bench corpus demo clean
 
 all: build
 
@@ -22,7 +22,14 @@ unit: build
 pytest: build
 	$(PY) -m pytest -q tests/python
 
-test: unit pytest
+# Formatting first: it takes a second and names the files to fix.
+test: format-check unit pytest
+
+format-check: setup
+	bash scripts/check_format.sh
+
+format:
+	bash scripts/check_format.sh --fix
 
 demo: build
 	bash scripts/demo.sh

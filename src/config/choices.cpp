@@ -15,7 +15,7 @@ std::string listed(const std::vector<std::string>& choices) {
 }
 
 [[noreturn]] void unknown(const std::string& where, const std::string& what, const std::string& text, const std::string& choices) {
-  throw Error(where + ": unknown " + what + " '" + text + "' (valid: " + choices + ")");
+  throw Error((where.empty() ? "" : where + ": ") + "unknown " + what + " '" + text + "' (valid: " + choices + ")");
 }
 
 }  // namespace

@@ -229,4 +229,14 @@ void TokenShards::verify() const {
   }
 }
 
+std::vector<int64_t> TokenShards::read_all() const {
+  std::vector<int64_t> tokens;
+  for (size_t s = 0; s < num_shards(); ++s) {
+    std::vector<uint32_t> buf(shard_tokens(s));
+    read(s, 0, buf.size(), buf.data());
+    tokens.insert(tokens.end(), buf.begin(), buf.end());
+  }
+  return tokens;
+}
+
 }  // namespace archspace

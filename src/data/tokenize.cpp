@@ -132,19 +132,14 @@ ShardManifest tokenize_to_shards(const TokenizeOptions& o) {
   ShardWriter writer(o.out_dir, o.shard_tokens);
   std::atomic<uint64_t> replacements{0};
   uint64_t documents = 0, tokens = 0, skipped_empty = 0;
-  const auto start = std::chrono::steady_clock::now();
-  auto last_report = start;
-  const bool tty = ::isatty(fileno(stderr));
-
+  ProgressLine progress("tokenize", o.progress);
   auto report = [&](bool final) {
-    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    const double mb = reader.bytes_read / 1e6, rate = elapsed > 0 ? mb / elapsed : 0;
+    const double mb = reader.bytes_read / 1e6, rate = mb / std::max(progress.elapsed_seconds(), 1e-9);
     const double frac = total_bytes ? double(reader.bytes_read) / total_bytes : 1.0;
-    const double eta = frac > 0 ? elapsed * (1 - frac) / frac : 0;
-    std::fprintf(stderr, "%s[tokenize] %.1f/%.1f MB (%3.0f%%) | %llu docs | %llu tokens | %.2f MB/s | %s %s%s", tty ? "\r" : "",
-                 mb, total_bytes / 1e6, 100 * frac, (unsigned long long)documents, (unsigned long long)tokens, rate,
-                 final ? "elapsed" : "ETA", format_duration(final ? elapsed : eta).c_str(), (final || !tty) ? "\n" : "");
-    std::fflush(stderr);
+    char what[256];
+    std::snprintf(what, sizeof(what), "%.1f/%.1f MB (%3.0f%%) | %llu docs | %llu tokens | %.2f MB/s", mb, total_bytes / 1e6, 100 * frac,
+                  (unsigned long long)documents, (unsigned long long)tokens, rate);
+    progress.update(what, frac, final);
   };
 
   std::vector<Document> batch;
@@ -192,17 +187,15 @@ ShardManifest tokenize_to_shards(const TokenizeOptions& o) {
       ++documents;
       tokens += ids.size();
     }
-    const auto now = std::chrono::steady_clock::now();
-    if (o.progress && std::chrono::duration<double>(now - last_report).count() > (tty ? 0.5 : 10.0)) {
-      report(false);
-      last_report = now;
-    }
+    if (reader.bytes_read < total_bytes) report(false);  // the last one is forced below
   }
-  if (o.progress) {
-    report(true);
-    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    std::fprintf(stderr, "[tokenize] done: %llu bytes -> %llu tokens in %.3f s (%.2f MB/s, %d threads)\n",
-                 (unsigned long long)reader.bytes_read, (unsigned long long)tokens, elapsed, reader.bytes_read / 1e6 / elapsed, threads);
+  report(true);
+  {
+    const double elapsed = progress.elapsed_seconds();
+    char done[160];
+    std::snprintf(done, sizeof(done), "done: %llu bytes -> %llu tokens in %.3f s (%.2f MB/s, %d threads)", (unsigned long long)reader.bytes_read,
+                  (unsigned long long)tokens, elapsed, reader.bytes_read / 1e6 / std::max(elapsed, 1e-9), threads);
+    progress.note(done);
   }
 
   ShardManifest m;
@@ -213,7 +206,7 @@ ShardManifest tokenize_to_shards(const TokenizeOptions& o) {
   m.sources = reader.sources;
   m.invalid_utf8_replacements = replacements;
   m = writer.finish(m);
-  if (o.progress && skipped_empty) std::fprintf(stderr, "[tokenize] skipped %llu empty documents\n", (unsigned long long)skipped_empty);
+  if (skipped_empty) progress.note("skipped " + std::to_string(skipped_empty) + " empty documents");
   return m;
 }
 

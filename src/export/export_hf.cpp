@@ -37,18 +37,11 @@ std::string chat_template() {
 
 void export_hf(const std::string& checkpoint, const std::string& out_dir, const ExportOptions& options) {
   const std::string model_dir = resolve_model_dir(checkpoint);
-  const fs::path ckpt = fs::path(model_dir).parent_path();
-  if (fs::exists(ckpt / "checksums.json")) verify_checkpoint(ckpt.string());
+  if (const std::string ckpt = checkpoint_of_model_dir(model_dir); !ckpt.empty()) verify_checkpoint(ckpt);
   CausalLM model = load_model(model_dir);
   const ModelConfig& c = model.config();
-
-  std::string tok_spec = options.tokenizer;
-  if (tok_spec.empty()) tok_spec = fs::exists(fs::path(model_dir) / "tokenizer.json") ? model_dir : "dolma2";
-  auto tokenizer = Tokenizer::load(tok_spec);
-  if (tokenizer->vocab_size() > c.vocab_size) {
-    throw Error("export-hf: tokenizer " + tokenizer->path() + " has " + std::to_string(tokenizer->vocab_size()) +
-                " ids but the model's vocab_size is " + std::to_string(c.vocab_size) + " (give the model's tokenizer with --tokenizer)");
-  }
+  // The one tokenizer rule; an HF directory needs a tokenizer, so export ships dolma2 when nothing says otherwise.
+  auto tokenizer = model_tokenizer(model_dir, options.tokenizer, c.vocab_size, "dolma2");
   if (fs::exists(out_dir) && !fs::is_empty(out_dir)) throw Error(out_dir + ": exists and is not empty");
   fs::create_directories(out_dir);
   const fs::path out(out_dir);

@@ -205,6 +205,32 @@ std::string resolve_tokenizer_path(const std::string& spec) {
   return spec;
 }
 
+std::shared_ptr<const Tokenizer> model_tokenizer(const std::string& model_dir, const std::string& explicit_spec, int64_t vocab_size,
+                                                 const std::string& fallback) {
+  std::string spec = explicit_spec;
+  if (spec.empty()) spec = fs::exists(fs::path(model_dir) / "tokenizer.json") ? model_dir : fallback;
+  if (spec.empty()) {
+    throw Error(model_dir + ": the model directory has no tokenizer.json (training checkpoints and export-hf carry one; or pass --tokenizer)");
+  }
+  auto tokenizer = Tokenizer::load(spec);
+  if (vocab_size > 0 && tokenizer->vocab_size() > vocab_size) {
+    throw Error(tokenizer->path() + ": the tokenizer has " + std::to_string(tokenizer->vocab_size()) + " ids but the model's vocab_size is " +
+                std::to_string(vocab_size) + " (give the model's tokenizer with --tokenizer)");
+  }
+  return tokenizer;
+}
+
+std::vector<uint32_t> encode_text_file(const Tokenizer& tokenizer, const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(path + ": cannot open");
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  try {
+    return tokenizer.encode(text);
+  } catch (const Error& e) {
+    throw Error(path + ": " + e.what());
+  }
+}
+
 Tokenizer::~Tokenizer() = default;
 
 std::shared_ptr<const Tokenizer> Tokenizer::load(const std::string& spec) {

@@ -75,6 +75,8 @@ class TokenShards {
   uint64_t shard_tokens(size_t shard) const { return manifest_.shards[shard].tokens; }
   // Token ids [offset, offset + n) of one shard; every id is checked against the vocabulary.
   void read(size_t shard, uint64_t offset, uint64_t n, uint32_t* out) const;
+  // Every token of every shard, in order (evaluation sets; not for training-sized data).
+  std::vector<int64_t> read_all() const;
   // Full check: SHA-256 of each shard against the manifest and every id below vocab_size.
   void verify() const;
 

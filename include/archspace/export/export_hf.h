@@ -10,7 +10,7 @@
 namespace archspace {
 
 struct ExportOptions {
-  std::string tokenizer;  // "" : the model directory's tokenizer.json if any, else dolma2
+  std::string tokenizer;  // "": the one the model directory carries, else dolma2 (model_tokenizer)
   at::ScalarType dtype = at::kFloat;
 };
 

@@ -22,6 +22,18 @@ std::string utf8_lossy(std::string_view bytes, size_t* replaced = nullptr);
 // "dolma2" (the OLMo 3 tokenizer installed by setup), a directory holding tokenizer.json, or a file.
 std::string resolve_tokenizer_path(const std::string& spec);
 
+class Tokenizer;
+
+// The one rule for which tokenizer goes with a model directory (generate, eval, export): `explicit_spec`
+// when given; else the tokenizer.json the directory carries (export-hf and training checkpoints write
+// one); else `fallback` (export-hf ships dolma2 by default; generate and eval have none and throw, naming
+// the directory). Throws when the tokenizer has more ids than `vocab_size` (if > 0), naming both.
+std::shared_ptr<const Tokenizer> model_tokenizer(const std::string& model_dir, const std::string& explicit_spec, int64_t vocab_size,
+                                                 const std::string& fallback = "");
+
+// A whole text file as token ids (evaluation text, `encode --file`); errors name the file.
+std::vector<uint32_t> encode_text_file(const Tokenizer& tokenizer, const std::string& path);
+
 class Tokenizer {
  public:
   static std::shared_ptr<const Tokenizer> load(const std::string& spec);

@@ -1,0 +1,43 @@
+// How a command joins the `archspace` CLI: each command is one file in tools/ that, at start-up,
+// registers a function adding its CLI11 subcommand (flags, checks, help line) and returning what to run.
+// Commands gather arguments and call the library; policy (formats, defaults, checks) lives in the library.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "archspace/config/choices.h"
+
+namespace archspace::cli {
+
+// What a registered command adds to the app: its subcommand and the action to run when it was chosen.
+struct Command {
+  CLI::App* app;
+  std::function<int()> run;
+};
+using AddCommand = Command (*)(CLI::App& parent);
+
+// `order` places the command in `archspace --help`; returns true so it can initialise a static.
+bool register_command(int order, AddCommand add);
+std::vector<AddCommand> registered_commands();  // by order
+
+// A CLI11 check that runs a library parse function (its error, listing the valid choices, is the message).
+CLI::Validator choice_validator(std::function<void(const std::string&)> parse, const std::string& choices);
+
+// Shared flag helpers: each adds the option with CLI11's check of the valid choices, listed in --help.
+CLI::Option* add_dtype_option(CLI::App* app, std::string& value, const std::string& what);
+CLI::Option* add_device_option(CLI::App* app, std::string& value);
+
+// "1 2 3" or "1,2,3" -> ids, each checked against [0, vocab_size); errors name `flag`.
+std::vector<int64_t> parse_token_ids(const std::string& text, int64_t vocab_size, const std::string& flag);
+
+// 1234567 -> "1.2M".
+std::string human_count(int64_t n);
+
+}  // namespace archspace::cli
+
+#define ARCHSPACE_COMMAND(order, add) \
+  static const bool archspace_command_registered_##add = ::archspace::cli::register_command(order, add)

@@ -1,0 +1,40 @@
+// archspace plot: loss curves of several runs on one chart. Plotting is matplotlib's job: this hands
+// the arguments to the project's script (scripts/plot_runs.py) with the python that has matplotlib.
+#include <unistd.h>
+
+#include <cstdlib>
+
+#include "archspace/util/error.h"
+#include "command.h"
+
+namespace archspace::cli {
+namespace {
+
+struct PlotArgs {
+  std::vector<std::string> runs;
+  std::string out, x = "step";
+};
+
+int run(PlotArgs a) {
+  const char* python = std::getenv("ARCHSPACE_PYTHON") ? std::getenv("ARCHSPACE_PYTHON") : ARCHSPACE_PLOT_PYTHON;
+  std::vector<std::string> args = {python, ARCHSPACE_PLOT_SCRIPT, "--out", a.out, "--x", a.x};
+  args.insert(args.end(), a.runs.begin(), a.runs.end());
+  std::vector<char*> argv;
+  for (auto& s : args) argv.push_back(s.data());
+  argv.push_back(nullptr);
+  ::execvp(argv[0], argv.data());  // arguments go through unquoted
+  throw Error(std::string("plot: cannot run ") + python + " (run scripts/setup.sh)");
+}
+
+Command add(CLI::App& parent) {
+  auto a = std::make_shared<PlotArgs>();
+  auto* app = parent.add_subcommand("plot", "Draw the loss curves of several runs on one chart (PNG)");
+  app->add_option("RUN_DIR", a->runs, "run directories (each with metrics.jsonl)")->required();
+  app->add_option("--out", a->out, "output image, e.g. losses.png")->required();
+  app->add_option("--x", a->x, "x axis")->check(CLI::IsMember({"step", "tokens"}))->capture_default_str();
+  return {app, [a] { return run(*a); }};
+}
+
+}  // namespace
+ARCHSPACE_COMMAND(80, add);
+}  // namespace archspace::cli

@@ -1,0 +1,33 @@
+// archspace train: one pipeline stage from a TOML run config (README, "Training").
+#include <iostream>
+
+#include "archspace/config/train_config.h"
+#include "archspace/train/trainer.h"
+#include "command.h"
+
+namespace archspace::cli {
+namespace {
+
+struct TrainArgs {
+  std::string config;
+  TrainOptions options;
+};
+
+int run(const TrainArgs& a) {
+  const TrainResult r = run_training(TrainConfig::load(a.config), a.options);
+  std::cerr << "checkpoint: " << r.final_checkpoint << "\n";
+  return 0;
+}
+
+Command add(CLI::App& parent) {
+  auto a = std::make_shared<TrainArgs>();
+  auto* app = parent.add_subcommand("train", "Train one pipeline stage from a TOML run config");
+  app->add_option("--config", a->config, "the run's TOML (see README, Training configuration)")->required();
+  app->add_flag("--resume", a->options.resume, "continue from the run's latest checkpoint");
+  app->add_option("--stop-after", a->options.stop_after_step, "stop after this step as if interrupted (for tests)");
+  return {app, [a] { return run(*a); }};
+}
+
+}  // namespace
+ARCHSPACE_COMMAND(60, add);
+}  // namespace archspace::cli
