@@ -176,3 +176,41 @@ def test_not_a_model_directory(tmp_path):
 def test_unwritable_output_keeps_nothing_half_written(model_dir, tmp_path):
     out = tmp_path / "no_such_dir" / "x.safetensors"
     expect_error(["logits", "--model", model_dir, "--tokens", "1", "--out", out], "cannot open for writing")
+
+
+def test_info_reads_a_config_json_file(model_dir):
+    """`info` on a config.json describes the same model as on its directory (less the weights' dtype)."""
+    from_dir = run_cli("info", model_dir).stdout.splitlines()
+    from_file = run_cli("info", model_dir / "config.json").stdout.splitlines()
+    assert [l for l in from_dir if not l.startswith("dtype:")] == [l for l in from_file if not l.startswith("dtype:")]
+    assert "dtype:              F32 (" in "\n".join(from_dir)
+    assert "dtype:              (a config file: no weights)" in from_file
+    (model_dir / "config.json").write_text("{")
+    expect_error(["info", model_dir / "config.json"], model_dir / "config.json", "malformed JSON")
+
+
+def test_help_lists_every_command():
+    """`archspace --help` lists each command with its line; a command file that forgot to register shows."""
+    out = run_cli("--help").stdout
+    commands = [line.split()[0] for line in out.split("Subcommands:")[1].strip().splitlines() if line.strip()]
+    assert commands == ["info", "logits", "init", "encode", "tokenize", "train", "export-hf", "plot", "generate", "eval"] + \
+        (["trace"] if "trace" in commands else [])
+    for tool in (REPO / "tools").glob("*.cpp"):
+        if tool.stem not in ("main", "command"):
+            assert tool.stem.replace("_", "-") in commands, f"tools/{tool.name} registers no command in --help"
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (["--dtype", "fp8"], "unknown dtype 'fp8' (valid: fp32, bf16)"),
+    (["--device", "tpu"], "unknown device 'tpu' (valid: cpu, cuda, cuda:N)"),
+    (["--attention", "flash"], "--attention"),
+])
+def test_bad_choices_are_refused_with_the_valid_ones(model_dir, tmp_path, args, fragment):
+    expect_error(["logits", "--model", model_dir, "--tokens", "1", "--out", tmp_path / "x", *args], fragment)
+
+
+def test_bad_variant_for_init(tmp_path):
+    expect_error(["init", "--preset", "tiny", "--variant", "siamese", "--out", tmp_path / "m"], "--variant", "siamese")
+    expect_error(["init", "--preset", "tiny", "--depth-stride", "2", "--out", tmp_path / "m"],
+                 "switches need the siamese_depth variant")
+    assert not (tmp_path / "m").exists()
