@@ -5,6 +5,7 @@
 
 #include "archspace/data/token_shards.h"
 #include "archspace/eval/perplexity.h"
+#include "archspace/io/run_dir.h"
 #include "archspace/model/model_io.h"
 #include "archspace/tokenizer/tokenizer.h"
 #include "archspace/util/error.h"
@@ -22,7 +23,8 @@ struct PplArgs {
 
 int run_ppl(const PplArgs& a) {
   namespace fs = std::filesystem;
-  CausalLM model = load_model(a.model, {scalar_type(parse_dtype(a.dtype, "--dtype")), parse_device(a.device, "--device").device()});
+  const std::string model_dir = resolve_model_dir(a.model);  // a run directory or checkpoint names its model
+  CausalLM model = load_model(model_dir, {scalar_type(parse_dtype(a.dtype, "--dtype")), parse_device(a.device, "--device").device()});
   std::vector<int64_t> tokens;
   std::string tokenizer_name;
   if (fs::exists(fs::path(a.data) / "manifest.json")) {
@@ -30,7 +32,7 @@ int run_ppl(const PplArgs& a) {
     tokenizer_name = shards->manifest().tokenizer_name;
     tokens = shards->read_all();
   } else {
-    auto tokenizer = model_tokenizer(a.model, a.tokenizer, model.config().vocab_size);
+    auto tokenizer = model_tokenizer(model_dir, a.tokenizer, model.config().vocab_size);
     tokenizer_name = tokenizer->name();
     for (uint32_t id : encode_text_file(*tokenizer, a.data)) tokens.push_back(id);
   }
@@ -57,7 +59,7 @@ Command add(CLI::App& parent) {
   auto* eval = parent.add_subcommand("eval", "Evaluate a model (ppl: perplexity)");
   eval->require_subcommand(1);
   auto* ppl = eval->add_subcommand("ppl", "Perplexity on token shards or a text file (JSON result)");
-  ppl->add_option("--model", a->model, "model directory")->required();
+  ppl->add_option("--model", a->model, "model directory, or a checkpoint or finished run directory holding one")->required();
   ppl->add_option("--data", a->data, "token shard directory, or a text file (tokenized with the model's tokenizer)")->required();
   ppl->add_option("--context", a->options.context, "window length (default min(max_position_embeddings, 4096))");
   ppl->add_option("--stride", a->options.stride, "window start spacing (default = context: disjoint windows)");

@@ -4,6 +4,7 @@
 
 #include "archspace/infer/generator.h"
 #include "archspace/infer/prompts.h"
+#include "archspace/io/run_dir.h"
 #include "archspace/model/model_io.h"
 #include "archspace/util/error.h"
 #include "archspace/util/json_file.h"
@@ -57,6 +58,7 @@ void report(const GenerateResult& r, size_t batch) {
 }
 
 int run(GenerateArgs a) {
+  a.model = resolve_model_dir(a.model);  // a run directory or checkpoint names its model
   const ModelConfig config = load_model_config(a.model);
   auto tokenizer = model_tokenizer(a.model, a.tokenizer, config.vocab_size);
   const Prompts prompts = gather_prompts(a, *tokenizer, config.vocab_size);
@@ -87,7 +89,7 @@ Command add(CLI::App& parent) {
   auto a = std::make_shared<GenerateArgs>();
   SamplingOptions& s = a->options.sampling;
   auto* app = parent.add_subcommand("generate", "Generate text from a prompt (streams; reports tokens/s and cache memory)");
-  app->add_option("--model", a->model, "model directory (a checkpoint's model/ or an exported one)")->required();
+  app->add_option("--model", a->model, "model directory, or a checkpoint or finished run directory holding one")->required();
   app->add_option("--prompt", a->prompts, "prompt text (with --chat: the user message); repeat it to decode a batch");
   app->add_option("--prompt-tokens", a->prompt_tokens, "prompt as token ids instead");
   app->add_flag("--chat", a->chat, "format as a chat (SPEC.md section 6) and answer as the assistant");
