@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "archspace/model/linear.h"
+#include "archspace/model/trace.h"
 #include "archspace/util/error.h"
 
 namespace archspace {
@@ -121,7 +122,12 @@ CausalLM CausalLM::random_init(const ModelConfig& config, uint64_t seed, at::Sca
   return CausalLM(config, std::move(params));
 }
 
+void CausalLM::LayerContext::record(const char* name, const at::Tensor& t) const {
+  if (options.recorder) options.recorder->record(layer_prefix(index) + name, t);
+}
+
 at::Tensor CausalLM::attention(const LayerWeights& layer, const at::Tensor& x, const LayerContext& ctx) const {
+  ctx.record("attn_input", x);
   const int64_t B = x.size(0), T = x.size(1), h = config_.head_dim;
   const double eps = config_.rms_norm_eps;
   // Q/K RMSNorm over the whole projection width, before splitting into heads.
@@ -131,8 +137,14 @@ at::Tensor CausalLM::attention(const LayerWeights& layer, const at::Tensor& x, c
   at::Tensor q_BHTD = apply_rope(q.view({B, T, -1, h}).transpose(1, 2), ctx.cos, ctx.sin);
   at::Tensor k_BGTD = apply_rope(k.view({B, T, -1, h}).transpose(1, 2), ctx.cos, ctx.sin);
   at::Tensor v_BGTD = v.view({B, T, -1, h}).transpose(1, 2);
+  ctx.record("q", q_BHTD);
+  ctx.record("k", k_BGTD);
+  ctx.record("v", v_BGTD);
   // Depth-Attention replaces the values with their cross-layer mix; token attention reads the mix.
-  if (ctx.depth) v_BGTD = ctx.depth->mix(ctx.index, q_BHTD, k_BGTD, v_BGTD);
+  if (ctx.depth) {
+    v_BGTD = ctx.depth->mix(ctx.index, q_BHTD, k_BGTD, v_BGTD);
+    ctx.record("v_mixed", v_BGTD);
+  }
   int64_t q_offset = 0;
   at::Tensor padding_mask;
   if (ctx.options.cache) {
@@ -143,14 +155,22 @@ at::Tensor CausalLM::attention(const LayerWeights& layer, const at::Tensor& x, c
     padding_mask = view.padding_mask;
   }
   at::Tensor o = causal_attention(q_BHTD, k_BGTD, v_BGTD, ctx.window, q_offset, ctx.options.attention, padding_mask);
-  return archspace::linear(o.transpose(1, 2).reshape({B, T, -1}), layer.o_proj);
+  at::Tensor out = archspace::linear(o.transpose(1, 2).reshape({B, T, -1}), layer.o_proj);
+  ctx.record("attn_output", out);
+  return out;
+}
+
+at::Tensor CausalLM::mlp(const LayerWeights& layer, const at::Tensor& x, const LayerContext& ctx) const {
+  at::Tensor out = swiglu_mlp(x, layer.gate_proj, layer.up_proj, layer.down_proj);
+  ctx.record("mlp_output", out);
+  return out;
 }
 
 at::Tensor CausalLM::base_block(const BaseLayerWeights& layer, const at::Tensor& x, const LayerContext& ctx) const {
   // Reordered norms (OLMo 2/3): normalise each sublayer's output, not its input.
   const double eps = config_.rms_norm_eps;
   at::Tensor h = x + rms_norm(attention(layer, x, ctx), layer.post_attention_layernorm, eps);
-  return h + rms_norm(swiglu_mlp(h, layer.gate_proj, layer.up_proj, layer.down_proj), layer.post_feedforward_layernorm, eps);
+  return h + rms_norm(mlp(layer, h, ctx), layer.post_feedforward_layernorm, eps);
 }
 
 void CausalLM::siamese_block(const SiameseLayerWeights& layer, at::Tensor& X, at::Tensor& Y, const LayerContext& ctx) const {
@@ -164,7 +184,7 @@ void CausalLM::siamese_block(const SiameseLayerWeights& layer, at::Tensor& X, at
   Y = Y + O;
   X = rms_norm(X, layer.pre_mlp_layernorm, eps);
   at::Tensor mlp_in = rms_norm(X + rms_norm(Y, layer.siamese_mlp_pre_norm, eps), layer.siamese_mlp_input_norm, eps);
-  O = swiglu_mlp(mlp_in, layer.gate_proj, layer.up_proj, layer.down_proj);
+  O = mlp(layer, mlp_in, ctx);
   X = X + c * O;
   Y = Y + O;
 }
@@ -192,18 +212,31 @@ at::Tensor CausalLM::forward(const at::Tensor& input_ids, const ForwardOptions& 
                         sliding ? sliding_sin : full_sin, options, depth ? &*depth : nullptr};
   };
 
+  ActivationRecorder* recorder = options.recorder;
   at::Tensor x = at::embedding(weights_.embed_tokens, ids);
+  if (recorder) recorder->record("model.embeddings", x);
   if (uses_siamese_norm()) {
     at::Tensor X = x, Y = x;
-    for (int64_t l = 0; l < config_.num_hidden_layers; ++l) siamese_block(siamese_layers_[l], X, Y, context(l));
+    for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
+      const LayerContext ctx = context(l);
+      siamese_block(siamese_layers_[l], X, Y, ctx);
+      ctx.record("X", X);
+      ctx.record("Y", Y);
+    }
     const double eps = config_.rms_norm_eps;
     x = rms_norm(X, siamese_final_->siamese_post_final_layernorm, eps) + rms_norm(Y, siamese_final_->siamese_pre_final_layernorm, eps);
   } else {
-    for (int64_t l = 0; l < config_.num_hidden_layers; ++l) x = base_block(base_layers_[l], x, context(l));
+    for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
+      const LayerContext ctx = context(l);
+      x = base_block(base_layers_[l], x, ctx);
+      ctx.record("hidden", x);
+    }
   }
   if (options.cache) options.cache->advance(T);
   if (options.last_position_only) x = x.narrow(1, T - 1, 1);
-  return archspace::linear(rms_norm(x, weights_.norm, config_.rms_norm_eps), weights_.lm_head);
+  x = rms_norm(x, weights_.norm, config_.rms_norm_eps);
+  if (recorder) recorder->record("model.final_hidden", x);
+  return archspace::linear(x, weights_.lm_head);
 }
 
 }  // namespace archspace

@@ -19,6 +19,8 @@
 
 namespace archspace {
 
+struct ActivationRecorder;  // model/trace.h
+
 struct ForwardOptions {
   AttentionImpl attention = AttentionImpl::kSdpa;
   // Incremental decoding: the input continues the cached positions, and this call's keys and (mixed)
@@ -26,6 +28,8 @@ struct ForwardOptions {
   KVCache* cache = nullptr;
   // Only the last position's logits (prefill for generation: the head is the largest matmul).
   bool last_position_only = false;
+  // Receives every named intermediate (model/trace.h lists the names); null: nothing is recorded.
+  ActivationRecorder* recorder = nullptr;
 };
 
 class CausalLM {
@@ -65,12 +69,15 @@ class CausalLM {
     const at::Tensor& sin;
     const ForwardOptions& options;
     DepthAttentionState* depth;  // null: no Depth-Attention
+    // Records `name` under this layer's prefix when the forward has a recorder.
+    void record(const char* name, const at::Tensor& t) const;
   };
 
   at::Tensor attention(const LayerWeights& layer, const at::Tensor& x, const LayerContext& ctx) const;
   at::Tensor base_block(const BaseLayerWeights& layer, const at::Tensor& x, const LayerContext& ctx) const;
   // SiameseNorm "hybrid_pre" block: updates the two residual streams X and Y in place.
   void siamese_block(const SiameseLayerWeights& layer, at::Tensor& X, at::Tensor& Y, const LayerContext& ctx) const;
+  at::Tensor mlp(const LayerWeights& layer, const at::Tensor& x, const LayerContext& ctx) const;
 
   ModelConfig config_;
   NamedTensors params_;
