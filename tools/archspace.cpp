@@ -19,6 +19,7 @@
 #include "archspace/export/export_hf.h"
 #include "archspace/chat/chat.h"
 #include "archspace/model/model_io.h"
+#include "archspace/model/trace.h"
 #include "archspace/train/trainer.h"
 #include "archspace/tokenizer/tokenizer.h"
 #include "archspace/util/error.h"
@@ -464,6 +465,14 @@ int main(int argc, char** argv) {
   logits->add_option("--attention", logits_args.attention, "sdpa (default, fused kernels) or reference (plain fp32 path)");
   logits->add_option("--repeat", logits_args.repeat, "run the forward N times and print each run's seconds (benchmarks)");
 
+  // Temporary (branch model): the lead ports `trace` into the per-command CLI.
+  std::string trace_model, trace_tokens, trace_out, trace_attention = "sdpa";
+  auto* trace = app.add_subcommand("trace", "Run the forward and write every named activation (model/trace.h) and the logits, fp32");
+  trace->add_option("--model", trace_model, "model directory")->required();
+  trace->add_option("--tokens", trace_tokens, "token ids, space or comma separated")->required();
+  trace->add_option("--out", trace_out, "output .safetensors file")->required();
+  trace->add_option("--attention", trace_attention, "sdpa (default) or reference");
+
   InitArgs init_args;
   auto* init = app.add_subcommand("init", "Write a randomly initialised model directory (SPEC.md init) from a preset");
   auto* init_preset = init->add_option("--preset", init_args.preset_name, "preset name (tiny, small, 190M, 370M, 1B, 3B, 7B, 32B)");
@@ -563,6 +572,12 @@ int main(int argc, char** argv) {
       return cmd_info(info_dir, info_preset);
     }
     if (*logits) return cmd_logits(logits_args);
+    if (*trace) {
+      CausalLM model = load_model(trace_model);
+      at::Tensor ids = at::tensor(parse_tokens(trace_tokens, model.config().vocab_size), at::kLong).unsqueeze(0);
+      save_safetensors(trace_out, trace_activations(model, ids, parse_attention(trace_attention)));
+      return 0;
+    }
     if (*encode) return cmd_encode(encode_args);
     if (*gen) return cmd_generate(gen_args);
     if (*ppl) return cmd_eval_ppl(ppl_args);
