@@ -7,7 +7,12 @@ Built on transformers' Olmo3 classes; only what differs is written here:
 - SiameseNorm ("hybrid_pre"): two residual streams X (bounded) and Y (identity) replace the single
   stream with its post-sublayer norms, and the final norm reads both.
 With both switches off the model is Olmo3ForCausalLM exactly.
+
+`capture_activations(model)` records every intermediate under the names archspace's engine uses
+(include/archspace/model/trace.h), to find the first tensor where two implementations part.
 """
+import contextlib
+import contextvars
 import math
 
 import torch
@@ -28,6 +33,40 @@ from transformers.models.olmo3.modeling_olmo3 import (
 )
 
 from .configuration_olmo3_siamese_depth import Olmo3SiameseDepthConfig
+
+
+_ACTIVATIONS = contextvars.ContextVar("archspace_activations", default=None)
+
+
+def _record(name, tensor):
+    """Keeps a named activation while capture_activations is active (one ContextVar lookup otherwise)."""
+    store = _ACTIVATIONS.get()
+    if store is not None:
+        store[name] = tensor.detach()
+
+
+@contextlib.contextmanager
+def capture_activations(model):
+    """Within the block, forwards of this variant record into the yielded dict, in forward order:
+    model.embeddings; per layer l, model.layers.{l}.: attn_input, q [B, H, T, D] and k [B, G, T, D]
+    (after norm and RoPE), v [B, G, T, D], v_mixed (Depth-Attention on), attn_output (after o_proj),
+    mlp_output, then hidden (SiameseNorm off) or X and Y; model.final_hidden (after the final norm).
+    The names and layouts are those of archspace's engine (model/trace.h). Every model of this class that
+    runs inside the block records into the same dict: trace one model at a time."""
+    backbone = model.model if hasattr(model, "model") else model
+    store = {}
+    token = _ACTIVATIONS.set(store)
+    # The base block runs Olmo3DecoderLayer.forward unchanged, so the MLP output is taken by a hook.
+    hooks = [
+        layer.mlp.register_forward_hook(lambda module, args, out, i=i: _record(f"model.layers.{i}.mlp_output", out))
+        for i, layer in enumerate(backbone.layers)
+    ]
+    try:
+        yield store
+    finally:
+        _ACTIVATIONS.reset(token)
+        for hook in hooks:
+            hook.remove()
 
 
 def depth_sources(layer_idx, stride, recent_window):
@@ -67,16 +106,22 @@ class Olmo3SiameseDepthAttention(Olmo3Attention):
                 depth_state=None, **kwargs):
         input_shape = hidden_states.shape[:-1]
         hidden_shape = (*input_shape, -1, self.head_dim)
+        prefix = f"model.layers.{self.layer_idx}."
+        _record(prefix + "attn_input", hidden_states)
 
         query_states = self.q_norm(self.q_proj(hidden_states)).view(hidden_shape).transpose(1, 2)
         key_states = self.k_norm(self.k_proj(hidden_states)).view(hidden_shape).transpose(1, 2)
         value_states = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
         cos, sin = position_embeddings
         query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)
+        _record(prefix + "q", query_states)
+        _record(prefix + "k", key_states)
+        _record(prefix + "v", value_states)
 
         # The only change to Olmo3Attention: mix the values across depth before caching and attending.
         if depth_state is not None:
             value_states = depth_state.mix(self.layer_idx, query_states, key_states, value_states)
+            _record(prefix + "v_mixed", value_states)
 
         if past_key_values is not None:
             key_states, value_states = past_key_values.update(key_states, value_states, self.layer_idx)
@@ -95,8 +140,9 @@ class Olmo3SiameseDepthAttention(Olmo3Attention):
             sliding_window=self.sliding_window,
             **kwargs,
         )
-        attn_output = attn_output.reshape(*input_shape, -1).contiguous()
-        return self.o_proj(attn_output), attn_weights
+        attn_output = self.o_proj(attn_output.reshape(*input_shape, -1).contiguous())
+        _record(prefix + "attn_output", attn_output)
+        return attn_output, attn_weights
 
 
 class Olmo3SiameseDepthDecoderLayer(Olmo3DecoderLayer):
@@ -117,8 +163,11 @@ class Olmo3SiameseDepthDecoderLayer(Olmo3DecoderLayer):
 
     def forward(self, hidden_states, siamese_y=None, **kwargs):
         """hidden_states is X (the only stream without SiameseNorm); siamese_y is Y. Returns (X, Y)."""
+        prefix = f"model.layers.{self.self_attn.layer_idx}."
         if not self.use_siamese_norm:
-            return super().forward(hidden_states, **kwargs), None
+            hidden_states = super().forward(hidden_states, **kwargs)
+            _record(prefix + "hidden", hidden_states)
+            return hidden_states, None
         x, y = hidden_states, siamese_y
         c = self.branch_scale
         out, _ = self.self_attn(
@@ -127,7 +176,10 @@ class Olmo3SiameseDepthDecoderLayer(Olmo3DecoderLayer):
         x, y = x + c * out, y + out
         x = self.pre_mlp_layernorm(x)
         out = self.mlp(self.siamese_mlp_input_norm(x + self.siamese_mlp_pre_norm(y)))
-        return x + c * out, y + out
+        x, y = x + c * out, y + out
+        _record(prefix + "X", x)
+        _record(prefix + "Y", y)
+        return x, y
 
 
 class Olmo3SiameseDepthPreTrainedModel(Olmo3PreTrainedModel):
@@ -180,6 +232,7 @@ class Olmo3SiameseDepthModel(Olmo3SiameseDepthPreTrainedModel, Olmo3Model):
             raise ValueError("You must specify exactly one of input_ids or inputs_embeds")
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)
+        _record("model.embeddings", inputs_embeds)
         use_cache = use_cache if use_cache is not None else self.config.use_cache
         if use_cache and past_key_values is None:
             past_key_values = DynamicCache(config=self.config)
@@ -219,7 +272,9 @@ class Olmo3SiameseDepthModel(Olmo3SiameseDepthPreTrainedModel, Olmo3Model):
             )
         if self.config.use_siamese_norm:
             x = self.siamese_post_final_layernorm(x) + self.siamese_pre_final_layernorm(y)
-        return BaseModelOutputWithPast(last_hidden_state=self.norm(x), past_key_values=past_key_values)
+        x = self.norm(x)
+        _record("model.final_hidden", x)
+        return BaseModelOutputWithPast(last_hidden_state=x, past_key_values=past_key_values)
 
 
 class Olmo3SiameseDepthForCausalLM(Olmo3SiameseDepthPreTrainedModel, Olmo3ForCausalLM):
@@ -230,6 +285,7 @@ class Olmo3SiameseDepthForCausalLM(Olmo3SiameseDepthPreTrainedModel, Olmo3ForCau
 
 
 __all__ = [
+    "capture_activations",
     "Olmo3SiameseDepthForCausalLM",
     "Olmo3SiameseDepthModel",
     "Olmo3SiameseDepthPreTrainedModel",

@@ -5,44 +5,45 @@
 #include <cmath>
 
 #include "archspace/model/linear.h"
+#include "archspace/model/trace.h"
 #include "archspace/util/error.h"
 
 namespace archspace {
 
+std::vector<int64_t> ParamShape::resolve(const ModelConfig& c) const {
+  auto size = [&](Dim dim) -> int64_t {
+    switch (dim) {
+      case Dim::kHidden: return c.hidden_size;
+      case Dim::kQueryWidth: return c.num_attention_heads * c.head_dim;
+      case Dim::kKvWidth: return c.num_key_value_heads * c.head_dim;
+      case Dim::kIntermediate: return c.intermediate_size;
+      case Dim::kVocab: return c.vocab_size;
+    }
+    throw Error("unknown parameter dimension");
+  };
+  std::vector<int64_t> shape;
+  for (int i = 0; i < rank; ++i) shape.push_back(size(dims[i]));
+  return shape;
+}
+
 std::vector<ParamSpec> parameter_specs(const ModelConfig& c) {
-  const int64_t d = c.hidden_size, q_width = c.num_attention_heads * c.head_dim,
-                kv_width = c.num_key_value_heads * c.head_dim;
+  using namespace param_tables;
   const bool siamese = c.variant == Variant::kSiameseDepth && c.use_siamese_norm;
   std::vector<ParamSpec> specs;
-  specs.push_back({"model.embed_tokens.weight", {c.vocab_size, d}, ParamKind::kEmbedding});
+  auto add = [&](const auto& rows, const std::string& prefix) {
+    for (const auto& row : rows) specs.push_back({prefix + row.name, row.shape.resolve(c), row.kind});
+  };
+  add(kEmbeddingRows, "");
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    const std::string p = "model.layers." + std::to_string(l) + ".";
-    specs.push_back({p + "self_attn.q_proj.weight", {q_width, d}, ParamKind::kLinear});
-    specs.push_back({p + "self_attn.k_proj.weight", {kv_width, d}, ParamKind::kLinear});
-    specs.push_back({p + "self_attn.v_proj.weight", {kv_width, d}, ParamKind::kLinear});
-    specs.push_back({p + "self_attn.o_proj.weight", {d, q_width}, ParamKind::kLinear});
-    specs.push_back({p + "self_attn.q_norm.weight", {q_width}, ParamKind::kNorm});
-    specs.push_back({p + "self_attn.k_norm.weight", {kv_width}, ParamKind::kNorm});
-    specs.push_back({p + "mlp.gate_proj.weight", {c.intermediate_size, d}, ParamKind::kLinear});
-    specs.push_back({p + "mlp.up_proj.weight", {c.intermediate_size, d}, ParamKind::kLinear});
-    specs.push_back({p + "mlp.down_proj.weight", {d, c.intermediate_size}, ParamKind::kLinear});
+    add(kAttentionMlpRows, layer_prefix(l));
     if (siamese) {
-      specs.push_back({p + "pre_mlp_layernorm.weight", {d}, ParamKind::kNorm});
-      specs.push_back({p + "siamese_attn_pre_norm.weight", {d}, ParamKind::kNorm});
-      specs.push_back({p + "siamese_mlp_pre_norm.weight", {d}, ParamKind::kNorm});
-      specs.push_back({p + "siamese_mlp_input_norm.weight", {d}, ParamKind::kNorm});
-      specs.push_back({p + "siamese_hybrid_attn_scale", {d}, ParamKind::kNorm});
+      add(kSiameseBlockRows, layer_prefix(l));
     } else {
-      specs.push_back({p + "post_attention_layernorm.weight", {d}, ParamKind::kNorm});
-      specs.push_back({p + "post_feedforward_layernorm.weight", {d}, ParamKind::kNorm});
+      add(kBaseBlockRows, layer_prefix(l));
     }
   }
-  if (siamese) {
-    specs.push_back({"model.siamese_post_final_layernorm.weight", {d}, ParamKind::kNorm});
-    specs.push_back({"model.siamese_pre_final_layernorm.weight", {d}, ParamKind::kNorm});
-  }
-  specs.push_back({"model.norm.weight", {d}, ParamKind::kNorm});
-  specs.push_back({"lm_head.weight", {c.vocab_size, d}, ParamKind::kLinear});
+  if (siamese) add(kSiameseFinalRows, "");
+  add(kHeadRows, "");
   return specs;
 }
 
@@ -74,39 +75,22 @@ CausalLM::CausalLM(ModelConfig config, NamedTensors params) : config_(std::move(
     }
     index_[name] = i;
   }
-  embed_tokens_ = parameter("model.embed_tokens.weight");
-  norm_ = parameter("model.norm.weight");
-  lm_head_ = parameter("lm_head.weight");
+  using namespace param_tables;
+  auto lookup = [this](const std::string& name) { return parameter(name); };
+  bind_parameters(weights_, kEmbeddingRows, "", lookup);
+  bind_parameters(weights_, kHeadRows, "", lookup);
   for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
-    const std::string p = "model.layers." + std::to_string(l) + ".";
-    Layer layer;
-    layer.index = l;
-    layer.type = config_.layer_types[l];
-    layer.q_proj = parameter(p + "self_attn.q_proj.weight");
-    layer.k_proj = parameter(p + "self_attn.k_proj.weight");
-    layer.v_proj = parameter(p + "self_attn.v_proj.weight");
-    layer.o_proj = parameter(p + "self_attn.o_proj.weight");
-    layer.q_norm = parameter(p + "self_attn.q_norm.weight");
-    layer.k_norm = parameter(p + "self_attn.k_norm.weight");
-    layer.gate_proj = parameter(p + "mlp.gate_proj.weight");
-    layer.up_proj = parameter(p + "mlp.up_proj.weight");
-    layer.down_proj = parameter(p + "mlp.down_proj.weight");
     if (uses_siamese_norm()) {
-      layer.pre_mlp_layernorm = parameter(p + "pre_mlp_layernorm.weight");
-      layer.siamese_attn_pre_norm = parameter(p + "siamese_attn_pre_norm.weight");
-      layer.siamese_mlp_pre_norm = parameter(p + "siamese_mlp_pre_norm.weight");
-      layer.siamese_mlp_input_norm = parameter(p + "siamese_mlp_input_norm.weight");
-      layer.siamese_hybrid_attn_scale = parameter(p + "siamese_hybrid_attn_scale");
+      SiameseLayerWeights& layer = siamese_layers_.emplace_back();
+      bind_parameters(layer, kAttentionMlpRows, layer_prefix(l), lookup);
+      bind_parameters(layer, kSiameseBlockRows, layer_prefix(l), lookup);
     } else {
-      layer.post_attention_layernorm = parameter(p + "post_attention_layernorm.weight");
-      layer.post_feedforward_layernorm = parameter(p + "post_feedforward_layernorm.weight");
+      BaseLayerWeights& layer = base_layers_.emplace_back();
+      bind_parameters(layer, kAttentionMlpRows, layer_prefix(l), lookup);
+      bind_parameters(layer, kBaseBlockRows, layer_prefix(l), lookup);
     }
-    layers_.push_back(std::move(layer));
   }
-  if (uses_siamese_norm()) {
-    siamese_post_final_layernorm_ = parameter("model.siamese_post_final_layernorm.weight");
-    siamese_pre_final_layernorm_ = parameter("model.siamese_pre_final_layernorm.weight");
-  }
+  if (uses_siamese_norm()) bind_parameters(siamese_final_.emplace(), kSiameseFinalRows, "", lookup);
   sliding_rope_ = rope_for(config_, LayerType::kSliding);
   full_rope_ = rope_for(config_, LayerType::kFull);
 }
@@ -138,7 +122,12 @@ CausalLM CausalLM::random_init(const ModelConfig& config, uint64_t seed, at::Sca
   return CausalLM(config, std::move(params));
 }
 
-at::Tensor CausalLM::attention(const Layer& layer, const at::Tensor& x, const AttentionContext& ctx) const {
+void CausalLM::LayerContext::record(const char* name, const at::Tensor& t) const {
+  if (options.recorder) options.recorder->record(layer_prefix(index) + name, t);
+}
+
+at::Tensor CausalLM::attention(const LayerWeights& layer, const at::Tensor& x, const LayerContext& ctx) const {
+  ctx.record("attn_input", x);
   const int64_t B = x.size(0), T = x.size(1), h = config_.head_dim;
   const double eps = config_.rms_norm_eps;
   // Q/K RMSNorm over the whole projection width, before splitting into heads.
@@ -148,41 +137,54 @@ at::Tensor CausalLM::attention(const Layer& layer, const at::Tensor& x, const At
   at::Tensor q_BHTD = apply_rope(q.view({B, T, -1, h}).transpose(1, 2), ctx.cos, ctx.sin);
   at::Tensor k_BGTD = apply_rope(k.view({B, T, -1, h}).transpose(1, 2), ctx.cos, ctx.sin);
   at::Tensor v_BGTD = v.view({B, T, -1, h}).transpose(1, 2);
+  ctx.record("q", q_BHTD);
+  ctx.record("k", k_BGTD);
+  ctx.record("v", v_BGTD);
   // Depth-Attention replaces the values with their cross-layer mix; token attention reads the mix.
-  if (ctx.depth) v_BGTD = ctx.depth->mix(layer.index, q_BHTD, k_BGTD, v_BGTD);
-  const int64_t window = layer.type == LayerType::kSliding ? config_.sliding_window : 0;
+  if (ctx.depth) {
+    v_BGTD = ctx.depth->mix(ctx.index, q_BHTD, k_BGTD, v_BGTD);
+    ctx.record("v_mixed", v_BGTD);
+  }
   int64_t q_offset = 0;
   at::Tensor padding_mask;
   if (ctx.options.cache) {
-    KVCache::View view = ctx.options.cache->append(layer.index, k_BGTD, v_BGTD);
+    KVCache::View view = ctx.options.cache->append(ctx.index, k_BGTD, v_BGTD);
     k_BGTD = view.k;
     v_BGTD = view.v;
     q_offset = view.q_offset;
     padding_mask = view.padding_mask;
   }
-  at::Tensor o = causal_attention(q_BHTD, k_BGTD, v_BGTD, window, q_offset, ctx.options.attention, padding_mask);
-  return archspace::linear(o.transpose(1, 2).reshape({B, T, -1}), layer.o_proj);
+  at::Tensor o = causal_attention(q_BHTD, k_BGTD, v_BGTD, ctx.window, q_offset, ctx.options.attention, padding_mask);
+  at::Tensor out = archspace::linear(o.transpose(1, 2).reshape({B, T, -1}), layer.o_proj);
+  ctx.record("attn_output", out);
+  return out;
 }
 
-at::Tensor CausalLM::base_block(const Layer& layer, const at::Tensor& x, const AttentionContext& ctx) const {
+at::Tensor CausalLM::mlp(const LayerWeights& layer, const at::Tensor& x, const LayerContext& ctx) const {
+  at::Tensor out = swiglu_mlp(x, layer.gate_proj, layer.up_proj, layer.down_proj);
+  ctx.record("mlp_output", out);
+  return out;
+}
+
+at::Tensor CausalLM::base_block(const BaseLayerWeights& layer, const at::Tensor& x, const LayerContext& ctx) const {
   // Reordered norms (OLMo 2/3): normalise each sublayer's output, not its input.
   const double eps = config_.rms_norm_eps;
   at::Tensor h = x + rms_norm(attention(layer, x, ctx), layer.post_attention_layernorm, eps);
-  return h + rms_norm(swiglu_mlp(h, layer.gate_proj, layer.up_proj, layer.down_proj), layer.post_feedforward_layernorm, eps);
+  return h + rms_norm(mlp(layer, h, ctx), layer.post_feedforward_layernorm, eps);
 }
 
-void CausalLM::siamese_block(const Layer& layer, at::Tensor& X, at::Tensor& Y, const AttentionContext& ctx) const {
+void CausalLM::siamese_block(const SiameseLayerWeights& layer, at::Tensor& X, at::Tensor& Y, const LayerContext& ctx) const {
   // SPEC.md section 3.1. X is the bounded (post-norm-like) stream, Y the identity (pre-norm-like) one;
   // both sublayers add c_l * O to X and O to Y, with c_l = 1/sqrt(2(l+1)).
   const double eps = config_.rms_norm_eps;
-  const double c = 1.0 / std::sqrt(2.0 * static_cast<double>(layer.index + 1));
+  const double c = 1.0 / std::sqrt(2.0 * static_cast<double>(ctx.index + 1));
   at::Tensor attn_in = rms_norm(Y, layer.siamese_attn_pre_norm, eps) + layer.siamese_hybrid_attn_scale * X;
   at::Tensor O = attention(layer, attn_in, ctx);
   X = X + c * O;
   Y = Y + O;
   X = rms_norm(X, layer.pre_mlp_layernorm, eps);
   at::Tensor mlp_in = rms_norm(X + rms_norm(Y, layer.siamese_mlp_pre_norm, eps), layer.siamese_mlp_input_norm, eps);
-  O = swiglu_mlp(mlp_in, layer.gate_proj, layer.up_proj, layer.down_proj);
+  O = mlp(layer, mlp_in, ctx);
   X = X + c * O;
   Y = Y + O;
 }
@@ -204,24 +206,37 @@ at::Tensor CausalLM::forward(const at::Tensor& input_ids, const ForwardOptions& 
   if (uses_depth_attention()) {
     depth.emplace(config_.num_hidden_layers, config_.depth_attention_stride, config_.depth_attention_recent_window);
   }
-  auto context = [&](const Layer& layer) {
-    const bool sliding = layer.type == LayerType::kSliding;
-    return AttentionContext{sliding ? sliding_cos : full_cos, sliding ? sliding_sin : full_sin, options,
-                            depth ? &*depth : nullptr};
+  auto context = [&](int64_t l) {
+    const bool sliding = config_.layer_types[l] == LayerType::kSliding;
+    return LayerContext{l, sliding ? config_.sliding_window : 0, sliding ? sliding_cos : full_cos,
+                        sliding ? sliding_sin : full_sin, options, depth ? &*depth : nullptr};
   };
 
-  at::Tensor x = at::embedding(embed_tokens_, ids);
+  ActivationRecorder* recorder = options.recorder;
+  at::Tensor x = at::embedding(weights_.embed_tokens, ids);
+  if (recorder) recorder->record("model.embeddings", x);
   if (uses_siamese_norm()) {
     at::Tensor X = x, Y = x;
-    for (const Layer& layer : layers_) siamese_block(layer, X, Y, context(layer));
+    for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
+      const LayerContext ctx = context(l);
+      siamese_block(siamese_layers_[l], X, Y, ctx);
+      ctx.record("X", X);
+      ctx.record("Y", Y);
+    }
     const double eps = config_.rms_norm_eps;
-    x = rms_norm(X, siamese_post_final_layernorm_, eps) + rms_norm(Y, siamese_pre_final_layernorm_, eps);
+    x = rms_norm(X, siamese_final_->siamese_post_final_layernorm, eps) + rms_norm(Y, siamese_final_->siamese_pre_final_layernorm, eps);
   } else {
-    for (const Layer& layer : layers_) x = base_block(layer, x, context(layer));
+    for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
+      const LayerContext ctx = context(l);
+      x = base_block(base_layers_[l], x, ctx);
+      ctx.record("hidden", x);
+    }
   }
   if (options.cache) options.cache->advance(T);
   if (options.last_position_only) x = x.narrow(1, T - 1, 1);
-  return archspace::linear(rms_norm(x, norm_, config_.rms_norm_eps), lm_head_);
+  x = rms_norm(x, weights_.norm, config_.rms_norm_eps);
+  if (recorder) recorder->record("model.final_hidden", x);
+  return archspace::linear(x, weights_.lm_head);
 }
 
 }  // namespace archspace

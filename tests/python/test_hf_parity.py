@@ -2,12 +2,14 @@
 
 Tolerance: max abs logit difference <= 1e-4. Both sides compute in fp32 on the CPU with the same
 operation order in norms and RoPE; what remains is matmul/softmax summation order (~1e-6 relative),
-far below 1e-4 at these logit magnitudes (|logit| < ~10).
+far below 1e-4 at these logit magnitudes (|logit| < ~10). On failure the message names the first named
+activation (model/trace.h) where the engine and transformers part.
 """
 import numpy as np
 import pytest
 
 from conftest import engine_logits, hf_logits, save_random_olmo3, tiny_olmo3_config
+from trace_reference import explain_logit_difference
 
 TOL = 1e-4
 SEQ = 20  # longer than the sliding window (6) so sliding and full layers differ
@@ -59,7 +61,8 @@ def test_logits_match_transformers(case, tmp_path, rng):
         got = engine_logits(tmp_path / "model", tokens, tmp_path, "--attention", attention)
         assert got.shape == expected.shape
         diff = np.abs(got - expected).max()
-        assert diff <= TOL, f"{case}/{attention}: max abs diff {diff:.3g}"
+        assert diff <= TOL, (f"{case}/{attention}: max abs diff {diff:.3g}; " + explain_logit_difference(
+            tmp_path / "model", model, tokens, tmp_path, TOL, "--attention", attention))
 
 
 def test_window_matters(tmp_path, rng):
@@ -112,4 +115,5 @@ def test_legacy_rope_scaling_config(tmp_path, rng):
     cfg_path.write_text(json.dumps(cfg))
     tokens = rng.integers(0, config.vocab_size, SEQ).tolist()
     got = engine_logits(tmp_path / "model", tokens, tmp_path)
-    assert np.abs(got - hf_logits(model, tokens)).max() <= TOL
+    assert np.abs(got - hf_logits(model, tokens)).max() <= TOL, \
+        explain_logit_difference(tmp_path / "model", model, tokens, tmp_path, TOL)

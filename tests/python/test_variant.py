@@ -2,7 +2,8 @@
 cache, and strict keyspaces.
 
 Tolerance: max abs logit difference <= 1e-4 in fp32 on the CPU (as for the base model; both sides use
-the same operation order, so what remains is summation order in matmuls, ~1e-6).
+the same operation order, so what remains is summation order in matmuls, ~1e-6). On failure the message
+names the first named activation (model/trace.h) where the engine and the remote code part.
 """
 import json
 import shutil
@@ -13,6 +14,7 @@ import torch
 
 from conftest import (engine_logits, hf_logits, run_cli, save_random_olmo3, save_random_variant,
                       tiny_olmo3_config, variant_config_dict)
+from trace_reference import explain_logit_difference
 
 TOL = 1e-4
 SEQ = 20  # > sliding_window (6)
@@ -30,7 +32,8 @@ def test_engine_equals_remote_code(siamese, depth, heads, tmp_path, rng):
     for attention in ("sdpa", "reference"):
         got = engine_logits(tmp_path / "m", tokens, tmp_path, "--attention", attention)
         diff = np.abs(got - expected).max()
-        assert diff <= TOL, f"siamese={siamese} depth={depth} {heads} {attention}: {diff:.3g}"
+        assert diff <= TOL, (f"siamese={siamese} depth={depth} {heads} {attention}: {diff:.3g}; " + explain_logit_difference(
+            tmp_path / "m", model, tokens, tmp_path, TOL, "--attention", attention))
 
 
 @pytest.mark.parametrize("overrides", [
@@ -41,7 +44,8 @@ def test_engine_equals_remote_code(siamese, depth, heads, tmp_path, rng):
 def test_engine_equals_remote_code_more_shapes(overrides, tmp_path, rng):
     model = save_random_variant(tmp_path / "m", **overrides)
     tokens = rng.integers(0, 96, SEQ).tolist()
-    assert np.abs(engine_logits(tmp_path / "m", tokens, tmp_path) - hf_logits(model, tokens)).max() <= TOL
+    assert np.abs(engine_logits(tmp_path / "m", tokens, tmp_path) - hf_logits(model, tokens)).max() <= TOL, \
+        explain_logit_difference(tmp_path / "m", model, tokens, tmp_path, TOL)
 
 
 def test_depth_attention_changes_the_output(tmp_path, rng):
@@ -164,4 +168,5 @@ def test_published_config_layout_loads(stage, tmp_path, rng):
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "m", trust_remote_code=True).eval()
     assert model.config.depth_attention_stride == 8 and len(model.model.layers) == 16
     tokens = rng.integers(0, 128, SEQ).tolist()
-    assert np.abs(engine_logits(tmp_path / "m", tokens, tmp_path) - hf_logits(model, tokens)).max() <= TOL
+    assert np.abs(engine_logits(tmp_path / "m", tokens, tmp_path) - hf_logits(model, tokens)).max() <= TOL, \
+        explain_logit_difference(tmp_path / "m", model, tokens, tmp_path, TOL)

@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -13,21 +14,12 @@
 #include "archspace/util/tensors.h"
 #include "archspace/model/depth_attention.h"
 #include "archspace/model/layers.h"
+#include "archspace/model/parameters.h"
 #include "archspace/model/rope.h"
 
 namespace archspace {
 
-enum class ParamKind { kLinear, kEmbedding, kNorm };
-
-struct ParamSpec {
-  std::string name;  // HF parameter path, e.g. "model.layers.0.self_attn.q_proj.weight"
-  std::vector<int64_t> shape;
-  ParamKind kind;
-};
-
-// Every parameter the model of `config` has, in checkpoint order.
-std::vector<ParamSpec> parameter_specs(const ModelConfig& config);
-int64_t parameter_count(const ModelConfig& config);
+struct ActivationRecorder;  // model/trace.h
 
 struct ForwardOptions {
   AttentionImpl attention = AttentionImpl::kSdpa;
@@ -36,6 +28,8 @@ struct ForwardOptions {
   KVCache* cache = nullptr;
   // Only the last position's logits (prefill for generation: the head is the largest matmul).
   bool last_position_only = false;
+  // Receives every named intermediate (model/trace.h lists the names); null: nothing is recorded.
+  ActivationRecorder* recorder = nullptr;
 };
 
 class CausalLM {
@@ -57,40 +51,41 @@ class CausalLM {
   // input_ids [B, T] (int64) -> logits [B, T, vocab_size] in the model's dtype.
   at::Tensor forward(const at::Tensor& input_ids, const ForwardOptions& options = {}) const;
 
+  // Each layer's weights as its block reads them, bound from parameters() through the tables of
+  // model/parameters.h: base_layers() for the base block, siamese_layers() for the SiameseNorm block; the
+  // other is empty.
+  const std::vector<BaseLayerWeights>& base_layers() const { return base_layers_; }
+  const std::vector<SiameseLayerWeights>& siamese_layers() const { return siamese_layers_; }
+
  private:
   bool uses_siamese_norm() const { return config_.variant == Variant::kSiameseDepth && config_.use_siamese_norm; }
   bool uses_depth_attention() const { return config_.variant == Variant::kSiameseDepth && config_.use_depth_attention; }
 
-  struct Layer {
+  // What one layer needs besides its weights and input.
+  struct LayerContext {
     int64_t index;
-    LayerType type;
-    at::Tensor q_proj, k_proj, v_proj, o_proj, q_norm, k_norm;
-    at::Tensor gate_proj, up_proj, down_proj;
-    // base block (and the variant with SiameseNorm off)
-    at::Tensor post_attention_layernorm, post_feedforward_layernorm;
-    // SiameseNorm block
-    at::Tensor pre_mlp_layernorm, siamese_attn_pre_norm, siamese_mlp_pre_norm, siamese_mlp_input_norm,
-        siamese_hybrid_attn_scale;
-  };
-  // What one layer's attention needs besides its input.
-  struct AttentionContext {
+    int64_t window;  // sliding window, 0 for full attention
     const at::Tensor& cos;
     const at::Tensor& sin;
     const ForwardOptions& options;
     DepthAttentionState* depth;  // null: no Depth-Attention
+    // Records `name` under this layer's prefix when the forward has a recorder.
+    void record(const char* name, const at::Tensor& t) const;
   };
 
-  at::Tensor attention(const Layer& layer, const at::Tensor& x, const AttentionContext& ctx) const;
-  at::Tensor base_block(const Layer& layer, const at::Tensor& x, const AttentionContext& ctx) const;
+  at::Tensor attention(const LayerWeights& layer, const at::Tensor& x, const LayerContext& ctx) const;
+  at::Tensor base_block(const BaseLayerWeights& layer, const at::Tensor& x, const LayerContext& ctx) const;
   // SiameseNorm "hybrid_pre" block: updates the two residual streams X and Y in place.
-  void siamese_block(const Layer& layer, at::Tensor& X, at::Tensor& Y, const AttentionContext& ctx) const;
+  void siamese_block(const SiameseLayerWeights& layer, at::Tensor& X, at::Tensor& Y, const LayerContext& ctx) const;
+  at::Tensor mlp(const LayerWeights& layer, const at::Tensor& x, const LayerContext& ctx) const;
 
   ModelConfig config_;
   NamedTensors params_;
   std::map<std::string, size_t> index_;
-  at::Tensor embed_tokens_, norm_, lm_head_;
-  at::Tensor siamese_post_final_layernorm_, siamese_pre_final_layernorm_;
-  std::vector<Layer> layers_;
+  ModelWeights weights_;
+  std::optional<SiameseFinalWeights> siamese_final_;  // with SiameseNorm only
+  std::vector<BaseLayerWeights> base_layers_;
+  std::vector<SiameseLayerWeights> siamese_layers_;
   Rope sliding_rope_, full_rope_;
 };
 
