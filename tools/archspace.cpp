@@ -505,6 +505,8 @@ int main(int argc, char** argv) {
   train->add_option("--config", train_config, "the run's TOML (see README, Training configuration)")->required();
   train->add_flag("--resume", train_opts.resume, "continue from the run's latest checkpoint");
   train->add_option("--stop-after", train_opts.stop_after_step, "stop after this step as if interrupted (for tests)");
+  std::vector<std::string> train_overrides;
+  train->add_option("--set", train_overrides, "override a key of the TOML: section.key=value (repeatable)");
 
   std::string export_src, export_out, export_dtype = "fp32";
   ExportOptions export_opts;
@@ -584,7 +586,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (*train) {
-      TrainResult r = run_training(TrainConfig::load(train_config), train_opts);
+      TrainResult r = run_training(TrainConfig::load(train_config, train_overrides), train_opts);
       std::cerr << "checkpoint: " << r.final_checkpoint << "\n";
       return 0;
     }
