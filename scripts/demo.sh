@@ -16,5 +16,7 @@ Next:
   build/archspace info runs/demo/checkpoints/$final/model
   build/archspace plot runs/demo --out runs/demo/loss.png            # the loss curves
   build/archspace export-hf runs/demo runs/demo-hf                    # for transformers (trust_remote_code=True)
-  build/archspace train --config reproduce/tiny/base/stage1.toml      # the tiny four-stage pipeline, base variant
+  build/archspace generate --model runs/demo/checkpoints/$final/model --prompt "The Python"  # the checkpoint carries its tokenizer
+  build/archspace train --config reproduce/tiny/stage1.toml           # the tiny four-stage pipeline, base variant
+  build/archspace train --config reproduce/tiny/stage1.toml --set model.variant=siamese_depth  # the same stage, the variant
 EOT

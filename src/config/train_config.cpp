@@ -1,6 +1,10 @@
 #include "archspace/config/train_config.h"
 
+#include <cctype>
+#include <charconv>
+#include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <set>
 #include <sstream>
@@ -14,14 +18,32 @@ namespace fs = std::filesystem;
 
 namespace {
 
+enum class KeyType { kBool, kInt, kFloat, kString, kTable };
+
+const char* expected(KeyType t) {
+  switch (t) {
+    case KeyType::kBool: return "true or false";
+    case KeyType::kInt: return "an integer";
+    case KeyType::kFloat: return "a number";
+    case KeyType::kString: return "a string";
+    case KeyType::kTable: return "a table";
+  }
+  return "";
+}
+
+// Every key the reader asks for, "section.key" -> type. Recorded by reading an empty table, so the
+// overrides are checked against exactly the keys (and types) the TOML reader accepts.
+using KeySchema = std::map<std::string, KeyType>;
+
 // Reads one table, remembering which keys were used, so that leftovers can be reported as unknown.
 class Section {
  public:
-  Section(const toml::table* t, std::string name, std::string source) : t_(t), name_(std::move(name)), source_(std::move(source)) {}
+  Section(const toml::table* t, std::string name, std::string source, KeySchema* schema)
+      : t_(t), name_(std::move(name)), source_(std::move(source)), schema_(schema) {}
 
   template <typename T>
   void get(const char* key, T& out) {
-    used_.insert(key);
+    note(key, type_of<T>());
     if (!t_) return;
     const toml::node* n = t_->get(key);
     if (!n) return;
@@ -42,21 +64,19 @@ class Section {
   }
   template <typename T>
   void get(const char* key, std::optional<T>& out) {
-    used_.insert(key);
-    if (!t_ || !t_->get(key)) return;
     T v{};
     get(key, v);
-    out = v;
+    if (t_ && t_->get(key)) out = v;
   }
   const toml::table* table(const char* key) {
-    used_.insert(key);
+    note(key, KeyType::kTable);
     if (!t_) return nullptr;
     const toml::node* n = t_->get(key);
     if (n && !n->is_table()) fail(key, "must be a table");
     return n ? n->as_table() : nullptr;
   }
   [[noreturn]] void fail(const std::string& key, const std::string& what) const {
-    throw Error(source_ + ": key '" + (name_.empty() ? "" : name_ + ".") + key + "' " + what);
+    throw Error(source_ + ": key '" + full(key) + "' " + what);
   }
   void check_unknown() const {
     if (!t_) return;
@@ -64,50 +84,57 @@ class Section {
       if (!used_.count(std::string(k.str()))) {
         std::string known;
         for (const auto& u : used_) known += (known.empty() ? "" : ", ") + u;
-        throw Error(source_ + ": unknown key '" + (name_.empty() ? "" : name_ + ".") + std::string(k.str()) + "' (known: " + known + ")");
+        throw Error(source_ + ": unknown key '" + full(std::string(k.str())) + "' (known: " + known + ")");
       }
     }
   }
 
  private:
+  template <typename T>
+  static KeyType type_of() {
+    if constexpr (std::is_same_v<T, bool>) return KeyType::kBool;
+    else if constexpr (std::is_integral_v<T>) return KeyType::kInt;
+    else if constexpr (std::is_floating_point_v<T>) return KeyType::kFloat;
+    else return KeyType::kString;
+  }
+  std::string full(const std::string& key) const { return name_.empty() ? key : name_ + "." + key; }
+  void note(const char* key, KeyType type) {
+    used_.insert(key);
+    if (schema_) (*schema_)[full(key)] = type;
+  }
+
   const toml::table* t_;
   std::string name_, source_;
+  KeySchema* schema_;
   std::set<std::string> used_;
 };
 
-}  // namespace
+// The keys whose text becomes an enum; parsed after reading, with the key named in errors.
+struct ChoiceTexts {
+  std::string variant = "base", format = "tokens", device = "cpu", dtype = "fp32";
+};
 
-TrainConfig TrainConfig::load(const std::string& path) {
-  toml::table root;
-  try {
-    root = toml::parse_file(path);
-  } catch (const toml::parse_error& e) {
-    std::ostringstream where;
-    where << e.source().begin;
-    throw Error(path + ": malformed TOML at " + where.str() + ": " + std::string(e.description()));
-  }
-  TrainConfig c;
-  c.source = path;
-  // Relative paths in the file are relative to the directory the command runs in (the repo root for
-  // reproduce/...), which is what a user typing them expects.
-  Section top(&root, "", path);
+// Reads every key of `root` into `c` (no cross-key validation). With `schema`, records the keys read.
+ChoiceTexts read_keys(const toml::table& root, TrainConfig& c, const std::string& path, KeySchema* schema) {
+  ChoiceTexts choices;
+  Section top(&root, "", path, schema);
   const toml::table *model_t = top.table("model"), *data_t = top.table("data"), *train_t = top.table("train"),
                     *optim_t = top.table("optim"), *ckpt_t = top.table("checkpoint"), *eval_t = top.table("eval"),
                     *debug_t = top.table("debug");
   top.check_unknown();
 
-  Section model(model_t, "model", path);
+  Section model(model_t, "model", path, schema);
   model.get("preset", c.preset);
   model.get("config", c.model_config);
-  model.get("variant", c.variant);
-  model.get("use_siamese_norm", c.use_siamese_norm);
-  model.get("use_depth_attention", c.use_depth_attention);
-  model.get("depth_attention_stride", c.depth_attention_stride);
-  model.get("depth_attention_recent_window", c.depth_attention_recent_window);
+  model.get("variant", choices.variant);
+  model.get("use_siamese_norm", c.switches.use_siamese_norm);
+  model.get("use_depth_attention", c.switches.use_depth_attention);
+  model.get("depth_attention_stride", c.switches.depth_attention_stride);
+  model.get("depth_attention_recent_window", c.switches.depth_attention_recent_window);
   model.get("init_from", c.init_from);
   model.get("max_position_embeddings", c.max_position_embeddings);
   if (const toml::table* y = model.table("rope_scaling")) {
-    Section yarn(y, "model.rope_scaling", path);
+    Section yarn(y, "model.rope_scaling", path, nullptr);
     std::string type = "yarn";
     YarnScaling s;
     int64_t original = 0;
@@ -125,27 +152,27 @@ TrainConfig TrainConfig::load(const std::string& path) {
   }
   model.check_unknown();
 
-  Section data(data_t, "data", path);
+  Section data(data_t, "data", path, schema);
   data.get("train", c.train_data);
   data.get("valid", c.valid_data);
-  data.get("format", c.format);
+  data.get("format", choices.format);
   data.get("tokenizer", c.tokenizer);
   data.get("shuffle", c.shuffle);
   data.check_unknown();
 
-  Section train(train_t, "train", path);
+  Section train(train_t, "train", path, schema);
   train.get("run_dir", c.run_dir);
   train.get("sequence_length", c.sequence_length);
   train.get("micro_batch", c.micro_batch);
   train.get("grad_accum", c.grad_accum);
   train.get("max_steps", c.max_steps);
   train.get("seed", c.seed);
-  train.get("device", c.device);
-  train.get("dtype", c.dtype);
+  train.get("device", choices.device);
+  train.get("dtype", choices.dtype);
   train.get("threads", c.threads);
   train.check_unknown();
 
-  Section optim(optim_t, "optim", path);
+  Section optim(optim_t, "optim", path, schema);
   optim.get("lr", c.lr);
   optim.get("beta1", c.beta1);
   optim.get("beta2", c.beta2);
@@ -159,22 +186,116 @@ TrainConfig TrainConfig::load(const std::string& path) {
   optim.get("z_loss", c.z_loss);
   optim.check_unknown();
 
-  Section ckpt(ckpt_t, "checkpoint", path);
+  Section ckpt(ckpt_t, "checkpoint", path, schema);
   ckpt.get("interval", c.checkpoint_interval);
   ckpt.get("keep_last", c.keep_last);
   ckpt.check_unknown();
 
-  Section eval(eval_t, "eval", path);
+  Section eval(eval_t, "eval", path, schema);
   eval.get("interval", c.eval_interval);
   eval.get("batches", c.eval_batches);
   eval.check_unknown();
 
-  Section debug(debug_t, "debug", path);
+  Section debug(debug_t, "debug", path, schema);
   debug.get("dump_gradients_steps", c.dump_gradients_steps);
   debug.check_unknown();
+  return choices;
+}
 
-  auto require = [&](bool ok, const std::string& key, const std::string& what) {
-    if (!ok) throw Error(path + ": key '" + key + "' " + what);
+const KeySchema& key_schema() {
+  static const KeySchema schema = [] {
+    KeySchema s;
+    TrainConfig scratch;
+    read_keys(toml::table{}, scratch, "", &s);
+    return s;
+  }();
+  return schema;
+}
+
+// Sets one "section.key=value" in the parsed table, as the key's type.
+void apply_override(toml::table& root, const std::string& text, const std::string& path) {
+  const std::string where = path + ": override '" + text + "'";
+  auto fail = [&](const std::string& what) -> Error { return Error(where + ": " + what); };
+  const size_t eq = text.find('=');
+  const std::string key = text.substr(0, eq);
+  const size_t dot = key.find('.');
+  if (eq == std::string::npos || dot == std::string::npos || dot == 0 || dot + 1 == key.size()) {
+    throw fail("expected section.key=value (e.g. train.max_steps=100)");
+  }
+  const std::string section = key.substr(0, dot), name = key.substr(dot + 1), value = text.substr(eq + 1);
+  const KeySchema& schema = key_schema();
+  auto listed = [&](const std::string& prefix) {
+    std::string known;
+    for (const auto& [k, t] : schema) {
+      if (k.rfind(prefix, 0) == 0 && k.find('.', prefix.size()) == std::string::npos) known += (known.empty() ? "" : ", ") + k.substr(prefix.size());
+    }
+    return known;
+  };
+  auto s = schema.find(section);
+  if (s == schema.end() || s->second != KeyType::kTable) throw fail("unknown section '" + section + "' (known: " + listed("") + ")");
+  auto k = schema.find(key);
+  if (k == schema.end()) throw fail("unknown key '" + key + "' (known: " + listed(section + ".") + ")");
+  const KeyType type = k->second;
+  auto wrong = [&]() -> Error { return fail("key '" + key + "' expects " + expected(type) + ", not '" + value + "'"); };
+
+  toml::node* existing = root.get(section);
+  if (existing && !existing->is_table()) throw fail("'" + section + "' in the file is not a table");
+  if (!existing) existing = &root.insert_or_assign(section, toml::table{}).first->second;
+  toml::table& table = *existing->as_table();
+  switch (type) {
+    case KeyType::kBool:
+      if (value != "true" && value != "false") throw wrong();
+      table.insert_or_assign(name, value == "true");
+      break;
+    case KeyType::kInt: {
+      int64_t v = 0;
+      const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), v);
+      if (value.empty() || ec != std::errc() || end != value.data() + value.size()) throw wrong();
+      table.insert_or_assign(name, v);
+      break;
+    }
+    case KeyType::kFloat: {
+      char* end = nullptr;
+      const double v = value.empty() || std::isspace(static_cast<unsigned char>(value[0])) ? 0 : std::strtod(value.c_str(), &end);
+      if (!end || *end != '\0') throw wrong();
+      table.insert_or_assign(name, v);
+      break;
+    }
+    case KeyType::kString:
+      table.insert_or_assign(name, value);
+      break;
+    case KeyType::kTable:
+      throw fail("key '" + key + "' is a table; set it in the TOML file");
+  }
+}
+
+// Replaces "{variant}" in every string value (run_dir, init_from, ...) so that one stage file serves both
+// variants. Returns whether anything changed.
+bool substitute_variant(toml::table& t, const std::string& variant) {
+  static const std::string placeholder = "{variant}";
+  bool changed = false;
+  for (auto&& [k, node] : t) {
+    if (auto* s = node.as_string()) {
+      std::string& v = s->get();
+      for (size_t at = v.find(placeholder); at != std::string::npos; at = v.find(placeholder, at + variant.size())) {
+        v.replace(at, placeholder.size(), variant);
+        changed = true;
+      }
+    } else if (auto* sub = node.as_table()) {
+      changed = substitute_variant(*sub, variant) || changed;
+    }
+  }
+  return changed;
+}
+
+void validate(TrainConfig& c, const ChoiceTexts& choices, const std::string& path) {
+  auto key = [&](const char* k) { return path + ": key '" + k + "'"; };
+  c.variant = parse_variant(choices.variant, key("model.variant"));
+  c.format = parse_data_format(choices.format, key("data.format"));
+  c.device = parse_device(choices.device, key("train.device"));
+  c.dtype = parse_dtype(choices.dtype, key("train.dtype"));
+  auto require = [&](bool ok, const char* k, const std::string& what) {
+    if (!ok) throw Error(key(k) + " " + what);
   };
   require(!c.run_dir.empty(), "train.run_dir", "is required");
   require(!c.train_data.empty(), "data.train", "is required");
@@ -182,9 +303,6 @@ TrainConfig TrainConfig::load(const std::string& path) {
   require(c.micro_batch >= 1, "train.micro_batch", "must be >= 1");
   require(c.grad_accum >= 1, "train.grad_accum", "must be >= 1");
   require(c.max_steps >= 1, "train.max_steps", "is required and must be >= 1");
-  require(c.format == "tokens" || c.format == "chat", "data.format", "must be \"tokens\" or \"chat\"");
-  require(c.dtype == "fp32" || c.dtype == "bf16", "train.dtype", "must be \"fp32\" or \"bf16\"");
-  require(c.variant == "base" || c.variant == "siamese_depth", "model.variant", "must be \"base\" or \"siamese_depth\"");
   require(c.lr > 0, "optim.lr", "must be positive");
   require(c.warmup_steps >= 0 && c.warmup_steps <= c.max_steps, "optim.warmup_steps", "must be in [0, train.max_steps]");
   require(c.final_lr_factor >= 0 && c.final_lr_factor <= 1, "optim.final_lr_factor", "must be in [0, 1]");
@@ -192,24 +310,53 @@ TrainConfig TrainConfig::load(const std::string& path) {
   const int sources = !c.preset.empty() + !c.model_config.empty();
   require(sources <= 1, "model.preset", "and model.config are exclusive");
   require(sources == 1 || !c.init_from.empty(), "model.preset", "(or model.config, or model.init_from) is required");
-  if (!fs::exists(c.train_data)) throw Error(path + ": key 'data.train': '" + c.train_data + "' does not exist");
-  if (!c.valid_data.empty() && !fs::exists(c.valid_data)) throw Error(path + ": key 'data.valid': '" + c.valid_data + "' does not exist");
+  if (!fs::exists(c.train_data)) throw Error(key("data.train") + ": '" + c.train_data + "' does not exist");
+  if (!c.valid_data.empty() && !fs::exists(c.valid_data)) throw Error(key("data.valid") + ": '" + c.valid_data + "' does not exist");
+}
+
+}  // namespace
+
+TrainConfig TrainConfig::load(const std::string& path, const std::vector<std::string>& overrides) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(path + ": cannot open");
+  const std::string file_text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  toml::table root;
+  try {
+    root = toml::parse(file_text, path);
+  } catch (const toml::parse_error& e) {
+    std::ostringstream where;
+    where << e.source().begin;
+    throw Error(path + ": malformed TOML at " + where.str() + ": " + std::string(e.description()));
+  }
+  for (const auto& o : overrides) apply_override(root, o, path);
+  // The placeholder takes the variant after overrides; a bad variant is reported by validate().
+  const toml::node* variant = root.at_path("model.variant").node();
+  const bool substituted = substitute_variant(root, variant && variant->is_string() ? variant->as_string()->get() : "base");
+
+  TrainConfig c;
+  c.source = path;
+  // Relative paths in the file are relative to the directory the command runs in (the repo root for
+  // reproduce/...), which is what a user typing them expects.
+  const ChoiceTexts choices = read_keys(root, c, path, nullptr);
+  validate(c, choices, path);
+  if (overrides.empty() && !substituted) {
+    c.text = file_text;
+  } else {
+    std::ostringstream os;
+    os << "# " << path << " as run";
+    for (const auto& o : overrides) os << " --set " << o;
+    os << " ({variant} = " << variant_name(c.variant) << ")\n" << toml::toml_formatter(root) << "\n";
+    c.text = os.str();
+  }
   return c;
 }
 
 ModelConfig TrainConfig::model() const {
-  const Variant v = variant == "base" ? Variant::kBase : Variant::kSiameseDepth;
-  ModelConfig m = !model_config.empty() ? ModelConfig::load(model_config) : archspace::preset(preset, v);
-  if (!model_config.empty() && m.variant != v) {
-    throw Error(source + ": key 'model.variant' is \"" + variant + "\" but " + model_config + " is " + variant_name(m.variant));
+  ModelConfig m = !model_config.empty() ? ModelConfig::load(model_config) : archspace::preset(preset, variant);
+  if (!model_config.empty() && m.variant != variant) {
+    throw Error(source + ": key 'model.variant' is \"" + variant_name(variant) + "\" but " + model_config + " is " + variant_name(m.variant));
   }
-  if (use_siamese_norm || use_depth_attention || depth_attention_stride || depth_attention_recent_window) {
-    if (m.variant != Variant::kSiameseDepth) throw Error(source + ": the SiameseNorm/Depth-Attention keys need model.variant = \"siamese_depth\"");
-  }
-  if (use_siamese_norm) m.use_siamese_norm = *use_siamese_norm;
-  if (use_depth_attention) m.use_depth_attention = *use_depth_attention;
-  if (depth_attention_stride) m.depth_attention_stride = *depth_attention_stride;
-  if (depth_attention_recent_window) m.depth_attention_recent_window = *depth_attention_recent_window;
+  switches.apply_to(m, source + ": keys 'model.use_siamese_norm', 'model.use_depth_attention', 'model.depth_attention_*'");
   if (rope_scaling) m.rope_scaling = rope_scaling;
   if (max_position_embeddings) m.max_position_embeddings = *max_position_embeddings;
   m.validate(source);

@@ -205,6 +205,9 @@ ShardManifest tokenize_to_shards(const TokenizeOptions& o) {
   m.eos_token_id = *eos;
   m.sources = reader.sources;
   m.invalid_utf8_replacements = replacements;
+  // The tokenizer travels with its shards (before the manifest, which marks the directory complete), so
+  // that training can hand it on to its checkpoints; readers go by the manifest and ignore the file.
+  fs::copy_file(tokenizer->path(), fs::path(o.out_dir) / "tokenizer.json", fs::copy_options::overwrite_existing);
   m = writer.finish(m);
   if (skipped_empty) progress.note("skipped " + std::to_string(skipped_empty) + " empty documents");
   return m;

@@ -64,10 +64,11 @@ std::string save_checkpoint(const std::string& run_dir, int64_t step, const Chec
   try {
     fs::create_directories(tmp);
     save_model(*c.model, (tmp / "model").string(), at::kFloat);
+    if (!c.tokenizer_file.empty()) fs::copy_file(c.tokenizer_file, tmp / "model" / "tokenizer.json");
     maybe_crash(step);
     save_safetensors((tmp / "optimizer.safetensors").string(), c.optimizer_state);
     write_text(tmp / "trainer_state.json", c.trainer_state.dump(2) + "\n");
-    if (!c.config_toml.empty()) fs::copy_file(c.config_toml, tmp / "train_config.toml", fs::copy_options::overwrite_existing);
+    if (!c.config_text.empty()) write_text(tmp / "train_config.toml", c.config_text);
     json sums = json::object();
     for (const auto& e : fs::recursive_directory_iterator(tmp)) {
       if (e.is_regular_file()) sums[fs::relative(e.path(), tmp).string()] = sha256_file(e.path().string());

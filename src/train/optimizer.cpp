@@ -68,4 +68,16 @@ double scheduled_lr(int64_t step, int64_t max_steps, int64_t warmup, double lr, 
   return lr * (final_factor + (1 - final_factor) * 0.5 * (1 + std::cos(kPi * progress)));
 }
 
+double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm) {
+  c10::NoGradGuard no_grad;
+  std::vector<at::Tensor> norms;
+  for (const auto& p : params) norms.push_back(at::linalg_vector_norm(p.grad(), 2));
+  const at::Tensor total = at::linalg_vector_norm(at::stack(norms), 2);
+  if (max_norm > 0) {
+    const at::Tensor coef = at::clamp_max(max_norm / (total + 1e-6), 1.0);
+    for (const auto& p : params) p.mutable_grad().mul_(coef);
+  }
+  return total.item<double>();
+}
+
 }  // namespace archspace

@@ -1,5 +1,7 @@
 """The tiny four-stage pipeline (reproduce/tiny) end to end for both variants: pretraining, mid-training
-from stage 1, long context with YaRN switched on for full layers, and both SFT stages on chat data."""
+from stage 1, long context with YaRN switched on for full layers, and both SFT stages on chat data. One
+set of stage files serves both variants (`--set model.variant=siamese_depth`, runs under runs/tiny/VARIANT)."""
+import hashlib
 import json
 import os
 import pathlib
@@ -23,8 +25,9 @@ def workdir(tmp_path_factory):
 
 @pytest.mark.parametrize("variant", ["base", "siamese_depth"])
 def test_tiny_pipeline(variant, workdir):
-    for stage in STAGES:
-        result = subprocess.run([str(BINARY), "train", "--config", f"reproduce/tiny/{variant}/{stage}.toml"],
+    for stage in STAGES:  # the documented commands: the files say base; the other variant is one --set away
+        variant_set = [] if variant == "base" else ["--set", f"model.variant={variant}"]
+        result = subprocess.run([str(BINARY), "train", "--config", f"reproduce/tiny/{stage}.toml", *variant_set],
                                 cwd=workdir, capture_output=True, text=True)
         assert result.returncode == 0, f"{stage}:\n{result.stderr}"
     runs = workdir / "runs" / "tiny" / variant
@@ -48,3 +51,19 @@ def test_tiny_pipeline(variant, workdir):
     for stage in ("stage4-think", "stage4-instruct"):
         sft = [m for m in losses(stage) if "loss" in m]
         assert sft and all(m["loss"] > 0 for m in sft)
+    # Every stage's checkpoint carries the run's tokenizer (the corpus's dolma2 file), so it serves alone.
+    dolma2 = json.loads((REPO / "data" / "corpus" / "train" / "manifest.json").read_text())["tokenizer"]["sha256"]
+    for stage in STAGES:
+        name = (runs / stage / "checkpoints" / "final").read_text().strip()
+        carried = (runs / stage / "checkpoints" / name / "model" / "tokenizer.json").read_bytes()
+        assert hashlib.sha256(carried).hexdigest() == dolma2, stage
+
+
+def test_stage_of_the_other_variant_is_refused(workdir):
+    # Stage 2 of siamese_depth must not start from base weights: the stage repeats its architecture.
+    if not (workdir / "runs" / "tiny" / "base" / "stage1" / "checkpoints" / "final").exists():  # when run alone
+        subprocess.run([str(BINARY), "train", "--config", "reproduce/tiny/stage1.toml"], cwd=workdir, check=True, capture_output=True)
+    result = subprocess.run([str(BINARY), "train", "--config", "reproduce/tiny/stage2.toml", "--set", "model.variant=siamese_depth",
+                             "--set", "model.init_from=runs/tiny/base/stage1", "--set", "train.run_dir=runs/tiny/mixed"],
+                            cwd=workdir, capture_output=True, text=True)
+    assert result.returncode == 1 and "variant base -> siamese_depth" in result.stderr, result.stderr

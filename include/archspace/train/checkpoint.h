@@ -1,7 +1,8 @@
 // Training checkpoints: RUN_DIR/checkpoints/step-NNNNNNNN/ holding model/ (a Hugging Face model
-// directory), optimizer.safetensors, trainer_state.json, the run's TOML, and checksums.json (SHA-256 of
-// every file, verified on load). Written into a temporary directory, fsynced, then renamed, so a crash
-// or a full disk never leaves a half checkpoint under a real name; `latest` and `final` name the newest.
+// directory, with the run's tokenizer.json when it has one), optimizer.safetensors, trainer_state.json,
+// the run's TOML, and checksums.json (SHA-256 of every file, verified on load). Written into a temporary
+// directory, fsynced, then renamed, so a crash or a full disk never leaves a half checkpoint under a real
+// name; `latest` and `final` name the newest.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -18,7 +19,8 @@ struct CheckpointContents {
   const CausalLM* model;
   NamedTensors optimizer_state;
   nlohmann::json trainer_state;  // step, tokens, data position, seed, ...
-  std::string config_toml;       // path of the run's TOML, copied in
+  std::string config_text;       // the run's TOML as run, written as train_config.toml
+  std::string tokenizer_file;    // copied to model/tokenizer.json when not empty
 };
 
 // Returns the checkpoint directory. Keeps the newest `keep_last` step checkpoints (never the final one).

@@ -1,5 +1,6 @@
-// AdamW with decoupled weight decay, computed exactly as torch.optim.AdamW (single-tensor path), and
-// the learning-rate schedule: linear warm-up, then cosine decay to final_lr_factor * lr.
+// AdamW with decoupled weight decay, computed exactly as torch.optim.AdamW (single-tensor path), the
+// learning-rate schedule (linear warm-up, then cosine decay to final_lr_factor * lr), and gradient
+// clipping by global norm: what happens between backward() and the next step's forward.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -41,5 +42,9 @@ class AdamW {
 // lr at (0-based) step: (step + 1) / warmup * lr during warm-up, then a cosine from lr down to
 // final_factor * lr at the last step.
 double scheduled_lr(int64_t step, int64_t max_steps, int64_t warmup, double lr, double final_factor);
+
+// The global L2 norm of the gradients of `params` (before clipping), and, when max_norm > 0, the
+// gradients scaled by min(1, max_norm / (norm + 1e-6)) in place: torch.nn.utils.clip_grad_norm_.
+double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm);
 
 }  // namespace archspace

@@ -1,15 +1,24 @@
-// The training loop of one pipeline stage: AdamW, cosine schedule with warm-up, gradient accumulation
-// and clipping, z-loss, metrics (metrics.jsonl), progress, validation, atomic checkpoints, exact resume.
+// The training loop of one pipeline stage, read top to bottom in Trainer::run(): set up (device, model,
+// data, optimizer), resume, then per step: the global batch in micro-batches (bf16 autocast on CUDA),
+// clipping, the AdamW step, one metrics line and one progress line, evaluation, checkpoints.
 // Written for one process; the data side is already rank-aware (InstanceLoader::rank_batch) so that a
 // data-parallel wrapper can split each global batch without changing what is computed.
 #pragma once
 
 #include <ATen/ATen.h>
 
+#include <chrono>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "archspace/config/train_config.h"
+#include "archspace/model/causal_lm.h"
+#include "archspace/train/batches.h"
+#include "archspace/train/loss.h"
+#include "archspace/train/metrics_log.h"
+#include "archspace/train/optimizer.h"
+#include "archspace/util/progress.h"
 
 namespace archspace {
 
@@ -24,13 +33,57 @@ struct TrainResult {
   std::string final_checkpoint;
 };
 
-TrainResult run_training(const TrainConfig& config, const TrainOptions& options);
-
-// Sums over labelled positions (labels != -100): cross-entropy, z-loss (coeff * logsumexp^2), count.
-struct LossSums {
-  at::Tensor ce_sum, z_sum;
-  int64_t count;
+// What one optimizer step measured.
+struct StepStats {
+  double loss = 0, z_loss = 0;  // per labelled token
+  double lr = 0, grad_norm = 0;
+  std::string batch_hash;
 };
-LossSums next_token_loss(const at::Tensor& logits, const at::Tensor& labels, double z_loss_coeff);
+
+class Trainer {
+ public:
+  // Setup: device, run directory, model, data, optimizer. Throws naming the config file and key.
+  Trainer(const TrainConfig& config, const TrainOptions& options);
+  ~Trainer();
+
+  TrainResult run();
+
+ private:
+  void setup_device();
+  void setup_run_dir();
+  void setup_data();
+  void setup_optimizer();
+  void resume();
+
+  StepStats train_step(int64_t step);
+  void dump_gradients(int64_t step) const;
+  double evaluate();
+  void save(int64_t step, bool is_final);
+  void log_step(int64_t step, const StepStats& stats, double step_seconds);
+  void show_progress(int64_t step, const StepStats& stats, double step_seconds);
+
+  TrainConfig cfg_;
+  TrainOptions options_;
+  at::Device device_ = at::kCPU;
+  bool autocast_ = false;
+  std::string resume_from_;  // the checkpoint to resume, or ""
+
+  std::unique_ptr<CausalLM> model_;
+  std::unique_ptr<BatchSource> train_batches_;
+  std::shared_ptr<InstanceLoader> valid_loader_;
+  std::string tokenizer_file_;  // carried by checkpoints; "" for none
+  std::vector<AdamW::Group> params_;
+  std::unique_ptr<AdamW> optimizer_;
+
+  int64_t start_step_ = 0;
+  uint64_t tokens_seen_ = 0;
+  std::unique_ptr<MetricsLog> metrics_;
+  std::unique_ptr<ProgressLine> progress_;
+  std::chrono::steady_clock::time_point started_;
+  std::string last_checkpoint_;
+};
+
+// The CLI's entry point: Trainer(config, options).run().
+TrainResult run_training(const TrainConfig& config, const TrainOptions& options);
 
 }  // namespace archspace

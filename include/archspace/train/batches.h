@@ -1,0 +1,64 @@
+// Training batches: input ids and next-token labels, for pretraining windows (token shards) and for SFT
+// chat examples. Batch k of a run is a pure function of (data, seed, k), which is what makes resume exact.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "archspace/chat/chat.h"
+#include "archspace/data/instance_loader.h"
+
+namespace archspace {
+
+constexpr int64_t kIgnoreIndex = -100;  // label of positions without loss (as torch's cross_entropy)
+
+struct Batch {
+  at::Tensor input_ids;  // [B, T] int64
+  at::Tensor labels;     // [B, T] int64, kIgnoreIndex where no loss
+};
+
+// Labelled positions of a batch (the loss normaliser).
+int64_t labelled_tokens(const Batch& batch);
+
+// FNV-1a over the token ids, as 16 hex digits: lets two runs show they saw the very same batches.
+std::string batch_hash(const at::Tensor& ids);
+
+// Instances [first, first + count) of a run, as one batch.
+class BatchSource {
+ public:
+  virtual ~BatchSource() = default;
+  virtual Batch batch(uint64_t first, int64_t count) const = 0;
+};
+
+// Pretraining windows: inputs are the window, labels the window shifted left (last position unlabelled).
+Batch window_batch(const InstanceLoader& loader, uint64_t first, int64_t count);
+
+class WindowBatches : public BatchSource {
+ public:
+  explicit WindowBatches(std::shared_ptr<const InstanceLoader> loader) : loader_(std::move(loader)) {}
+  Batch batch(uint64_t first, int64_t count) const override { return window_batch(*loader_, first, count); }
+
+ private:
+  std::shared_ptr<const InstanceLoader> loader_;
+};
+
+// SFT examples, padded with `pad_id` or cut to `seq_len`; loss only where the example marks a trained
+// token (assistant content and its end token). With `shuffle`, each epoch is a keyed permutation.
+class ChatBatches : public BatchSource {
+ public:
+  ChatBatches(std::vector<ChatExample> examples, int64_t seq_len, int64_t pad_id, uint64_t seed, bool shuffle);
+  Batch batch(uint64_t first, int64_t count) const override;
+  size_t size() const { return examples_.size(); }
+
+ private:
+  std::vector<ChatExample> examples_;
+  int64_t seq_len_, pad_id_;
+  uint64_t seed_;
+  bool shuffle_;
+};
+
+}  // namespace archspace

@@ -1,0 +1,33 @@
+#include "archspace/train/metrics_log.h"
+
+#include <vector>
+
+#include "archspace/util/error.h"
+
+namespace archspace {
+
+using nlohmann::json;
+
+MetricsLog::MetricsLog(const std::string& path, int64_t resume_step) : path_(path) {
+  std::vector<std::string> keep;
+  {
+    std::ifstream in(path);
+    for (std::string line; std::getline(in, line);) {
+      try {
+        if (json::parse(line).at("step").get<int64_t>() <= resume_step) keep.push_back(line);
+      } catch (const std::exception&) {
+        // A line cut short by a kill: not a step of the run.
+      }
+    }
+  }
+  std::ofstream rewrite(path, std::ios::trunc);
+  for (const auto& l : keep) rewrite << l << "\n";
+  rewrite.close();
+  if (!rewrite) throw Error(path + ": cannot write");
+  out_.open(path, std::ios::app);
+  if (!out_) throw Error(path + ": cannot open for appending");
+}
+
+void MetricsLog::write(const json& line) { out_ << line.dump() << "\n" << std::flush; }
+
+}  // namespace archspace

@@ -1,0 +1,300 @@
+// The pieces of training, each alone: TrainConfig (typed choices, --set overrides, the {variant}
+// placeholder), batches and their labels, the loss, clipping, the lr schedule, the autocast guard, the
+// metrics log on resume, and the tokenizer a run's checkpoints carry.
+#include <ATen/autocast_mode.h>
+#include <gtest/gtest.h>
+#include <torch/nn/utils/clip_grad.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+
+#include "archspace/config/train_config.h"
+#include "archspace/train/autocast.h"
+#include "archspace/train/batches.h"
+#include "archspace/train/loss.h"
+#include "archspace/train/metrics_log.h"
+#include "archspace/train/optimizer.h"
+#include "archspace/train/run_tokenizer.h"
+#include "archspace/util/error.h"
+#include "archspace/util/sha256.h"
+
+using namespace archspace;
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+fs::path temp_dir(const std::string& name) {
+  fs::path dir = fs::temp_directory_path() / ("archspace_train_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+void write_file(const fs::path& p, const std::string& text) { std::ofstream(p, std::ios::binary) << text; }
+
+std::string read_file(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+void expect_error(const std::function<void()>& f, std::vector<std::string> fragments) {
+  try {
+    f();
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    for (const auto& frag : fragments) EXPECT_NE(std::string(e.what()).find(frag), std::string::npos) << "'" << frag << "' not in: " << e.what();
+  }
+}
+
+// A minimal valid run TOML in `dir` (data.train is the directory itself: it only has to exist here).
+std::string run_toml(const fs::path& dir, const std::string& extra = "") {
+  const fs::path path = dir / "run.toml";
+  write_file(path, "[model]\npreset = \"tiny\"\n" + extra + "\n[data]\ntrain = \"" + dir.string() +
+                       "\"\n\n[train]\nrun_dir = \"runs/{variant}/stage1\"\nsequence_length = 16\nmax_steps = 10\n");
+  return path.string();
+}
+
+std::string make_shards(const fs::path& dir, const std::string& tokenizer_name, const std::string& tokenizer_sha256) {
+  ShardWriter w(dir.string(), 1000);
+  std::vector<uint32_t> ids;
+  for (uint32_t i = 0; i < 40; ++i) ids.push_back(1 + i % 9);
+  ids.push_back(0);
+  w.add_document(ids);
+  ShardManifest m;
+  m.tokenizer_name = tokenizer_name;
+  m.tokenizer_sha256 = tokenizer_sha256;
+  m.vocab_size = 10;
+  m.eos_token_id = 0;
+  w.finish(m);
+  return dir.string();
+}
+
+}  // namespace
+
+// ---- TrainConfig -----------------------------------------------------------------------------------
+
+TEST(TrainConfig, ChoicesAreTyped) {
+  const fs::path dir = temp_dir("typed");
+  TrainConfig c = TrainConfig::load(run_toml(dir, "variant = \"siamese_depth\"\n[optim]\nlr = 1e-3\n"));
+  EXPECT_EQ(c.variant, Variant::kSiameseDepth);
+  EXPECT_EQ(c.format, DataFormat::kTokens);
+  EXPECT_EQ(c.dtype, DType::kFp32);
+  EXPECT_EQ(c.device.kind, DeviceKind::kCpu);
+  // A bad choice names the file and key and lists the valid spellings.
+  const std::string bad = run_toml(dir);
+  write_file(bad, read_file(bad) + "dtype = \"fp16\"\n");  // the last table of the file is [train]
+  expect_error([&] { TrainConfig::load(bad); }, {"run.toml: key 'train.dtype'", "'fp16'", "fp32, bf16"});
+}
+
+TEST(TrainConfig, VariantSwitchesNeedTheVariant) {
+  const fs::path dir = temp_dir("switches");
+  TrainConfig on = TrainConfig::load(run_toml(dir, "variant = \"siamese_depth\"\nuse_depth_attention = false\ndepth_attention_stride = 4\n"));
+  const ModelConfig m = on.model();
+  EXPECT_FALSE(m.use_depth_attention);
+  EXPECT_TRUE(m.use_siamese_norm);
+  EXPECT_EQ(m.depth_attention_stride, 4);
+  TrainConfig off = TrainConfig::load(run_toml(dir, "use_siamese_norm = false\n"));
+  expect_error([&] { off.model(); }, {"run.toml", "model.use_siamese_norm", "siamese_depth variant"});
+}
+
+TEST(TrainConfig, OverridesSetKeysWithTheirTypes) {
+  const fs::path dir = temp_dir("overrides");
+  const std::string path = run_toml(dir);
+  TrainConfig c = TrainConfig::load(path, {"train.max_steps=100", "optim.lr=3e-4", "optim.warmup_steps=5", "data.shuffle=false",
+                                           "model.variant=siamese_depth", "train.dtype=bf16", "eval.interval=7"});
+  EXPECT_EQ(c.max_steps, 100);
+  EXPECT_DOUBLE_EQ(c.lr, 3e-4);
+  EXPECT_EQ(c.warmup_steps, 5);
+  EXPECT_FALSE(c.shuffle);
+  EXPECT_EQ(c.variant, Variant::kSiameseDepth);
+  EXPECT_EQ(c.dtype, DType::kBf16);
+  EXPECT_EQ(c.eval_interval, 7);  // a section the file lacks
+  EXPECT_EQ(c.run_dir, "runs/siamese_depth/stage1");  // {variant} after the override
+  // An integer is a number too; a later override of the same key wins.
+  TrainConfig d = TrainConfig::load(path, {"optim.lr=1", "train.max_steps=3", "train.max_steps=4"});
+  EXPECT_DOUBLE_EQ(d.lr, 1.0);
+  EXPECT_EQ(d.max_steps, 4);
+  // The overrides run through the same validation as the file.
+  expect_error([&] { TrainConfig::load(path, {"train.max_steps=0"}); }, {"run.toml: key 'train.max_steps'", ">= 1"});
+  expect_error([&] { TrainConfig::load(path, {"model.variant=big"}); }, {"key 'model.variant'", "'big'", "base, siamese_depth"});
+}
+
+TEST(TrainConfig, BadOverridesAreRefused) {
+  const fs::path dir = temp_dir("bad_overrides");
+  const std::string path = run_toml(dir);
+  expect_error([&] { TrainConfig::load(path, {"optim.learning_rate=0.1"}); },
+               {"run.toml: override 'optim.learning_rate=0.1'", "unknown key 'optim.learning_rate'", "lr", "warmup_steps"});
+  expect_error([&] { TrainConfig::load(path, {"optimizer.lr=0.1"}); }, {"unknown section 'optimizer'", "optim", "checkpoint"});
+  expect_error([&] { TrainConfig::load(path, {"train.max_steps=ten"}); }, {"override 'train.max_steps=ten'", "expects an integer"});
+  expect_error([&] { TrainConfig::load(path, {"train.max_steps=1.5"}); }, {"expects an integer"});
+  expect_error([&] { TrainConfig::load(path, {"optim.lr=fast"}); }, {"override 'optim.lr=fast'", "expects a number"});
+  expect_error([&] { TrainConfig::load(path, {"data.shuffle=yes"}); }, {"override 'data.shuffle=yes'", "expects true or false"});
+  expect_error([&] { TrainConfig::load(path, {"a=b"}); }, {"override 'a=b'", "expected section.key=value"});
+  expect_error([&] { TrainConfig::load(path, {"train.max_steps"}); }, {"expected section.key=value"});
+  expect_error([&] { TrainConfig::load(path, {".x=1"}); }, {"expected section.key=value"});
+  expect_error([&] { TrainConfig::load(path, {"model.rope_scaling=4"}); }, {"'model.rope_scaling' is a table"});
+}
+
+TEST(TrainConfig, TextIsTheConfigurationAsRun) {
+  const fs::path dir = temp_dir("text");
+  const std::string path = run_toml(dir);
+  // No placeholder, no override: the file's own bytes.
+  const std::string plain = (dir / "plain.toml").string();
+  write_file(plain, "[model]\npreset = \"tiny\"\n[data]\ntrain = \"" + dir.string() + "\"\n[train]\nrun_dir = \"r\"\nsequence_length = 4\nmax_steps = 1\n");
+  EXPECT_EQ(TrainConfig::load(plain).text, read_file(plain));
+  // Otherwise the resolved table, which reads back to the same configuration.
+  const TrainConfig c = TrainConfig::load(path, {"train.max_steps=12"});
+  EXPECT_NE(c.text.find("--set train.max_steps=12"), std::string::npos) << c.text;
+  const std::string again = (dir / "again.toml").string();
+  write_file(again, c.text);
+  const TrainConfig d = TrainConfig::load(again);
+  EXPECT_EQ(d.max_steps, 12);
+  EXPECT_EQ(d.run_dir, "runs/base/stage1");
+}
+
+// ---- batches and loss ------------------------------------------------------------------------------
+
+TEST(Batches, WindowLabelsAreTheNextTokens) {
+  const fs::path dir = temp_dir("windows");
+  auto shards = TokenShards::open(make_shards(dir / "shards", "test", "0"));
+  InstanceLoader loader(shards, 8, 0, false);
+  const Batch b = window_batch(loader, 0, 2);
+  ASSERT_EQ(b.input_ids.sizes(), (std::vector<int64_t>{2, 8}));
+  EXPECT_TRUE(at::equal(b.labels.narrow(1, 0, 7), b.input_ids.narrow(1, 1, 7)));
+  EXPECT_TRUE((b.labels.select(1, 7) == kIgnoreIndex).all().item<bool>());
+  EXPECT_EQ(labelled_tokens(b), 2 * 7);
+  EXPECT_EQ(batch_hash(b.input_ids), batch_hash(window_batch(loader, 0, 2).input_ids));
+  EXPECT_NE(batch_hash(b.input_ids), batch_hash(window_batch(loader, 1, 2).input_ids));
+}
+
+TEST(Batches, ChatLabelsOnlyTrainedTokensPaddedAndCut) {
+  // Example 0: ids 10..14, trained on the last two; example 1: 8 ids, all trained, cut to 6.
+  ChatExample a{{10, 11, 12, 13, 14}, {0, 0, 0, 1, 1}}, b{{20, 21, 22, 23, 24, 25, 26, 27}, {1, 1, 1, 1, 1, 1, 1, 1}};
+  ChatBatches batches({a, b}, 6, /*pad_id=*/99, /*seed=*/0, /*shuffle=*/false);
+  const Batch batch = batches.batch(0, 2);
+  auto ids = batch.input_ids.accessor<int64_t, 2>(), labels = batch.labels.accessor<int64_t, 2>();
+  const std::vector<int64_t> ids0 = {10, 11, 12, 13, 14, 99}, labels0 = {-100, -100, 13, 14, -100, -100};
+  const std::vector<int64_t> ids1 = {20, 21, 22, 23, 24, 25}, labels1 = {21, 22, 23, 24, 25, -100};
+  for (int t = 0; t < 6; ++t) {
+    EXPECT_EQ(ids[0][t], ids0[t]);
+    EXPECT_EQ(labels[0][t], labels0[t]) << t;
+    EXPECT_EQ(ids[1][t], ids1[t]);
+    EXPECT_EQ(labels[1][t], labels1[t]) << t;
+  }
+  EXPECT_EQ(labelled_tokens(batch), 2 + 5);
+  // Instance k of epoch 1 is example k % 2 again (unshuffled).
+  EXPECT_TRUE(at::equal(batches.batch(2, 2).input_ids, batch.input_ids));
+}
+
+TEST(Loss, SumsEqualCrossEntropyOverLabelledPositions) {
+  at::manual_seed(0);
+  const at::Tensor logits = at::randn({2, 5, 11});
+  const at::Tensor labels = at::tensor({3, 1, -100, 7, 0, -100, -100, 10, 2, 5}, at::kLong).view({2, 5});
+  const LossSums s = next_token_loss(logits, labels, 1e-4);
+  const at::Tensor flat = logits.view({-1, 11}), target = labels.view({-1});
+  const double ce = at::cross_entropy_loss(flat, target, {}, at::Reduction::Sum, -100).item<double>();
+  const at::Tensor lse = at::logsumexp(flat, -1).masked_select(target != -100);
+  EXPECT_EQ(s.count, 7);
+  EXPECT_NEAR(s.ce_sum.item<double>(), ce, 1e-5);
+  EXPECT_NEAR(s.z_sum.item<double>(), 1e-4 * lse.pow(2).sum().item<double>(), 1e-9);
+}
+
+// ---- optimizer side --------------------------------------------------------------------------------
+
+TEST(Clipping, EqualsTorchClipGradNorm) {
+  for (double max_norm : {0.5, 1e3}) {  // clipped, and a norm below the limit (left as it is)
+    at::manual_seed(1);
+    std::vector<at::Tensor> ours, theirs;
+    for (auto shape : {std::vector<int64_t>{7, 5}, {5}, {3, 2, 4}}) {
+      const at::Tensor grad = at::randn(shape);
+      for (auto* list : {&ours, &theirs}) {
+        at::Tensor p = at::zeros(shape).requires_grad_(true);
+        p.mutable_grad() = grad.clone();
+        list->push_back(p);
+      }
+    }
+    const double norm = clip_grad_norm(ours, max_norm);
+    EXPECT_EQ(norm, torch::nn::utils::clip_grad_norm_(theirs, max_norm));
+    for (size_t i = 0; i < ours.size(); ++i) EXPECT_TRUE(at::equal(ours[i].grad(), theirs[i].grad())) << i;
+  }
+  // max_norm 0: the norm is measured, the gradients are left alone.
+  at::Tensor p = at::zeros({2}).requires_grad_(true);
+  p.mutable_grad() = at::tensor({3.0f, 4.0f});
+  EXPECT_NEAR(clip_grad_norm({p}, 0), 5.0, 1e-6);
+  EXPECT_TRUE(at::equal(p.grad(), at::tensor({3.0f, 4.0f})));
+}
+
+TEST(Schedule, WarmupThenCosineToTheFinalFactor) {
+  const double lr = 1e-3;
+  EXPECT_DOUBLE_EQ(scheduled_lr(0, 12, 2, lr, 0.1), lr / 2);  // step 0 of a 2-step warm-up
+  EXPECT_DOUBLE_EQ(scheduled_lr(1, 12, 2, lr, 0.1), lr);
+  EXPECT_DOUBLE_EQ(scheduled_lr(2, 12, 2, lr, 0.1), lr);         // the cosine starts at the peak
+  EXPECT_NEAR(scheduled_lr(11, 12, 2, lr, 0.1), 0.1 * lr, 1e-18);  // and ends at factor x lr on the last step
+  // Half-way through the decay (progress 0.5): the mean of peak and floor.
+  EXPECT_NEAR(scheduled_lr(7, 13, 2, lr, 0.1), lr * (0.1 + 0.9 * 0.5), 1e-15);
+  for (int64_t s = 3; s < 12; ++s) EXPECT_LT(scheduled_lr(s, 12, 2, lr, 0.1), scheduled_lr(s - 1, 12, 2, lr, 0.1));
+}
+
+TEST(Autocast, GuardEnablesForItsScopeOnly) {
+  ASSERT_FALSE(at::autocast::is_autocast_enabled(at::kCUDA));
+  {
+    AutocastGuard off(false);
+    EXPECT_FALSE(at::autocast::is_autocast_enabled(at::kCUDA));
+  }
+  {
+    AutocastGuard on(true);
+    EXPECT_TRUE(at::autocast::is_autocast_enabled(at::kCUDA));
+    EXPECT_EQ(at::autocast::get_autocast_dtype(at::kCUDA), at::kBFloat16);
+  }
+  EXPECT_FALSE(at::autocast::is_autocast_enabled(at::kCUDA));
+  try {  // also when the forward throws
+    AutocastGuard on(true);
+    throw Error("forward failed");
+  } catch (const Error&) {
+  }
+  EXPECT_FALSE(at::autocast::is_autocast_enabled(at::kCUDA));
+}
+
+// ---- metrics log -----------------------------------------------------------------------------------
+
+TEST(MetricsLog, ResumeKeepsEachStepOnce) {
+  const fs::path dir = temp_dir("metrics");
+  const fs::path path = dir / "metrics.jsonl";
+  write_file(path,
+             "{\"step\":1,\"loss\":3.0}\n{\"step\":2,\"loss\":2.9}\n{\"step\":2,\"valid_loss\":3.1}\n{\"step\":3,\"loss\":2.8}\n{\"step\":4,\"lo");
+  {
+    MetricsLog log(path.string(), 2);  // resumed from the checkpoint of step 2: steps 3 and the torn line go
+    EXPECT_EQ(read_file(path), "{\"step\":1,\"loss\":3.0}\n{\"step\":2,\"loss\":2.9}\n{\"step\":2,\"valid_loss\":3.1}\n");
+    log.write({{"step", 3}, {"loss", 2.75}});
+    EXPECT_EQ(read_file(path), "{\"step\":1,\"loss\":3.0}\n{\"step\":2,\"loss\":2.9}\n{\"step\":2,\"valid_loss\":3.1}\n{\"loss\":2.75,\"step\":3}\n");
+  }
+  MetricsLog fresh(path.string(), 0);  // a run starting over keeps nothing
+  EXPECT_EQ(read_file(path), "");
+  MetricsLog missing((dir / "new.jsonl").string(), 0);
+  EXPECT_TRUE(fs::exists(dir / "new.jsonl"));
+}
+
+// ---- the tokenizer checkpoints carry ---------------------------------------------------------------
+
+TEST(RunTokenizer, ShardDirectoryTokenizerMustMatchTheManifest) {
+  const fs::path dir = temp_dir("run_tokenizer");
+  const std::string text = "{\"model\": {\"type\": \"BPE\"}}";
+  const std::string good = make_shards(dir / "good", "mine", sha256_bytes(text.data(), text.size()));
+  write_file(dir / "good" / "tokenizer.json", text);
+  const ShardManifest m = ShardManifest::load(good);
+  EXPECT_EQ(shard_tokenizer(good, m).file, (dir / "good" / "tokenizer.json").string());
+  EXPECT_TRUE(TokenShards::open(good)->num_shards() == 1);  // readers ignore the file
+
+  write_file(dir / "good" / "tokenizer.json", text + " ");
+  expect_error([&] { shard_tokenizer(good, m); }, {"good/tokenizer.json", "does not match", "tokenizer_sha256"});
+
+  const std::string old = make_shards(dir / "old", "synthetic", "0");  // no tokenizer.json, not dolma2
+  const RunTokenizer none = shard_tokenizer(old, ShardManifest::load(old));
+  EXPECT_EQ(none.file, "");
+  EXPECT_NE(none.note.find("checkpoints will carry no tokenizer"), std::string::npos) << none.note;
+  EXPECT_NE(none.note.find("synthetic"), std::string::npos) << none.note;
+}
