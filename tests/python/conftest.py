@@ -153,3 +153,16 @@ def save_random_variant(directory, seed=0, **overrides):
     model.save_pretrained(directory)
     install_remote_code(directory)
     return model
+
+
+# ---- training batches seen from outside: metrics.jsonl's batch_hash --------------------------------
+
+
+def fnv1a_batch_hash(rows):
+    """The `batch_hash` of metrics.jsonl for a batch whose input ids are `rows` (lists of equal length, in
+    batch order, micro-batches one after another): FNV-1a 64 over the ids as 64-bit integers."""
+    h = 1469598103934665603
+    for row in rows:
+        for t in row:
+            h = ((h ^ int(t)) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
+    return f"{h:016x}"

@@ -39,13 +39,21 @@ def test_logits_file_contract(model_dir, tmp_path):
     assert logits.shape == (3, 96) and logits.dtype == np.float32
 
 
-def test_bf16_logits_are_fp32_and_close(model_dir, tmp_path):
+def test_bf16_logits_are_fp32_and_close(tmp_path):
+    """--dtype bf16 writes fp32 logits whose error against transformers' fp32 logits is no larger than
+    transformers' own bf16 error (the model cast to bf16) by more than 1.5x: both round the weights and
+    activations to bf16 (8-bit mantissa), at not quite the same points (seen: ratio 0.83-1.10 over three
+    seeds, errors ~0.04 on logits up to ~2.4)."""
+    import torch
+
+    model = save_random_olmo3(tiny_olmo3_config(num_key_value_heads=2), tmp_path / "model")
     tokens = list(range(10, 30))
-    fp32 = engine_logits(model_dir, tokens, tmp_path)
-    bf16 = engine_logits(model_dir, tokens, tmp_path, "--dtype", "bf16")
+    reference = hf_logits(model, tokens)
+    bf16 = engine_logits(tmp_path / "model", tokens, tmp_path, "--dtype", "bf16")
     assert bf16.dtype == np.float32
-    # bf16 activations (8-bit mantissa) through 4 layers: a few percent of the logit scale (~2).
-    assert np.abs(fp32 - bf16).max() < 0.15
+    hf_error = np.abs(hf_logits(model.to(torch.bfloat16), tokens) - reference).max()
+    engine_error = np.abs(bf16 - reference).max()
+    assert 0 < engine_error <= 1.5 * hf_error, (engine_error, hf_error)  # > 0: bf16 was really used
 
 
 def test_info_on_published_config_without_weights(tmp_path):

@@ -55,11 +55,21 @@ def test_perplexity_equals_transformers(context, stride, tmp_path):
 
 
 def test_perplexity_on_shards(tmp_path):
-    save_random_olmo3(tiny_olmo3_config(vocab_size=100278), tmp_path / "m")
+    """On token shards (the text's ids followed by <|endoftext|>), with the default window (stride = context)
+    and with --max-tokens and a stride, the perplexity equals the reference over the same ids (the same
+    relative bound 1e-6 as above)."""
+    from tokenizers import Tokenizer
+
+    model = save_random_olmo3(tiny_olmo3_config(vocab_size=100278), tmp_path / "m")
     (tmp_path / "a.txt").write_text(TEXT)
     run_cli("tokenize", "--tokenizer", DOLMA2, "--out", tmp_path / "shards", tmp_path / "a.txt")
-    out = json.loads(run_cli("eval", "ppl", "--model", tmp_path / "m", "--data", tmp_path / "shards", "--context", 64).stdout)
-    assert out["tokenizer"] == "allenai/dolma2" and out["perplexity"] > 1
+    ids = Tokenizer.from_file(str(DOLMA2)).encode(TEXT).ids + [100257]
+    for extra, n, stride in (([], len(ids), 64), (["--max-tokens", 150, "--stride", 24], 150, 24)):
+        out = json.loads(run_cli("eval", "ppl", "--model", tmp_path / "m", "--data", tmp_path / "shards", "--context", 64, *extra).stdout)
+        assert out["tokenizer"] == "allenai/dolma2"
+        expected, count = reference_ppl(model, ids[:n], 64, stride)
+        assert out["scored_tokens"] == count
+        assert abs(out["perplexity"] - expected) / expected <= 1e-6, (extra, out["perplexity"], expected)
 
 
 def test_bad_input(tmp_path):

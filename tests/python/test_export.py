@@ -1,5 +1,6 @@
 """export-hf: a training checkpoint becomes a Hugging Face directory that transformers loads (base: no
-remote code; siamese_depth: trust_remote_code=True) with the same logits as the engine, and a tokenizer."""
+remote code; siamese_depth: trust_remote_code=True) with the same logits as the engine, and a tokenizer
+whose chat template renders, token for token, what the engine encodes for the same conversation."""
 import json
 import subprocess
 
@@ -7,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import REPO, engine_logits, run_cli
+from conftest import REPO, engine_logits, fnv1a_batch_hash, run_cli
 
 
 @pytest.fixture(scope="module")
@@ -50,11 +51,145 @@ max_steps = 2
     with torch.no_grad():
         expected = model(torch.tensor([ids])).logits[0].numpy()
     assert np.abs(engine_logits(tmp_path / "hf", ids, tmp_path) - expected).max() <= 1e-4
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
-    assert prompt.endswith("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
 
 
 def test_export_refuses_a_tokenizer_larger_than_the_model(tmp_path):
     run_cli("init", "--preset", "tiny", "--out", tmp_path / "m")
     result = run_cli("export-hf", tmp_path / "m", tmp_path / "out", check=False)
     assert result.returncode == 1 and "100278 ids" in result.stderr and "vocab_size is 512" in result.stderr
+
+
+# ---- the exported chat template against the engine's own chat encoding -----------------------------
+
+SYSTEM = {"role": "system", "content": "You are a careful calculator."}
+U1, A1 = {"role": "user", "content": "What is 7 * 35?"}, {"role": "assistant", "content": "7 * 35 = 245."}
+U2, A2 = {"role": "user", "content": "And times 9?"}, {"role": "assistant", "content": "245 * 9 = 2205."}
+ENV = {"role": "environment", "content": '{"result": 2205}'}
+# Conversations ending with an assistant turn (what SFT trains on: the template without a generation prompt).
+FINISHED = {
+    "one turn, default system": [U1, A1],
+    "one turn, own system": [SYSTEM, U1, A1],
+    "multi-turn": [U1, A1, U2, A2],
+    "multi-turn, own system, environment turn": [SYSTEM, U1, A1, U2, ENV, A2],
+    "unicode and spacing": [{"role": "user", "content": "  Grüße, 東京 🤗\n\nTabs\there "},
+                            {"role": "assistant", "content": "Hallo!  Ça va?\n- a\n- b"}],
+}
+# Contents that start with a newline: the template tokenizes the whole text, so "\n" + "\n..." can merge
+# across the turn header; the engine's SFT encoder (src/chat/chat.cpp encode_chat) encodes the header and
+# the content separately and gets other ids (57 instead of 55 here).
+NEWLINE_FIRST = {"contents that start with a newline": [{"role": "user", "content": "\nWhat is 2 + 2?"},
+                                                        {"role": "assistant", "content": "\n\n2 + 2 = 4."}]}
+# Conversations waiting for the assistant (what generate --chat/--messages prompts with: the template with a
+# generation prompt).
+OPEN = {
+    "one turn, default system": [U1],
+    "one turn, own system": [SYSTEM, U1],
+    "multi-turn": [U1, A1, U2],
+    "multi-turn, own system, environment turn": [SYSTEM, U1, A1, U2, ENV],
+    "content that starts with a newline": [{"role": "user", "content": "\n\nWhat is 2 + 2?"}],
+}
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """A random micro model exported with its (dolma2) tokenizer and chat template."""
+    work = tmp_path_factory.mktemp("chat")
+    run_cli("init", "--preset", "micro", "--out", work / "m")
+    run_cli("export-hf", work / "m", work / "hf")
+    return work / "hf"
+
+
+def template_ids(tokenizer, messages, add_generation_prompt):
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def check_sft_encoding(conversations, exported, tmp_path):
+    """Each finished conversation, as one training example (no shuffle, one example a step), is encoded by
+    the engine into exactly the ids of the exported template without a generation prompt: the step's
+    batch_hash (FNV-1a over the step's input ids, padded with <|pad|> to the sequence length) equals the hash
+    of the template's ids padded the same way."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(exported)
+    names = list(conversations)
+    expected = [template_ids(tokenizer, conversations[n], add_generation_prompt=False) for n in names]
+    seq = max(map(len, expected)) + 8  # padding after every example: a longer engine encoding would show too
+    with open(tmp_path / "chat.jsonl", "w") as f:
+        for n in names:
+            f.write(json.dumps({"messages": conversations[n]}) + "\n")
+    (tmp_path / "run.toml").write_text(f"""
+[model]
+init_from = "{exported}"
+[data]
+format = "chat"
+train = "{tmp_path / 'chat.jsonl'}"
+tokenizer = "{exported}"
+shuffle = false
+[train]
+run_dir = "{tmp_path / 'run'}"
+sequence_length = {seq}
+micro_batch = 1
+max_steps = {len(names)}
+""")
+    run_cli("train", "--config", tmp_path / "run.toml")
+    steps = [json.loads(l) for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    got = [m["batch_hash"] for m in steps if "batch_hash" in m]
+    pad = tokenizer.convert_tokens_to_ids("<|pad|>")
+    want = [fnv1a_batch_hash([ids + [pad] * (seq - len(ids))]) for ids in expected]
+    mismatched = [(n, tokenizer.apply_chat_template(conversations[n], tokenize=False)) for n, g, w in zip(names, got, want) if g != w]
+    assert len(got) == len(names) and not mismatched, mismatched
+
+
+def test_chat_template_equals_the_engine_sft_encoding(exported, tmp_path):
+    """SFT path: with and without a system turn, multi-turn, an environment turn, unicode and spacing."""
+    check_sft_encoding(FINISHED, exported, tmp_path)
+
+
+@pytest.mark.xfail(strict=True, reason="engine bug (issue 10 report): encode_chat tokenizes the turn header and the "
+                                       "content separately, so a content starting with a newline gets other ids than "
+                                       "the template (and than generate's prompt encoder, which encodes the whole text)")
+def test_chat_template_equals_the_engine_sft_encoding_newline_first(exported, tmp_path):
+    check_sft_encoding(NEWLINE_FIRST, exported, tmp_path)
+
+
+def engine_encodes_messages():
+    return "--messages" in run_cli("encode", "--help").stdout
+
+
+@pytest.mark.skipif(not engine_encodes_messages(),
+                    reason="needs `archspace encode --tokenizer T --messages FILE [--generation-prompt]` (prints the "
+                           "engine's chat encoding of a JSON list of messages; see the issue 10 report)")
+@pytest.mark.parametrize("generation_prompt", [False, True])
+def test_chat_template_equals_engine_encode_messages(generation_prompt, exported, tmp_path):
+    """The exact check of both engine chat encoders, through a CLI flag not yet present:
+    `archspace encode --tokenizer T --messages FILE` prints the SFT encoding (encode_chat) of the conversation
+    in FILE as ids; with `--generation-prompt` the prompt encoding that generate --messages uses
+    (encode_chat_prompt). Each must equal the exported template's ids token for token."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(exported)
+    for name, messages in (OPEN if generation_prompt else FINISHED).items():
+        (tmp_path / "m.json").write_text(json.dumps(messages))
+        args = ["encode", "--tokenizer", exported, "--messages", tmp_path / "m.json"]
+        got = list(map(int, run_cli(*args, *(["--generation-prompt"] if generation_prompt else [])).stdout.split()))
+        assert got == template_ids(tokenizer, messages, generation_prompt), name
+
+
+def test_chat_template_matches_the_engine_generation_prompt(exported, tmp_path):
+    """Generation path, as far as the current CLI shows it: for each open conversation, a batch row given as
+    {"messages": ...} (the engine's chat prompt) and a row given as {"tokens": template ids with the generation
+    prompt} have the same prompt length and the same 6 greedy tokens. (The length is compared exactly; the
+    ids only through the continuation: the exact check is test_chat_template_equals_engine_encode_messages.)"""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(exported)
+    expected = [template_ids(tokenizer, m, add_generation_prompt=True) for m in OPEN.values()]
+    lines = [json.dumps({"messages": m}) for m in OPEN.values()] + [json.dumps({"tokens": ids}) for ids in expected]
+    (tmp_path / "p.jsonl").write_text("\n".join(lines) + "\n")
+    rows = [json.loads(l) for l in run_cli("generate", "--model", exported, "--prompts-file", tmp_path / "p.jsonl",
+                                           "--max-new-tokens", 6).stdout.splitlines()]
+    n = len(OPEN)
+    for name, ids, chat_row, token_row in zip(OPEN, expected, rows[:n], rows[n:]):
+        assert chat_row["prompt_tokens"] == len(ids) == token_row["prompt_tokens"], name
+        assert chat_row["tokens"] == token_row["tokens"], name

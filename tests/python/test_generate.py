@@ -1,6 +1,9 @@
 """archspace generate: greedy decoding with the KV cache gives the tokens of a plain greedy loop over full
-forwards in transformers (both variants, past the sliding window, YaRN on full layers), and bad input."""
+forwards in transformers (both variants, past the sliding window, YaRN on full layers); sampling keeps to
+the set of transformers' temperature/top-k/top-p warpers, --top-k 1 is greedy, and one step's draws follow
+the warpers' distribution (chi-square); and bad input."""
 import json
+import pathlib
 import shutil
 import subprocess
 
@@ -47,14 +50,16 @@ def test_greedy_generation_equals_full_forward_loop(variant, tmp_path):
     assert out.decode("utf-8").rstrip("\n") == tok.decode(expected)
 
 
-def test_sampling_is_seeded(tmp_path):
-    save_random_olmo3(tiny_olmo3_config(vocab_size=100278), tmp_path / "m")
-    shutil.copy(DOLMA2, tmp_path / "m" / "tokenizer.json")
-    args = ["generate", "--model", tmp_path / "m", "--prompt", "Hello", "--temperature", "1.0", "--top-k", "50",
-            "--top-p", "0.9", "--max-new-tokens", "12"]
-    a = run_cli(*args, "--seed", "1").stdout
-    assert a == run_cli(*args, "--seed", "1").stdout
-    assert a != run_cli(*args, "--seed", "2").stdout
+def test_sampling_is_seeded(sampler, tmp_path):
+    """The same seed gives the same sampled tokens; another seed other ones (a flat-enough distribution: 3
+    rows x 12 tokens at temperature 1.5 with top-k 50, top-p 0.95)."""
+    _, model_dir = sampler
+    prompts = [[72, 105], [87, 104, 97, 116], [84]]
+    args = ["--max-new-tokens", 12, "--temperature", 1.5, "--top-k", 50, "--top-p", 0.95]
+    a = [r["tokens"] for r in generate_batch(model_dir, prompts, tmp_path, *args, "--seed", 1)]
+    assert sum(map(len, a)) >= 24
+    assert a == [r["tokens"] for r in generate_batch(model_dir, prompts, tmp_path, *args, "--seed", 1)]
+    assert a != [r["tokens"] for r in generate_batch(model_dir, prompts, tmp_path, *args, "--seed", 2)]
 
 
 def expect_error(args, *fragments):
@@ -119,3 +124,194 @@ def test_prompts_file_bad_input(tmp_path):
     f.write_text("\n\n")
     expect_error(["generate", "--model", tmp_path / "m", "--prompts-file", f], "no prompts")
     expect_error(["generate", "--model", tmp_path / "m", "--prompts-file", tmp_path / "missing.jsonl"], "missing.jsonl: cannot open")
+
+
+# ---- sampling: top-k / top-p against transformers' logits warpers ----------------------------------
+#
+# These use a small byte-level tokenizer (the dolma2 pre-tokenizer and decoder, the 256 byte tokens and four
+# special tokens, no merges) so that the model's vocabulary is 260 and one sampling step costs little: the
+# distribution test draws thousands of samples. The engine's rows of a batch share one random stream (one
+# generator, rows drawn in turn: src/infer/generator.cpp), so N copies of one prompt decoded for one step are
+# N independent draws from the filtered distribution of that prompt.
+
+SMALL_VOCAB = 260  # = the tokenizer's size: the engine cannot decode ids beyond the tokenizer (see the report)
+SMALL_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|pad|>"]  # ids 256..259
+
+
+def write_small_tokenizer(path):
+    from tokenizers import pre_tokenizers
+
+    spec = json.loads(DOLMA2.read_text())
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    assert len(alphabet) == 256
+    spec["model"]["vocab"] = {ch: i for i, ch in enumerate(alphabet)}
+    spec["model"]["merges"] = []
+    template = next(t for t in spec["added_tokens"] if t["content"] == "<|endoftext|>")
+    spec["added_tokens"] = [dict(template, id=256 + i, content=s) for i, s in enumerate(SMALL_SPECIALS)]
+    pathlib.Path(path).write_text(json.dumps(spec))
+
+
+def sampling_model(directory, seed=0, sharpen=3.0):
+    """A random base model of vocabulary 260 whose lm_head is scaled by `sharpen`, so that a few tokens hold
+    most of the mass (top-k and top-p then cut inside the mass, not in a flat tail). EOS = <|endoftext|>."""
+    model = save_random_olmo3(tiny_olmo3_config(vocab_size=SMALL_VOCAB, num_key_value_heads=2, pad_token_id=259,
+                                                eos_token_id=256), directory, seed=seed)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(sharpen)
+    model.save_pretrained(directory, safe_serialization=True)
+    write_small_tokenizer(pathlib.Path(directory) / "tokenizer.json")
+    return model
+
+
+@pytest.fixture(scope="module")
+def sampler(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("sampling") / "m"
+    return sampling_model(directory), directory
+
+
+def reference_filtered_probs(logits, temperature, top_k, top_p):
+    """transformers' sampling distribution: its temperature, top-k and top-p warpers in generate()'s order."""
+    from transformers.generation.logits_process import (TemperatureLogitsWarper, TopKLogitsWarper,
+                                                        TopPLogitsWarper)
+
+    scores = logits.double().unsqueeze(0)
+    scores = TemperatureLogitsWarper(temperature)(None, scores)
+    if top_k > 0:
+        scores = TopKLogitsWarper(top_k)(None, scores)
+    if top_p < 1.0:
+        scores = TopPLogitsWarper(top_p)(None, scores)
+    return torch.softmax(scores, -1)[0]
+
+
+def set_is_ambiguous(logits, temperature, top_k, top_p, tol=1e-4):
+    """Whether moving any logit by `tol` (the engine/transformers fp32 logit tolerance) could change the kept
+    set: then a membership check at that step would test rounding, not the filter."""
+    scaled = logits.double() / temperature
+    values, _ = scaled.sort(descending=True)
+    if 0 < top_k < len(values) and values[top_k - 1] - values[top_k] <= 2 * tol / temperature:
+        return True
+    if top_p < 1.0:
+        kept = values[:top_k] if top_k > 0 else values
+        probs = torch.softmax(kept, -1)
+        before = probs.cumsum(-1) - probs
+        # when every logit moves by at most tol, each probability moves by a factor within exp(+-2 tol / T), so
+        # a mass `before` (<= 1) moves by at most about 2 tol / T
+        if ((before - top_p).abs() <= 2 * tol / temperature).any():
+            return True
+    return False
+
+
+def generate_batch(model_dir, prompts, tmp_path, *args):
+    f = tmp_path / "prompts.jsonl"
+    f.write_text("".join(json.dumps({"tokens": p}) + "\n" for p in prompts))
+    out = run_cli("generate", "--model", model_dir, "--prompts-file", f, *args).stdout
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert [r["index"] for r in rows] == list(range(len(prompts)))
+    return rows
+
+
+SAMPLING_SETTINGS = [  # (temperature, top_k, top_p)
+    (1.0, 5, 1.0),    # top-k only
+    (0.7, 0, 0.8),    # top-p only, temperature below 1
+    (1.4, 12, 0.75),  # both: top-p cuts inside the top-k set (renormalised after top-k), temperature above 1
+]
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", SAMPLING_SETTINGS)
+def test_sampled_tokens_lie_in_the_reference_top_k_top_p_set(temperature, top_k, top_p, sampler, tmp_path):
+    """Every token sampled (five prompts of different lengths, left-padded, 14 steps, two seeds) lies in the set
+    that transformers' warpers keep for the logits of that row's prefix (a full forward in transformers), and
+    a row that stopped early stopped on a token of that set (<|endoftext|>). Steps where a 1e-4 logit change
+    (the engine/transformers logit tolerance; in practice they differ by ~1e-6) could change the set are left
+    out, and counted: at most 10% of the steps (about 3% expected for the top-p settings)."""
+    model, model_dir = sampler
+    rng = np.random.default_rng(5)
+    prompts = [rng.integers(0, 256, n).tolist() for n in (4, 9, 2, 13, 7)]
+    new = 14
+    checked, skipped, filtered_out = 0, 0, 0
+    for seed in (1, 2):
+        rows = generate_batch(model_dir, prompts, tmp_path, "--max-new-tokens", new, "--temperature", temperature,
+                              "--top-k", top_k, "--top-p", top_p, "--seed", seed)
+        for prompt, row in zip(prompts, rows):
+            sampled = row["tokens"] + ([256] if len(row["tokens"]) < new else [])  # a stop: <|endoftext|> was drawn
+            with torch.no_grad():
+                logits = model(torch.tensor([prompt + sampled])).logits[0]
+            for step, token in enumerate(sampled):
+                at = logits[len(prompt) - 1 + step]
+                if set_is_ambiguous(at, temperature, top_k, top_p):
+                    skipped += 1
+                    continue
+                probs = reference_filtered_probs(at, temperature, top_k, top_p)
+                kept = int((probs > 0).sum())
+                assert probs[token] > 0, (seed, prompt, step, token, kept)
+                checked += 1
+                filtered_out += SMALL_VOCAB - kept
+    assert skipped <= 0.1 * (checked + skipped) and checked >= 100
+    assert filtered_out > 0.9 * checked * SMALL_VOCAB  # the filter removed most of the vocabulary at each step
+
+
+def test_top_k_1_is_greedy(sampler, tmp_path):
+    """--top-k 1 at any temperature (0.5, 1, 3: at 3 the distribution is nearly flat, so sampling would show)
+    gives transformers' greedy tokens (a full-forward greedy loop), as does --temperature 0, for a batch of
+    prompts of different lengths."""
+    model, model_dir = sampler
+    rng = np.random.default_rng(6)
+    prompts = [rng.integers(0, 256, n).tolist() for n in (5, 11, 3)]
+    new = 10
+    expected = []
+    for prompt in prompts:
+        e = greedy_reference(model, prompt, new)[len(prompt):]
+        expected.append(e[: e.index(256)] if 256 in e else e)
+    assert all(len(e) >= 5 for e in expected)
+    greedy = generate_batch(model_dir, prompts, tmp_path, "--max-new-tokens", new, "--temperature", 0)
+    assert [r["tokens"] for r in greedy] == expected
+    for temperature in (0.5, 1.0, 3.0):
+        rows = generate_batch(model_dir, prompts, tmp_path, "--max-new-tokens", new, "--temperature", temperature,
+                              "--top-k", 1, "--seed", 7)
+        assert [r["tokens"] for r in rows] == expected, temperature
+
+
+def chi_square_p_value(counts, expected):
+    """Pearson's chi-square test of counts against expected counts: the bins with expected >= 5, the rest pooled
+    into one bin; returns (statistic, degrees of freedom, p-value from the chi-square survival function)."""
+    big = expected >= 5
+    obs = np.append(counts[big], counts[~big].sum())
+    exp = np.append(expected[big], expected[~big].sum())
+    if exp[-1] < 5:  # a pooled bin too small for the approximation: fold it into the smallest big bin
+        i = int(np.argmin(exp[:-1]))
+        obs[i] += obs[-1]
+        exp[i] += exp[-1]
+        obs, exp = obs[:-1], exp[:-1]
+    stat = float(((obs - exp) ** 2 / exp).sum())
+    df = len(obs) - 1
+    p = float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64), torch.tensor(stat / 2, dtype=torch.float64)))
+    return stat, df, p
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", SAMPLING_SETTINGS)
+def test_one_step_distribution_equals_the_reference(temperature, top_k, top_p, sampler, tmp_path):
+    """N = 6000 draws of the first token (6000 copies of one prompt in one batch, one random stream) follow
+    transformers' filtered softmax of that prompt: no draw outside the kept set, and Pearson's chi-square test
+    over the kept tokens has p-value > 1e-6 (bins with expected count >= 5, the rest pooled). If the engine
+    sampled exactly the reference distribution, this fails with probability 1e-6 per setting (3e-6 for the
+    three); a filter or temperature applied wrongly moves probability by several percent of a bin, which at
+    N = 6000 gives p-values far below 1e-6 (checked by the test itself: the unfiltered softmax is rejected)."""
+    model, model_dir = sampler
+    prompt = [72, 101, 108, 108, 111, 44, 32]
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt])).logits[0, -1]
+    assert not set_is_ambiguous(logits, temperature, top_k, top_p)
+    probs = reference_filtered_probs(logits, temperature, top_k, top_p).numpy()
+    kept = probs > 0
+    assert 3 <= kept.sum() <= 12 and probs.max() < 0.8  # a real choice among several tokens
+    n = 6000
+    rows = generate_batch(model_dir, [prompt] * n, tmp_path, "--max-new-tokens", 1, "--temperature", temperature,
+                          "--top-k", top_k, "--top-p", top_p, "--seed", 11)
+    drawn = np.array([r["tokens"][0] if r["tokens"] else 256 for r in rows])  # no token: <|endoftext|> (a stop) drawn
+    counts = np.bincount(drawn, minlength=SMALL_VOCAB).astype(np.float64)
+    assert counts[~kept].sum() == 0, np.nonzero(counts * ~kept)
+    stat, df, p = chi_square_p_value(counts[kept], n * probs[kept])
+    assert p > 1e-6, (stat, df, p)
+    # The test has power: the same counts against the distribution without the filters are rejected.
+    unfiltered = torch.softmax(logits.double() / temperature, -1).numpy()
+    assert chi_square_p_value(counts, n * unfiltered)[2] < 1e-6

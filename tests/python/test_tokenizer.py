@@ -1,5 +1,6 @@
 """Tokenizer and token shards: exact parity with `tokenizers` on over 1 MB of varied real text, the
 shard/manifest format, and bad input."""
+import hashlib
 import json
 import pathlib
 
@@ -35,11 +36,25 @@ def write_jsonl(path, docs):
             f.write(json.dumps({"text": d, "id": "x"}) + "\n")
 
 
-def test_dolma2_tokenizer_is_the_olmo3_one(reference):
-    assert reference.get_vocab_size() == 100278
-    assert reference.token_to_id("<|endoftext|>") == 100257
-    assert reference.token_to_id("<|pad|>") == 100277
-    assert reference.token_to_id("<|im_start|>") == 100264 and reference.token_to_id("<|im_end|>") == 100265
+def test_dolma2_tokenizer_is_the_olmo3_one(tmp_path, reference):
+    """The engine's `dolma2` tokenizer is the OLMo 3 one: the special tokens encode to the ids the
+    `tokenizers` reference gives (and the README states), decode back to their strings, and the
+    vocabulary size the engine records in a shard manifest is the reference's."""
+    specials = {"<|endoftext|>": 100257, "<|pad|>": 100277, "<|im_start|>": 100264, "<|im_end|>": 100265}
+    assert {s: reference.token_to_id(s) for s in specials} == specials
+    for text, id_ in specials.items():
+        assert run_cli("encode", "--tokenizer", "dolma2", "--text", text).stdout.split() == [str(id_)]
+        assert run_cli("encode", "--tokenizer", "dolma2", "--ids", str(id_)).stdout == \
+            reference.decode([id_], skip_special_tokens=False)
+    # A text around the special tokens: the engine's ids equal the reference's.
+    text = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nok<|endoftext|><|pad|>"
+    assert list(map(int, run_cli("encode", "--tokenizer", "dolma2", "--text", text).stdout.split())) == reference.encode(text).ids
+    (tmp_path / "a.txt").write_text("hello")
+    run_cli("tokenize", "--tokenizer", "dolma2", "--out", tmp_path / "s", tmp_path / "a.txt")
+    manifest = json.loads((tmp_path / "s" / "manifest.json").read_text())
+    assert manifest["tokenizer"]["vocab_size"] == reference.get_vocab_size() == 100278
+    assert manifest["tokenizer"]["eos_token_id"] == reference.token_to_id("<|endoftext|>")
+    assert manifest["tokenizer"]["sha256"] == hashlib.sha256(DOLMA2.read_bytes()).hexdigest()
 
 
 def test_encode_parity_over_a_megabyte(tmp_path, reference, docs):
@@ -60,8 +75,8 @@ def test_encode_parity_over_a_megabyte(tmp_path, reference, docs):
         pytest.fail(f"first difference at token {first}: got {got[first:first+8]}, expected {expected[first:first+8]}")
     assert manifest["total_documents"] == len(docs)
     assert len(manifest["shards"]) > 1  # sharding exercised
-    assert manifest["tokenizer"] == {"name": "allenai/dolma2", "sha256": manifest["tokenizer"]["sha256"],
-                                     "vocab_size": 100278, "eos_token_id": 100257}
+    assert manifest["tokenizer"] == {"name": "allenai/dolma2", "sha256": hashlib.sha256(DOLMA2.read_bytes()).hexdigest(),
+                                     "vocab_size": reference.get_vocab_size(), "eos_token_id": reference.token_to_id("<|endoftext|>")}
 
 
 def test_decode_parity(reference, docs):
