@@ -1,7 +1,9 @@
 // archspace encode: text to token ids, or ids back to text, with a tokenizer (what the model sees).
 #include <iostream>
 
+#include "archspace/chat/chat.h"
 #include "archspace/tokenizer/tokenizer.h"
+#include "archspace/util/json_file.h"
 #include "archspace/util/error.h"
 #include "command.h"
 
@@ -9,8 +11,14 @@ namespace archspace::cli {
 namespace {
 
 struct EncodeArgs {
-  std::string tokenizer = "dolma2", text, file, ids;
+  std::string tokenizer = "dolma2", text, file, ids, messages;
+  bool generation_prompt = false;
 };
+
+void print_ids(const std::vector<uint32_t>& ids) {
+  for (size_t i = 0; i < ids.size(); ++i) std::cout << (i ? " " : "") << ids[i];
+  std::cout << "\n";
+}
 
 int run(const EncodeArgs& a) {
   auto tok = Tokenizer::load(a.tokenizer);
@@ -18,6 +26,12 @@ int run(const EncodeArgs& a) {
     std::vector<uint32_t> ids;
     for (int64_t id : parse_token_ids(a.ids, tok->vocab_size(), "--ids")) ids.push_back(static_cast<uint32_t>(id));
     std::cout << tok->decode(ids);
+    return 0;
+  }
+  if (!a.messages.empty()) {
+    // The engine's chat encodings (SPEC.md section 6), for comparing with a chat template.
+    const nlohmann::json messages = read_json_file(a.messages);
+    print_ids(a.generation_prompt ? encode_chat_prompt(*tok, messages, a.messages) : encode_chat(*tok, messages, a.messages).ids);
     return 0;
   }
   std::vector<uint32_t> ids;
@@ -30,20 +44,24 @@ int run(const EncodeArgs& a) {
       throw Error(std::string("--text: ") + e.what());
     }
   }
-  for (size_t i = 0; i < ids.size(); ++i) std::cout << (i ? " " : "") << ids[i];
-  std::cout << "\n";
+  print_ids(ids);
   return 0;
 }
 
 Command add(CLI::App& parent) {
   auto a = std::make_shared<EncodeArgs>();
-  auto* app = parent.add_subcommand("encode", "Encode text to token ids (or --ids to decode) with a tokenizer");
+  auto* app = parent.add_subcommand("encode", "Encode text (or a chat: --messages) to token ids, or --ids back to text, with a tokenizer");
   app->add_option("--tokenizer", a->tokenizer, "tokenizer.json, a directory holding one, or dolma2")->capture_default_str();
   auto* text = app->add_option("--text", a->text, "text to encode");
   auto* file = app->add_option("--file", a->file, "file to encode");
   auto* ids = app->add_option("--ids", a->ids, "token ids to decode instead");
-  text->excludes(file)->excludes(ids);
-  file->excludes(ids);
+  auto* messages = app->add_option("--messages", a->messages,
+                                   "a JSON list of chat messages: print the SFT encoding (or, with --generation-prompt, the prompt "
+                                   "encoding generate uses)");
+  app->add_flag("--generation-prompt", a->generation_prompt, "with --messages: end with the assistant's turn header")->needs(messages);
+  text->excludes(file)->excludes(ids)->excludes(messages);
+  file->excludes(ids)->excludes(messages);
+  ids->excludes(messages);
   return {app, [a] { return run(*a); }};
 }
 

@@ -26,10 +26,16 @@ std::string checked_role(const nlohmann::json& m, size_t i, const std::string& w
 ChatExample encode_chat(const Tokenizer& tokenizer, const nlohmann::json& messages, const std::string& where) {
   if (!messages.is_array() || messages.empty()) throw Error(where + ": 'messages' must be a non-empty list");
   ChatExample ex;
-  auto append = [&](const std::string& text, bool trained) {
-    for (uint32_t id : tokenizer.encode(text)) {
+  // Each turn is encoded as one text, exactly as the chat template renders it (a content that starts
+  // with a newline merges with the header's newline into one token there). Special tokens bound the
+  // turns, so turn by turn equals the whole conversation at once. A token is trained when it carries a
+  // byte of a trained span: the assistant's content and its end token.
+  auto append = [&](const std::string& untrained_head, const std::string& body, bool trained) {
+    size_t end = 0;
+    for (uint32_t id : tokenizer.encode(untrained_head + body)) {
+      end += tokenizer.id_to_token(id).size();
       ex.ids.push_back(id);
-      ex.trained.push_back(trained);
+      ex.trained.push_back(trained && end > untrained_head.size());
     }
   };
   size_t last_assistant = messages.size();
@@ -37,17 +43,16 @@ ChatExample encode_chat(const Tokenizer& tokenizer, const nlohmann::json& messag
     if (checked_role(messages[i], i, where) == "assistant") last_assistant = i;
   }
   if (last_assistant == messages.size()) throw Error(where + ": no assistant message to learn from");
-  if (messages[0]["role"] != "system") append(std::string("<|im_start|>system\n") + kDefaultSystemPrompt + "<|im_end|>\n", false);
+  if (messages[0]["role"] != "system") append(std::string("<|im_start|>system\n") + kDefaultSystemPrompt + "<|im_end|>\n", "", false);
   for (size_t i = 0; i < messages.size(); ++i) {
     const std::string role = messages[i]["role"], content = messages[i]["content"];
-    const bool assistant = role == "assistant";
-    append("<|im_start|>" + role + "\n", false);
+    const std::string head = "<|im_start|>" + role + "\n";
     if (i == last_assistant) {
-      append(content + "<|endoftext|>", true);
+      append(head, content + "<|endoftext|>", true);
       break;  // nothing after the final assistant turn is trained on or needed
     }
-    append(content + "<|im_end|>", assistant);
-    append("\n", false);
+    append(head, content + "<|im_end|>", role == "assistant");
+    append("\n", "", false);
   }
   return ex;
 }

@@ -74,9 +74,9 @@ FINISHED = {
     "unicode and spacing": [{"role": "user", "content": "  Grüße, 東京 🤗\n\nTabs\there "},
                             {"role": "assistant", "content": "Hallo!  Ça va?\n- a\n- b"}],
 }
-# Contents that start with a newline: the template tokenizes the whole text, so "\n" + "\n..." can merge
-# across the turn header; the engine's SFT encoder (src/chat/chat.cpp encode_chat) encodes the header and
-# the content separately and gets other ids (57 instead of 55 here).
+# Contents that start with a newline: the template tokenizes the whole text, so "\n" + "\n..." merges across
+# the turn header into one token (55 ids here; encoding header and content apart, as the engine once did,
+# gives 57).
 NEWLINE_FIRST = {"contents that start with a newline": [{"role": "user", "content": "\nWhat is 2 + 2?"},
                                                         {"role": "assistant", "content": "\n\n2 + 2 = 4."}]}
 # Conversations waiting for the assistant (what generate --chat/--messages prompts with: the template with a
@@ -146,30 +146,20 @@ def test_chat_template_equals_the_engine_sft_encoding(exported, tmp_path):
     check_sft_encoding(FINISHED, exported, tmp_path)
 
 
-@pytest.mark.xfail(strict=True, reason="engine bug (issue 10 report): encode_chat tokenizes the turn header and the "
-                                       "content separately, so a content starting with a newline gets other ids than "
-                                       "the template (and than generate's prompt encoder, which encodes the whole text)")
 def test_chat_template_equals_the_engine_sft_encoding_newline_first(exported, tmp_path):
     check_sft_encoding(NEWLINE_FIRST, exported, tmp_path)
 
 
-def engine_encodes_messages():
-    return "--messages" in run_cli("encode", "--help").stdout
-
-
-@pytest.mark.skipif(not engine_encodes_messages(),
-                    reason="needs `archspace encode --tokenizer T --messages FILE [--generation-prompt]` (prints the "
-                           "engine's chat encoding of a JSON list of messages; see the issue 10 report)")
 @pytest.mark.parametrize("generation_prompt", [False, True])
 def test_chat_template_equals_engine_encode_messages(generation_prompt, exported, tmp_path):
-    """The exact check of both engine chat encoders, through a CLI flag not yet present:
+    """The exact check of both engine chat encoders:
     `archspace encode --tokenizer T --messages FILE` prints the SFT encoding (encode_chat) of the conversation
     in FILE as ids; with `--generation-prompt` the prompt encoding that generate --messages uses
     (encode_chat_prompt). Each must equal the exported template's ids token for token."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(exported)
-    for name, messages in (OPEN if generation_prompt else FINISHED).items():
+    for name, messages in (OPEN if generation_prompt else {**FINISHED, **NEWLINE_FIRST}).items():
         (tmp_path / "m.json").write_text(json.dumps(messages))
         args = ["encode", "--tokenizer", exported, "--messages", tmp_path / "m.json"]
         got = list(map(int, run_cli(*args, *(["--generation-prompt"] if generation_prompt else [])).stdout.split()))

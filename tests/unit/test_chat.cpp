@@ -46,6 +46,18 @@ TEST(Chat, GivenSystemPromptReplacesTheDefault) {
   EXPECT_EQ(trained_text(*tok, ex), "3<|endoftext|>");
 }
 
+TEST(Chat, ContentStartingWithANewlineIsEncodedAsTheWholeText) {
+  // The chat template renders one text; "assistant\n" + "\n\nx" tokenizes with the newlines merged, so
+  // the SFT ids must equal encode() of the rendered text, and the merged token (it carries content) trains.
+  auto tok = Tokenizer::load("dolma2");
+  nlohmann::json messages = {{{"role", "user"}, {"content", "\nWhat?"}}, {{"role", "assistant"}, {"content", "\n\n4."}}};
+  ChatExample ex = encode_chat(*tok, messages, "test");
+  const std::string rendered = std::string("<|im_start|>system\n") + kDefaultSystemPrompt +
+                               "<|im_end|>\n<|im_start|>user\n\nWhat?<|im_end|>\n<|im_start|>assistant\n\n\n4.<|endoftext|>";
+  EXPECT_EQ(ex.ids, tok->encode(rendered));
+  EXPECT_EQ(trained_text(*tok, ex), "\n\n\n4.<|endoftext|>");
+}
+
 TEST(Chat, BadMessagesAreClearErrors) {
   auto tok = Tokenizer::load("dolma2");
   EXPECT_THROW(encode_chat(*tok, nlohmann::json::array(), "f:1"), Error);
