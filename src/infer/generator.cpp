@@ -112,12 +112,14 @@ GenerateResult generate(const CausalLM& model, const Tokenizer& tokenizer, const
   };
   t0 = now();
   const int64_t budget = std::min<int64_t>(o.max_new_tokens, c.max_position_embeddings - longest);
+  // Sample only ids the tokenizer has: a vocabulary padded beyond it (100278 -> 100352) holds no tokens.
+  const int64_t sampled_ids = std::min<int64_t>(c.vocab_size, tokenizer.vocab_size());
   for (int64_t step = 0; step < budget; ++step) {
     std::vector<int64_t> next(B, pad_id);
     for (size_t b = 0; b < B; ++b) {
       RowState& row = rows[b];
       if (row.done) continue;
-      const int64_t id = sample_token(last[b], o.sampling, gen);
+      const int64_t id = sample_token(last[b].narrow(-1, 0, sampled_ids), o.sampling, gen);
       if (std::find(o.stop_ids.begin(), o.stop_ids.end(), static_cast<uint32_t>(id)) != o.stop_ids.end()) {
         row.done = true;
         continue;

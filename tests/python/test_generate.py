@@ -134,7 +134,7 @@ def test_prompts_file_bad_input(tmp_path):
 # generator, rows drawn in turn: src/infer/generator.cpp), so N copies of one prompt decoded for one step are
 # N independent draws from the filtered distribution of that prompt.
 
-SMALL_VOCAB = 260  # = the tokenizer's size: the engine cannot decode ids beyond the tokenizer (see the report)
+SMALL_VOCAB = 260  # = the tokenizer's size
 SMALL_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|pad|>"]  # ids 256..259
 
 
@@ -315,3 +315,28 @@ def test_one_step_distribution_equals_the_reference(temperature, top_k, top_p, s
     # The test has power: the same counts against the distribution without the filters are rejected.
     unfiltered = torch.softmax(logits.double() / temperature, -1).numpy()
     assert chi_square_p_value(counts, n * unfiltered)[2] < 1e-6
+
+
+def test_a_vocabulary_padded_beyond_the_tokenizer_never_samples_padding(tmp_path):
+    """A model whose vocabulary is larger than its tokenizer (trained vocabularies are padded, 100278 ->
+    100352) samples only ids the tokenizer has: padded rows are made the most likely here, and greedy and
+    sampled completions must still be tokenizer ids (and greedy = transformers' argmax over those ids)."""
+    padded = SMALL_VOCAB + 40
+    model = save_random_olmo3(tiny_olmo3_config(vocab_size=padded, num_key_value_heads=2, pad_token_id=259, eos_token_id=256),
+                              tmp_path / "m")
+    with torch.no_grad():
+        model.lm_head.weight[SMALL_VOCAB:] = 10.0 * model.lm_head.weight[:40]  # padding rows dominate (10x the best of 40 rows)
+    model.save_pretrained(tmp_path / "m", safe_serialization=True)
+    write_small_tokenizer(tmp_path / "m" / "tokenizer.json")
+    prompt = [10, 20, 30, 40]
+    rows = generate_batch(tmp_path / "m", [prompt] * 8, tmp_path, "--temperature", "1.0", "--seed", "3", "--max-new-tokens", "6")
+    assert all(0 <= t < SMALL_VOCAB for r in rows for t in r["tokens"])
+    greedy = generate_batch(tmp_path / "m", [prompt, prompt], tmp_path, "--max-new-tokens", "4")[0]["tokens"]
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(4):
+            logits = model(torch.tensor([ids])).logits[0, -1, :SMALL_VOCAB]
+            assert model(torch.tensor([ids])).logits[0, -1].argmax() >= SMALL_VOCAB  # padding really would win
+            ids.append(int(logits.argmax()))
+    expected = ids[len(prompt):]
+    assert greedy == expected[:len(greedy)] and (len(greedy) == 4 or expected[len(greedy)] == 256)  # 256: EOS
