@@ -46,10 +46,14 @@ int main(int argc, char** argv) {
   std::vector<int64_t> row_counts = {1, 4};
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i], value = argv[i + 1];
-    if (flag == "--preset") preset_name = value;
-    else if (flag == "--threads") threads = std::stoi(value);
-    else if (flag == "--repeat") repeat = std::stoi(value);
-    else if (flag == "--out") out = value;
+    if (flag == "--preset")
+      preset_name = value;
+    else if (flag == "--threads")
+      threads = std::stoi(value);
+    else if (flag == "--repeat")
+      repeat = std::stoi(value);
+    else if (flag == "--out")
+      out = value;
     else if (flag == "--rows") {
       row_counts.clear();
       for (size_t at = 0; at < value.size();) {
@@ -57,8 +61,7 @@ int main(int argc, char** argv) {
         row_counts.push_back(std::stoll(value.substr(at, comma - at)));
         at = comma + 1;
       }
-    }
-    else {
+    } else {
       std::cerr << "unknown option " << flag << "\n";
       return 2;
     }
@@ -71,11 +74,17 @@ int main(int argc, char** argv) {
     std::string name;
     int64_t out, in;
   };
-  const std::vector<Shape> shapes = {{"q_proj", q, d}, {"k_proj", kv, d}, {"o_proj", d, q}, {"gate_proj", c.intermediate_size, d},
-                                     {"down_proj", d, c.intermediate_size}, {"lm_head", c.vocab_size, d}};
+  const std::vector<Shape> shapes = {{"q_proj", q, d},
+                                     {"k_proj", kv, d},
+                                     {"o_proj", d, q},
+                                     {"gate_proj", c.intermediate_size, d},
+                                     {"down_proj", d, c.intermediate_size},
+                                     {"lm_head", c.vocab_size, d}};
   nlohmann::ordered_json rows = nlohmann::json::array();
-  std::printf("decode-shaped linear, preset %s, fp32 CPU, %d threads (median of %d)\n", preset_name.c_str(), at::get_num_threads(), repeat);
-  std::printf("  %-10s %5s %18s %14s %14s %8s\n", "weight", "rows", "shape", "at::linear GB/s", "streaming GB/s", "ratio");
+  std::printf("decode-shaped linear, preset %s, fp32 CPU, %d threads (median of %d)\n", preset_name.c_str(),
+              at::get_num_threads(), repeat);
+  std::printf("  %-10s %5s %18s %14s %14s %8s\n", "weight", "rows", "shape", "at::linear GB/s", "streaming GB/s",
+              "ratio");
   for (const Shape& s : shapes) {
     at::Tensor w = at::randn({s.out, s.in});
     const double gigabytes = static_cast<double>(w.numel()) * 4 / 1e9;
@@ -85,16 +94,25 @@ int main(int argc, char** argv) {
       const double t_aten = median_seconds(repeat, [&] { at::linear(x, w); });
       const double t_stream = median_seconds(repeat, [&] { streaming_linear(x, w); });
       const std::string shape = std::to_string(s.out) + "x" + std::to_string(s.in);
-      std::printf("  %-10s %5lld %18s %14.1f %14.1f %7.2fx\n", s.name.c_str(), (long long)m, shape.c_str(), gigabytes / t_aten,
-                  gigabytes / t_stream, t_aten / t_stream);
-      rows.push_back({{"weight", s.name}, {"rows", m}, {"out", s.out}, {"in", s.in}, {"aten_seconds", t_aten},
-                      {"streaming_seconds", t_stream}, {"aten_gb_s", gigabytes / t_aten}, {"streaming_gb_s", gigabytes / t_stream},
-                      {"speedup", t_aten / t_stream}, {"max_abs_diff", diff}});
+      std::printf("  %-10s %5lld %18s %14.1f %14.1f %7.2fx\n", s.name.c_str(), (long long)m, shape.c_str(),
+                  gigabytes / t_aten, gigabytes / t_stream, t_aten / t_stream);
+      rows.push_back({{"weight", s.name},
+                      {"rows", m},
+                      {"out", s.out},
+                      {"in", s.in},
+                      {"aten_seconds", t_aten},
+                      {"streaming_seconds", t_stream},
+                      {"aten_gb_s", gigabytes / t_aten},
+                      {"streaming_gb_s", gigabytes / t_stream},
+                      {"speedup", t_aten / t_stream},
+                      {"max_abs_diff", diff}});
     }
   }
   if (!out.empty()) {
-    nlohmann::ordered_json result = {{"benchmark", "linear"}, {"preset", preset_name}, {"threads", at::get_num_threads()},
-                                     {"dtype", "fp32"}, {"device", "cpu"}, {"repeat", repeat}, {"results", rows}};
+    nlohmann::ordered_json result = {
+        {"benchmark", "linear"}, {"preset", preset_name}, {"threads", at::get_num_threads()},
+        {"dtype", "fp32"},       {"device", "cpu"},       {"repeat", repeat},
+        {"results", rows}};
     std::ofstream(out) << result.dump(2) << "\n";
     std::printf("  wrote %s\n", out.c_str());
   }

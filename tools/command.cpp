@@ -69,7 +69,8 @@ std::vector<int64_t> parse_token_ids(const std::string& text, int64_t vocab_size
       used = 0;
     }
     if (used != word.size()) throw Error(flag + ": '" + word + "' is not an integer token id");
-    if (id < 0 || id >= vocab_size) throw Error(flag + ": token id " + word + " is out of range [0, " + std::to_string(vocab_size) + ")");
+    if (id < 0 || id >= vocab_size)
+      throw Error(flag + ": token id " + word + " is out of range [0, " + std::to_string(vocab_size) + ")");
     ids.push_back(id);
   }
   if (ids.empty()) throw Error(flag + ": no token ids given");
@@ -78,10 +79,14 @@ std::vector<int64_t> parse_token_ids(const std::string& text, int64_t vocab_size
 
 std::string human_count(int64_t n) {
   char buf[32];
-  if (n >= 1000000000) std::snprintf(buf, sizeof(buf), "%.2fB", n / 1e9);
-  else if (n >= 1000000) std::snprintf(buf, sizeof(buf), "%.1fM", n / 1e6);
-  else if (n >= 1000) std::snprintf(buf, sizeof(buf), "%.1fK", n / 1e3);
-  else std::snprintf(buf, sizeof(buf), "%lld", static_cast<long long>(n));
+  if (n >= 1000000000)
+    std::snprintf(buf, sizeof(buf), "%.2fB", n / 1e9);
+  else if (n >= 1000000)
+    std::snprintf(buf, sizeof(buf), "%.1fM", n / 1e6);
+  else if (n >= 1000)
+    std::snprintf(buf, sizeof(buf), "%.1fK", n / 1e3);
+  else
+    std::snprintf(buf, sizeof(buf), "%lld", static_cast<long long>(n));
   return buf;
 }
 

@@ -3,8 +3,8 @@
 
 #include "archspace/chat/chat.h"
 #include "archspace/tokenizer/tokenizer.h"
-#include "archspace/util/json_file.h"
 #include "archspace/util/error.h"
+#include "archspace/util/json_file.h"
 #include "command.h"
 
 namespace archspace::cli {
@@ -31,7 +31,8 @@ int run(const EncodeArgs& a) {
   if (!a.messages.empty()) {
     // The engine's chat encodings (SPEC.md section 6), for comparing with a chat template.
     const nlohmann::json messages = read_json_file(a.messages);
-    print_ids(a.generation_prompt ? encode_chat_prompt(*tok, messages, a.messages) : encode_chat(*tok, messages, a.messages).ids);
+    print_ids(a.generation_prompt ? encode_chat_prompt(*tok, messages, a.messages)
+                                  : encode_chat(*tok, messages, a.messages).ids);
     return 0;
   }
   std::vector<uint32_t> ids;
@@ -50,15 +51,19 @@ int run(const EncodeArgs& a) {
 
 Command add(CLI::App& parent) {
   auto a = std::make_shared<EncodeArgs>();
-  auto* app = parent.add_subcommand("encode", "Encode text (or a chat: --messages) to token ids, or --ids back to text, with a tokenizer");
-  app->add_option("--tokenizer", a->tokenizer, "tokenizer.json, a directory holding one, or dolma2")->capture_default_str();
+  auto* app = parent.add_subcommand(
+      "encode", "Encode text (or a chat: --messages) to token ids, or --ids back to text, with a tokenizer");
+  app->add_option("--tokenizer", a->tokenizer, "tokenizer.json, a directory holding one, or dolma2")
+      ->capture_default_str();
   auto* text = app->add_option("--text", a->text, "text to encode");
   auto* file = app->add_option("--file", a->file, "file to encode");
   auto* ids = app->add_option("--ids", a->ids, "token ids to decode instead");
-  auto* messages = app->add_option("--messages", a->messages,
-                                   "a JSON list of chat messages: print the SFT encoding (or, with --generation-prompt, the prompt "
-                                   "encoding generate uses)");
-  app->add_flag("--generation-prompt", a->generation_prompt, "with --messages: end with the assistant's turn header")->needs(messages);
+  auto* messages =
+      app->add_option("--messages", a->messages,
+                      "a JSON list of chat messages: print the SFT encoding (or, with --generation-prompt, the prompt "
+                      "encoding generate uses)");
+  app->add_flag("--generation-prompt", a->generation_prompt, "with --messages: end with the assistant's turn header")
+      ->needs(messages);
   text->excludes(file)->excludes(ids)->excludes(messages);
   file->excludes(ids)->excludes(messages);
   ids->excludes(messages);

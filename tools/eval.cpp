@@ -24,7 +24,8 @@ struct PplArgs {
 int run_ppl(const PplArgs& a) {
   namespace fs = std::filesystem;
   const std::string model_dir = resolve_model_dir(a.model);  // a run directory or checkpoint names its model
-  CausalLM model = load_model(model_dir, {scalar_type(parse_dtype(a.dtype, "--dtype")), parse_device(a.device, "--device").device()});
+  CausalLM model = load_model(
+      model_dir, {scalar_type(parse_dtype(a.dtype, "--dtype")), parse_device(a.device, "--device").device()});
   std::vector<int64_t> tokens;
   std::string tokenizer_name;
   if (fs::exists(fs::path(a.data) / "manifest.json")) {
@@ -40,15 +41,25 @@ int run_ppl(const PplArgs& a) {
 
   ProgressLine progress("eval ppl");
   const PerplexityResult r = perplexity(model, tokens, a.options, [&](int64_t done, int64_t total) {
-    progress.update(std::to_string(done) + "/" + std::to_string(total) + " tokens", static_cast<double>(done) / total, done == total);
+    progress.update(std::to_string(done) + "/" + std::to_string(total) + " tokens", static_cast<double>(done) / total,
+                    done == total);
   });
   progress.finish();
-  const nlohmann::json j = {
-      {"model", a.model}, {"data", a.data}, {"tokenizer", tokenizer_name}, {"tokens", tokens.size()}, {"scored_tokens", r.scored_tokens},
-      {"nll_sum", r.nll_sum}, {"mean_nll", r.nll_sum / r.scored_tokens}, {"perplexity", r.perplexity()}, {"context", r.context},
-      {"stride", r.stride}, {"windows", r.windows},
-      {"method", "strided sliding windows: each window scores only tokens no earlier window scored; ppl = exp(total NLL / scored tokens)"},
-      {"seconds", progress.elapsed_seconds()}};
+  const nlohmann::json j = {{"model", a.model},
+                            {"data", a.data},
+                            {"tokenizer", tokenizer_name},
+                            {"tokens", tokens.size()},
+                            {"scored_tokens", r.scored_tokens},
+                            {"nll_sum", r.nll_sum},
+                            {"mean_nll", r.nll_sum / r.scored_tokens},
+                            {"perplexity", r.perplexity()},
+                            {"context", r.context},
+                            {"stride", r.stride},
+                            {"windows", r.windows},
+                            {"method",
+                             "strided sliding windows: each window scores only tokens no earlier window scored; ppl = "
+                             "exp(total NLL / scored tokens)"},
+                            {"seconds", progress.elapsed_seconds()}};
   if (!a.out.empty()) std::ofstream(a.out) << j.dump(2) << "\n";
   std::cout << j.dump(2) << std::endl;
   return 0;
@@ -59,12 +70,15 @@ Command add(CLI::App& parent) {
   auto* eval = parent.add_subcommand("eval", "Evaluate a model (ppl: perplexity)");
   eval->require_subcommand(1);
   auto* ppl = eval->add_subcommand("ppl", "Perplexity on token shards or a text file (JSON result)");
-  ppl->add_option("--model", a->model, "model directory, or a checkpoint or finished run directory holding one")->required();
-  ppl->add_option("--data", a->data, "token shard directory, or a text file (tokenized with the model's tokenizer)")->required();
+  ppl->add_option("--model", a->model, "model directory, or a checkpoint or finished run directory holding one")
+      ->required();
+  ppl->add_option("--data", a->data, "token shard directory, or a text file (tokenized with the model's tokenizer)")
+      ->required();
   ppl->add_option("--context", a->options.context, "window length (default min(max_position_embeddings, 4096))");
   ppl->add_option("--stride", a->options.stride, "window start spacing (default = context: disjoint windows)");
   ppl->add_option("--max-tokens", a->max_tokens, "evaluate only the first N tokens");
-  ppl->add_option("--tokenizer", a->tokenizer, "tokenizer for text data (default: the one the model directory carries)");
+  ppl->add_option("--tokenizer", a->tokenizer,
+                  "tokenizer for text data (default: the one the model directory carries)");
   ppl->add_option("--out", a->out, "also write the JSON result here");
   add_dtype_option(ppl, a->dtype, "compute dtype");
   add_device_option(ppl, a->device);

@@ -25,7 +25,8 @@ Prompts gather_prompts(const GenerateArgs& a, const Tokenizer& tokenizer, int64_
   const bool chat = a.chat || !a.messages.empty();
   if (!a.prompts_file.empty()) {
     if (!a.prompts.empty() || !a.prompt_tokens.empty() || !a.messages.empty()) {
-      throw Error("--prompts-file: give the prompts in the file only (not also --prompt, --prompt-tokens or --messages)");
+      throw Error(
+          "--prompts-file: give the prompts in the file only (not also --prompt, --prompt-tokens or --messages)");
     }
     return read_prompts_file(a.prompts_file, tokenizer, chat, vocab_size);
   }
@@ -33,11 +34,13 @@ Prompts gather_prompts(const GenerateArgs& a, const Tokenizer& tokenizer, int64_
   p.chat = chat;
   if (!a.prompt_tokens.empty()) {
     std::vector<uint32_t> ids;
-    for (int64_t id : parse_token_ids(a.prompt_tokens, vocab_size, "--prompt-tokens")) ids.push_back(static_cast<uint32_t>(id));
+    for (int64_t id : parse_token_ids(a.prompt_tokens, vocab_size, "--prompt-tokens"))
+      ids.push_back(static_cast<uint32_t>(id));
     p.ids.push_back(std::move(ids));
   } else if (!a.messages.empty()) {
     if (a.prompts.size() > 1) throw Error("--messages: takes at most one --prompt (the next user turn)");
-    p.ids.push_back(chat_prompt(tokenizer, read_json_file(a.messages), a.prompts.empty() ? "" : a.prompts[0], a.messages));
+    p.ids.push_back(
+        chat_prompt(tokenizer, read_json_file(a.messages), a.prompts.empty() ? "" : a.prompts[0], a.messages));
   } else {
     if (a.prompts.empty()) throw Error("generate: give --prompt, --prompt-tokens, --messages or --prompts-file");
     for (const auto& text : a.prompts) {
@@ -49,12 +52,13 @@ Prompts gather_prompts(const GenerateArgs& a, const Tokenizer& tokenizer, int64_
 }
 
 void report(const GenerateResult& r, size_t batch) {
-  std::fprintf(stderr,
-               "[generate] batch %zu | prefill %lld tokens in %.3f s (%.1f tok/s) | decode %lld tokens in %.3f s (%.1f tok/s) | "
-               "KV cache %.2f MB (sliding %.2f MB, full %.2f MB)\n",
-               batch, (long long)r.prefill_tokens, r.prefill_seconds, r.prefill_tokens / std::max(r.prefill_seconds, 1e-9),
-               (long long)r.decode_tokens, r.decode_seconds, r.decode_tokens / std::max(r.decode_seconds, 1e-9), r.cache_bytes / 1e6,
-               r.cache_sliding_bytes / 1e6, r.cache_full_bytes / 1e6);
+  std::fprintf(
+      stderr,
+      "[generate] batch %zu | prefill %lld tokens in %.3f s (%.1f tok/s) | decode %lld tokens in %.3f s (%.1f tok/s) | "
+      "KV cache %.2f MB (sliding %.2f MB, full %.2f MB)\n",
+      batch, (long long)r.prefill_tokens, r.prefill_seconds, r.prefill_tokens / std::max(r.prefill_seconds, 1e-9),
+      (long long)r.decode_tokens, r.decode_seconds, r.decode_tokens / std::max(r.decode_seconds, 1e-9),
+      r.cache_bytes / 1e6, r.cache_sliding_bytes / 1e6, r.cache_full_bytes / 1e6);
 }
 
 int run(GenerateArgs a) {
@@ -62,21 +66,26 @@ int run(GenerateArgs a) {
   const ModelConfig config = load_model_config(a.model);
   auto tokenizer = model_tokenizer(a.model, a.tokenizer, config.vocab_size);
   const Prompts prompts = gather_prompts(a, *tokenizer, config.vocab_size);
-  CausalLM model = load_model(a.model, {scalar_type(parse_dtype(a.dtype, "--dtype")), parse_device(a.device, "--device").device()});
+  CausalLM model =
+      load_model(a.model, {scalar_type(parse_dtype(a.dtype, "--dtype")), parse_device(a.device, "--device").device()});
   a.options.stop_ids = stop_token_ids(*tokenizer, model.config(), prompts.chat);
   a.options.stop_strings = a.stops;
 
   GenerateResult r;
   if (prompts.ids.size() == 1) {
-    r = generate(model, *tokenizer, prompts.ids[0], a.options, [](const std::string& text) { std::cout << text << std::flush; });
+    r = generate(model, *tokenizer, prompts.ids[0], a.options,
+                 [](const std::string& text) { std::cout << text << std::flush; });
     std::cout << std::endl;
   } else {
     // A batch: interleaved streams would be unreadable, so one JSON line per prompt at the end.
     r = generate(model, *tokenizer, prompts.ids, a.options, [](size_t, const std::string&) {});
     for (size_t i = 0; i < prompts.ids.size(); ++i) {
       const Completion& done = r.completions[i];
-      nlohmann::ordered_json line = {{"index", i}, {"prompt_tokens", prompts.ids[i].size()}, {"completion_tokens", done.ids.size()},
-                                     {"text", done.text}, {"tokens", done.ids}};
+      nlohmann::ordered_json line = {{"index", i},
+                                     {"prompt_tokens", prompts.ids[i].size()},
+                                     {"completion_tokens", done.ids.size()},
+                                     {"text", done.text},
+                                     {"tokens", done.ids}};
       std::cout << line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
     }
     std::cout << std::flush;
@@ -88,12 +97,15 @@ int run(GenerateArgs a) {
 Command add(CLI::App& parent) {
   auto a = std::make_shared<GenerateArgs>();
   SamplingOptions& s = a->options.sampling;
-  auto* app = parent.add_subcommand("generate", "Generate text from a prompt (streams; reports tokens/s and cache memory)");
-  app->add_option("--model", a->model, "model directory, or a checkpoint or finished run directory holding one")->required();
+  auto* app =
+      parent.add_subcommand("generate", "Generate text from a prompt (streams; reports tokens/s and cache memory)");
+  app->add_option("--model", a->model, "model directory, or a checkpoint or finished run directory holding one")
+      ->required();
   app->add_option("--prompt", a->prompts, "prompt text (with --chat: the user message); repeat it to decode a batch");
   app->add_option("--prompt-tokens", a->prompt_tokens, "prompt as token ids instead");
   app->add_flag("--chat", a->chat, "format as a chat (SPEC.md section 6) and answer as the assistant");
-  app->add_option("--messages", a->messages, "chat: a JSON file with the conversation so far (list of {role, content})");
+  app->add_option("--messages", a->messages,
+                  "chat: a JSON file with the conversation so far (list of {role, content})");
   app->add_option("--prompts-file", a->prompts_file,
                   "a batch: JSON Lines, one prompt per line (a string, or {\"prompt\"|\"tokens\"|\"messages\": ...}); "
                   "prompts of different lengths decode together; prints one JSON line per prompt");

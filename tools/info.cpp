@@ -19,8 +19,9 @@ std::string describe_rope(const ModelConfig& c, LayerType type) {
   if (type == LayerType::kFull && c.rope_scaling) {
     YarnFrequencies y = yarn_inv_freq(c.head_dim, c.rope_theta, *c.rope_scaling);
     s << "yarn (theta " << c.rope_theta << ", factor " << c.rope_scaling->factor << ", original length "
-      << c.rope_scaling->original_max_position_embeddings << ", beta_fast " << c.rope_scaling->beta_fast << ", beta_slow "
-      << c.rope_scaling->beta_slow << ", ramp dims " << y.low << ".." << y.high << ", attention factor " << y.attention_factor << ")";
+      << c.rope_scaling->original_max_position_embeddings << ", beta_fast " << c.rope_scaling->beta_fast
+      << ", beta_slow " << c.rope_scaling->beta_slow << ", ramp dims " << y.low << ".." << y.high
+      << ", attention factor " << y.attention_factor << ")";
   } else {
     s << "plain (theta " << c.rope_theta << ")";
   }
@@ -45,12 +46,13 @@ std::string describe_layer_types(const std::vector<LayerType>& types) {
 }
 
 void print_config(const ModelConfig& c, const std::string& weights_dtype) {
-  std::cout << "variant:            " << variant_name(c.variant) << " (model_type " << model_type_name(c.variant) << ")\n";
+  std::cout << "variant:            " << variant_name(c.variant) << " (model_type " << model_type_name(c.variant)
+            << ")\n";
   if (c.variant == Variant::kSiameseDepth) {
     std::cout << "  siamese norm:     " << (c.use_siamese_norm ? "on (hybrid_pre)" : "off") << "\n"
               << "  depth attention:  "
-              << (c.use_depth_attention ? "on (stride " + std::to_string(c.depth_attention_stride) + ", recent window " +
-                                              std::to_string(c.depth_attention_recent_window) + ")"
+              << (c.use_depth_attention ? "on (stride " + std::to_string(c.depth_attention_stride) +
+                                              ", recent window " + std::to_string(c.depth_attention_recent_window) + ")"
                                         : std::string("off"))
               << "\n";
   }
@@ -58,12 +60,14 @@ void print_config(const ModelConfig& c, const std::string& weights_dtype) {
             << "hidden size:        " << c.hidden_size << "\n"
             << "MLP size:           " << c.intermediate_size << "\n"
             << "heads:              " << c.num_attention_heads << " query, " << c.num_key_value_heads << " kv ("
-            << (c.num_key_value_heads == c.num_attention_heads ? "MHA" : "GQA, " + std::to_string(c.kv_groups()) + " per group")
+            << (c.num_key_value_heads == c.num_attention_heads ? "MHA"
+                                                               : "GQA, " + std::to_string(c.kv_groups()) + " per group")
             << "), head_dim " << c.head_dim << "\n"
             << "vocabulary:         " << c.vocab_size;
-  if (c.padded_vocab_size && c.padded_vocab_size != c.vocab_size) std::cout << " (padded to " << c.padded_vocab_size << " in training)";
-  std::cout << "\nlayer types:        " << describe_layer_types(c.layer_types) << "  (S = sliding window " << c.sliding_window
-            << ", F = full)\n"
+  if (c.padded_vocab_size && c.padded_vocab_size != c.vocab_size)
+    std::cout << " (padded to " << c.padded_vocab_size << " in training)";
+  std::cout << "\nlayer types:        " << describe_layer_types(c.layer_types) << "  (S = sliding window "
+            << c.sliding_window << ", F = full)\n"
             << "RoPE, sliding:      " << describe_rope(c, LayerType::kSliding) << "\n"
             << "RoPE, full:         " << describe_rope(c, LayerType::kFull) << "\n"
             << "max positions:      " << c.max_position_embeddings << "\n"
@@ -109,8 +113,10 @@ int run(const InfoArgs& a) {
 
 Command add(CLI::App& parent) {
   auto args = std::make_shared<InfoArgs>();
-  auto* app = parent.add_subcommand("info", "Describe a model directory, a config.json or a preset: variant, sizes, RoPE, parameters");
-  auto* path = app->add_option("MODEL_DIR", args->path, "Hugging Face model directory (config.json + safetensors), or a config.json");
+  auto* app = parent.add_subcommand(
+      "info", "Describe a model directory, a config.json or a preset: variant, sizes, RoPE, parameters");
+  auto* path = app->add_option("MODEL_DIR", args->path,
+                               "Hugging Face model directory (config.json + safetensors), or a config.json");
   app->add_option("--preset", args->preset, "describe a built-in preset instead")->excludes(path);
   return {app, [args] { return run(*args); }};
 }

@@ -17,7 +17,8 @@ struct InitArgs {
 
 int run(const InitArgs& a) {
   if (a.preset.empty() == a.config.empty()) throw Error("init: give --preset NAME or --config FILE");
-  ModelConfig config = !a.config.empty() ? ModelConfig::load(a.config) : preset(a.preset, parse_variant(a.variant, "--variant"));
+  ModelConfig config =
+      !a.config.empty() ? ModelConfig::load(a.config) : preset(a.preset, parse_variant(a.variant, "--variant"));
   VariantSwitches switches;
   if (a.no_siamese_norm) switches.use_siamese_norm = false;
   if (a.no_depth_attention) switches.use_depth_attention = false;
@@ -27,24 +28,29 @@ int run(const InitArgs& a) {
   config.validate("init");
   CausalLM model = CausalLM::random_init(config, a.seed);
   save_model(model, a.out, scalar_type(parse_dtype(a.dtype, "--dtype")));
-  std::cerr << "wrote a randomly initialised " << variant_name(config.variant) << " model (" << human_count(parameter_count(config))
-            << " parameters, seed " << a.seed << ") to " << a.out << "\n";
+  std::cerr << "wrote a randomly initialised " << variant_name(config.variant) << " model ("
+            << human_count(parameter_count(config)) << " parameters, seed " << a.seed << ") to " << a.out << "\n";
   return 0;
 }
 
 Command add(CLI::App& parent) {
   auto a = std::make_shared<InitArgs>();
-  auto* app = parent.add_subcommand("init", "Write a randomly initialised model directory (SPEC.md init) from a preset or a config.json");
+  auto* app = parent.add_subcommand(
+      "init", "Write a randomly initialised model directory (SPEC.md init) from a preset or a config.json");
   auto* preset_opt = app->add_option("--preset", a->preset, "preset name")->check(CLI::IsMember(preset_names()));
   app->add_option("--config", a->config, "or a config.json to instantiate")->excludes(preset_opt);
   app->add_option("--out", a->out, "output model directory")->required();
-  app->add_option("--variant", a->variant, "model variant (with --preset)")->check(CLI::IsMember(variant_choices()))->capture_default_str();
+  app->add_option("--variant", a->variant, "model variant (with --preset)")
+      ->check(CLI::IsMember(variant_choices()))
+      ->capture_default_str();
   app->add_option("--seed", a->seed, "random seed")->capture_default_str();
   add_dtype_option(app, a->dtype, "dtype of the saved weights");
   app->add_flag("--no-siamese-norm", a->no_siamese_norm, "siamese_depth ablation: SiameseNorm off");
   app->add_flag("--no-depth-attention", a->no_depth_attention, "siamese_depth ablation: Depth-Attention off");
-  app->add_option("--depth-stride", a->depth_stride, "siamese_depth: depth_attention_stride (default 8)")->check(CLI::PositiveNumber);
-  app->add_option("--depth-recent-window", a->depth_recent_window, "siamese_depth: depth_attention_recent_window (default 0)")
+  app->add_option("--depth-stride", a->depth_stride, "siamese_depth: depth_attention_stride (default 8)")
+      ->check(CLI::PositiveNumber);
+  app->add_option("--depth-recent-window", a->depth_recent_window,
+                  "siamese_depth: depth_attention_recent_window (default 0)")
       ->check(CLI::NonNegativeNumber);
   return {app, [a] { return run(*a); }};
 }

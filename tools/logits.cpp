@@ -43,16 +43,19 @@ int run(const LogitsArgs& a) {
 
 Command add(CLI::App& parent) {
   auto a = std::make_shared<LogitsArgs>();
-  auto* app = parent.add_subcommand("logits", "Run the forward on token ids and write fp32 logits [T, vocab] as tensor 'logits'");
+  auto* app = parent.add_subcommand("logits",
+                                    "Run the forward on token ids and write fp32 logits [T, vocab] as tensor 'logits'");
   app->add_option("--model", a->model, "model directory")->required();
   app->add_option("--tokens", a->tokens, "token ids, space or comma separated, e.g. \"1 2 3\"")->required();
   app->add_option("--out", a->out, "output .safetensors file")->required();
   add_dtype_option(app, a->dtype, "compute dtype (the file is always fp32)");
   add_device_option(app, a->device);
-  app->add_option("--attention", a->attention, "sdpa (fused kernels) or reference (the plain fp32 path tests compare against)")
+  app->add_option("--attention", a->attention,
+                  "sdpa (fused kernels) or reference (the plain fp32 path tests compare against)")
       ->check(CLI::IsMember({"sdpa", "reference"}))
       ->capture_default_str();
-  app->add_option("--repeat", a->repeat, "run the forward N times and print each run's seconds (benchmarks)")->check(CLI::PositiveNumber);
+  app->add_option("--repeat", a->repeat, "run the forward N times and print each run's seconds (benchmarks)")
+      ->check(CLI::PositiveNumber);
   return {app, [a] { return run(*a); }};
 }
 

@@ -1,7 +1,8 @@
 // archspace tokenize: text and JSON Lines documents to token shards with a manifest.
+#include "archspace/data/tokenize.h"
+
 #include <iostream>
 
-#include "archspace/data/tokenize.h"
 #include "command.h"
 
 namespace archspace::cli {
@@ -15,20 +16,25 @@ struct TokenizeArgs {
 int run(TokenizeArgs a) {
   a.options.invalid_utf8 = a.invalid_utf8 == "replace" ? InvalidUtf8Policy::kReplace : InvalidUtf8Policy::kError;
   const ShardManifest m = tokenize_to_shards(a.options);
-  std::cerr << "wrote " << m.total_tokens() << " tokens of " << m.total_documents() << " documents in " << m.shards.size()
-            << " shard(s) to " << a.options.out_dir << " (tokenizer " << m.tokenizer_name << ")\n";
+  std::cerr << "wrote " << m.total_tokens() << " tokens of " << m.total_documents() << " documents in "
+            << m.shards.size() << " shard(s) to " << a.options.out_dir << " (tokenizer " << m.tokenizer_name << ")\n";
   return 0;
 }
 
 Command add(CLI::App& parent) {
   auto a = std::make_shared<TokenizeArgs>();
   TokenizeOptions& o = a->options;
-  auto* app = parent.add_subcommand("tokenize", "Text/JSONL to token shards (uint32, EOS after each document) + manifest.json");
-  app->add_option("--tokenizer", o.tokenizer, "tokenizer.json, a directory holding one, or dolma2")->capture_default_str();
+  auto* app =
+      parent.add_subcommand("tokenize", "Text/JSONL to token shards (uint32, EOS after each document) + manifest.json");
+  app->add_option("--tokenizer", o.tokenizer, "tokenizer.json, a directory holding one, or dolma2")
+      ->capture_default_str();
   app->add_option("--out", o.out_dir, "output shard directory (must not hold shards yet)")->required();
-  app->add_option("INPUT", o.inputs, "text files (one document each), *.jsonl (one per line), or directories")->required();
+  app->add_option("INPUT", o.inputs, "text files (one document each), *.jsonl (one per line), or directories")
+      ->required();
   app->add_option("--threads", o.threads, "encoding threads (default: all cores)")->check(CLI::Range(1, 1024));
-  app->add_option("--shard-tokens", o.shard_tokens, "tokens per shard file")->check(CLI::PositiveNumber)->capture_default_str();
+  app->add_option("--shard-tokens", o.shard_tokens, "tokens per shard file")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   app->add_option("--invalid-utf8", a->invalid_utf8, "error: stop, naming file and byte; replace: U+FFFD, counted")
       ->check(CLI::IsMember({"error", "replace"}))
       ->capture_default_str();

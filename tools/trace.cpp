@@ -1,11 +1,12 @@
 // archspace trace: every named activation of one forward (model/trace.h) and the logits, as safetensors:
 // for finding where two implementations part ways (the parity tests name the first tensor that differs).
+#include "archspace/model/trace.h"
+
 #include <iostream>
 
 #include "archspace/io/run_dir.h"
 #include "archspace/io/safetensors.h"
 #include "archspace/model/model_io.h"
-#include "archspace/model/trace.h"
 #include "command.h"
 
 namespace archspace::cli {
@@ -16,9 +17,12 @@ struct TraceArgs {
 };
 
 int run(const TraceArgs& a) {
-  CausalLM model = load_model(resolve_model_dir(a.model), {scalar_type(parse_dtype(a.dtype, "--dtype")), parse_device(a.device, "--device").device()});
-  const at::Tensor ids = at::tensor(parse_token_ids(a.tokens, model.config().vocab_size, "--tokens"), at::kLong).unsqueeze(0);
-  const NamedTensors trace = trace_activations(model, ids, a.attention == "reference" ? AttentionImpl::kReference : AttentionImpl::kSdpa);
+  CausalLM model = load_model(resolve_model_dir(a.model), {scalar_type(parse_dtype(a.dtype, "--dtype")),
+                                                           parse_device(a.device, "--device").device()});
+  const at::Tensor ids =
+      at::tensor(parse_token_ids(a.tokens, model.config().vocab_size, "--tokens"), at::kLong).unsqueeze(0);
+  const NamedTensors trace =
+      trace_activations(model, ids, a.attention == "reference" ? AttentionImpl::kReference : AttentionImpl::kSdpa);
   save_safetensors(a.out, trace);
   std::cerr << "wrote " << trace.size() << " named activations (fp32, batch dimension kept) to " << a.out << "\n";
   return 0;
@@ -26,8 +30,10 @@ int run(const TraceArgs& a) {
 
 Command add(CLI::App& parent) {
   auto a = std::make_shared<TraceArgs>();
-  auto* app = parent.add_subcommand("trace", "Write every named activation of one forward and the logits (fp32 safetensors)");
-  app->add_option("--model", a->model, "model directory, or a checkpoint or finished run directory holding one")->required();
+  auto* app =
+      parent.add_subcommand("trace", "Write every named activation of one forward and the logits (fp32 safetensors)");
+  app->add_option("--model", a->model, "model directory, or a checkpoint or finished run directory holding one")
+      ->required();
   app->add_option("--tokens", a->tokens, "token ids, space or comma separated, e.g. \"1 2 3\"")->required();
   app->add_option("--out", a->out, "output .safetensors file")->required();
   app->add_option("--attention", a->attention, "sdpa (fused kernels) or reference (plain fp32 path)")

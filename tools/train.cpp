@@ -24,7 +24,8 @@ Command add(CLI::App& parent) {
   auto a = std::make_shared<TrainArgs>();
   auto* app = parent.add_subcommand("train", "Train one pipeline stage from a TOML run config");
   app->add_option("--config", a->config, "the run's TOML (see README, Training configuration)")->required();
-  app->add_option("--set", a->overrides, "override a key of the TOML: section.key=value (repeatable; type-checked, unknown keys refused)");
+  app->add_option("--set", a->overrides,
+                  "override a key of the TOML: section.key=value (repeatable; type-checked, unknown keys refused)");
   app->add_flag("--resume", a->options.resume, "continue from the run's latest checkpoint");
   app->add_option("--stop-after", a->options.stop_after_step, "stop after this step as if interrupted (for tests)");
   return {app, [a] { return run(*a); }};

@@ -12,12 +12,14 @@ const char* const kDefaultSystemPrompt =
 namespace {
 // Checks one message's shape and role; returns the role.
 std::string checked_role(const nlohmann::json& m, size_t i, const std::string& where) {
-  if (!m.is_object() || !m.contains("role") || !m["role"].is_string() || !m.contains("content") || !m["content"].is_string()) {
+  if (!m.is_object() || !m.contains("role") || !m["role"].is_string() || !m.contains("content") ||
+      !m["content"].is_string()) {
     throw Error(where + ": message " + std::to_string(i) + " needs string 'role' and 'content'");
   }
   const std::string role = m["role"];
   if (role != "system" && role != "user" && role != "assistant" && role != "environment") {
-    throw Error(where + ": message " + std::to_string(i) + " has role '" + role + "' (system, user, assistant, environment)");
+    throw Error(where + ": message " + std::to_string(i) + " has role '" + role +
+                "' (system, user, assistant, environment)");
   }
   return role;
 }
@@ -43,7 +45,8 @@ ChatExample encode_chat(const Tokenizer& tokenizer, const nlohmann::json& messag
     if (checked_role(messages[i], i, where) == "assistant") last_assistant = i;
   }
   if (last_assistant == messages.size()) throw Error(where + ": no assistant message to learn from");
-  if (messages[0]["role"] != "system") append(std::string("<|im_start|>system\n") + kDefaultSystemPrompt + "<|im_end|>\n", "", false);
+  if (messages[0]["role"] != "system")
+    append(std::string("<|im_start|>system\n") + kDefaultSystemPrompt + "<|im_end|>\n", "", false);
   for (size_t i = 0; i < messages.size(); ++i) {
     const std::string role = messages[i]["role"], content = messages[i]["content"];
     const std::string head = "<|im_start|>" + role + "\n";
@@ -57,14 +60,17 @@ ChatExample encode_chat(const Tokenizer& tokenizer, const nlohmann::json& messag
   return ex;
 }
 
-std::vector<uint32_t> encode_chat_prompt(const Tokenizer& tokenizer, const nlohmann::json& messages, const std::string& where) {
-  if (!messages.is_array() || messages.empty()) throw Error(where + ": the conversation must be a non-empty list of messages");
+std::vector<uint32_t> encode_chat_prompt(const Tokenizer& tokenizer, const nlohmann::json& messages,
+                                         const std::string& where) {
+  if (!messages.is_array() || messages.empty())
+    throw Error(where + ": the conversation must be a non-empty list of messages");
   std::string text;
   if (!messages[0].is_object() || messages[0].value("role", "") != "system") {
     text += std::string("<|im_start|>system\n") + kDefaultSystemPrompt + "<|im_end|>\n";
   }
   for (size_t i = 0; i < messages.size(); ++i) {
-    text += "<|im_start|>" + checked_role(messages[i], i, where) + "\n" + messages[i]["content"].get<std::string>() + "<|im_end|>\n";
+    text += "<|im_start|>" + checked_role(messages[i], i, where) + "\n" + messages[i]["content"].get<std::string>() +
+            "<|im_end|>\n";
   }
   text += "<|im_start|>assistant\n";
   return tokenizer.encode(text);

@@ -14,7 +14,8 @@ std::string listed(const std::vector<std::string>& choices) {
   return s;
 }
 
-[[noreturn]] void unknown(const std::string& where, const std::string& what, const std::string& text, const std::string& choices) {
+[[noreturn]] void unknown(const std::string& where, const std::string& what, const std::string& text,
+                          const std::string& choices) {
   throw Error((where.empty() ? "" : where + ": ") + "unknown " + what + " '" + text + "' (valid: " + choices + ")");
 }
 
@@ -56,7 +57,8 @@ DeviceSpec parse_device(const std::string& text, const std::string& where) {
   if (text == "cuda") return {DeviceKind::kCuda, -1};
   if (text.rfind("cuda:", 0) == 0) {
     const std::string n = text.substr(5);
-    if (!n.empty() && n.size() <= 3 && n.find_first_not_of("0123456789") == std::string::npos) return {DeviceKind::kCuda, std::stoi(n)};
+    if (!n.empty() && n.size() <= 3 && n.find_first_not_of("0123456789") == std::string::npos)
+      return {DeviceKind::kCuda, std::stoi(n)};
   }
   unknown(where, "device", text, "cpu, cuda, cuda:N");
 }

@@ -14,9 +14,7 @@ using nlohmann::json;
 
 const char* variant_name(Variant v) { return v == Variant::kBase ? "base" : "siamese_depth"; }
 const char* model_type_name(Variant v) { return v == Variant::kBase ? "olmo3" : "olmo3_siamese_depth"; }
-const char* layer_type_name(LayerType t) {
-  return t == LayerType::kSliding ? "sliding_attention" : "full_attention";
-}
+const char* layer_type_name(LayerType t) { return t == LayerType::kSliding ? "sliding_attention" : "full_attention"; }
 
 std::vector<LayerType> default_layer_types(int64_t num_layers) {
   std::vector<LayerType> types;
@@ -77,7 +75,8 @@ class FieldReader {
   void require_value(const std::string& field, const T& expected, const std::string& why) const {
     if (!has(field)) return;
     const json& v = j_.at(field);
-    if (v != json(expected)) fail(field, "is " + v.dump() + "; only " + json(expected).dump() + " is supported (" + why + ")");
+    if (v != json(expected))
+      fail(field, "is " + v.dump() + "; only " + json(expected).dump() + " is supported (" + why + ")");
   }
 
   const json& at(const std::string& field) const { return j_.at(field); }
@@ -115,7 +114,8 @@ std::optional<YarnScaling> parse_rope_dict(const json& d, const std::string& sou
   }
   auto number = [&](const std::string& name, double fallback) {
     if (!r.has(name)) return fallback;
-    if (!d.at(name).is_number()) throw Error(source + ": field '" + sub(name) + "' must be a number, got " + d.at(name).dump());
+    if (!d.at(name).is_number())
+      throw Error(source + ": field '" + sub(name) + "' must be a number, got " + d.at(name).dump());
     return d.at(name).get<double>();
   };
   YarnScaling y;
@@ -129,12 +129,14 @@ std::optional<YarnScaling> parse_rope_dict(const json& d, const std::string& sou
   y.beta_slow = number("beta_slow", 1.0);
   if (r.has("attention_factor")) y.attention_factor = number("attention_factor", 1.0);
   for (const char* unsupported : {"mscale", "mscale_all_dim"}) {
-    if (r.has(unsupported)) throw Error(source + ": field '" + sub(unsupported) + "' is not supported (OLMo 3 YaRN has none)");
+    if (r.has(unsupported))
+      throw Error(source + ": field '" + sub(unsupported) + "' is not supported (OLMo 3 YaRN has none)");
   }
   if (r.has("truncate") && d.at("truncate") != json(true)) {
     throw Error(source + ": field '" + sub("truncate") + "' must be true (OLMo 3 YaRN rounds the correction range)");
   }
-  if (!(y.factor > 1.0)) throw Error(source + ": field '" + sub("factor") + "' must be > 1, got " + json(y.factor).dump());
+  if (!(y.factor > 1.0))
+    throw Error(source + ": field '" + sub("factor") + "' must be > 1, got " + json(y.factor).dump());
   if (y.original_max_position_embeddings <= 0) {
     throw Error(source + ": field '" + sub("original_max_position_embeddings") + "' must be positive");
   }
@@ -203,7 +205,8 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
       // Per-layer-type form: sliding layers must be plain (SPEC.md section 1).
       if (p.contains("sliding_attention") &&
           parse_rope_dict(p.at("sliding_attention"), source, "rope_parameters.sliding_attention")) {
-        r.fail("rope_parameters.sliding_attention", "is yarn; sliding layers always use plain RoPE (SPEC.md section 1)");
+        r.fail("rope_parameters.sliding_attention",
+               "is yarn; sliding layers always use plain RoPE (SPEC.md section 1)");
       }
       const json& full = p.contains("full_attention") ? p.at("full_attention") : p.at("sliding_attention");
       c.rope_scaling = parse_rope_dict(full, source, "rope_parameters.full_attention");
@@ -283,8 +286,8 @@ void ModelConfig::validate(const std::string& source) const {
   positive("max_position_embeddings", max_position_embeddings);
   if (tie_word_embeddings) fail("tie_word_embeddings", "must be false (OLMo 3 has an untied output head)");
   if (padded_vocab_size != 0 && padded_vocab_size < vocab_size) {
-    fail("padded_vocab_size", std::to_string(padded_vocab_size) + " is smaller than vocab_size " +
-                                  std::to_string(vocab_size));
+    fail("padded_vocab_size",
+         std::to_string(padded_vocab_size) + " is smaller than vocab_size " + std::to_string(vocab_size));
   }
   if (variant == Variant::kSiameseDepth) {
     positive("depth_attention_stride", depth_attention_stride);
@@ -295,8 +298,7 @@ void ModelConfig::validate(const std::string& source) const {
 json ModelConfig::to_json() const {
   json j;
   j["model_type"] = model_type_name(variant);
-  j["architectures"] = json::array(
-      {variant == Variant::kBase ? "Olmo3ForCausalLM" : "Olmo3SiameseDepthForCausalLM"});
+  j["architectures"] = json::array({variant == Variant::kBase ? "Olmo3ForCausalLM" : "Olmo3SiameseDepthForCausalLM"});
   j["vocab_size"] = vocab_size;
   j["hidden_size"] = hidden_size;
   j["intermediate_size"] = intermediate_size;
@@ -351,9 +353,7 @@ json ModelConfig::to_json() const {
   return j;
 }
 
-ModelConfig ModelConfig::load(const std::string& path) {
-  return from_json(read_json_file(path), path);
-}
+ModelConfig ModelConfig::load(const std::string& path) { return from_json(read_json_file(path), path); }
 
 void ModelConfig::save(const std::string& path) const {
   std::ofstream out(path);

@@ -1,5 +1,7 @@
 #include "archspace/config/train_config.h"
 
+#include <toml++/toml.h>
+
 #include <cctype>
 #include <charconv>
 #include <cstdlib>
@@ -8,7 +10,6 @@
 #include <map>
 #include <set>
 #include <sstream>
-#include <toml++/toml.h>
 
 #include "archspace/util/error.h"
 
@@ -22,11 +23,16 @@ enum class KeyType { kBool, kInt, kFloat, kString, kTable };
 
 const char* expected(KeyType t) {
   switch (t) {
-    case KeyType::kBool: return "true or false";
-    case KeyType::kInt: return "an integer";
-    case KeyType::kFloat: return "a number";
-    case KeyType::kString: return "a string";
-    case KeyType::kTable: return "a table";
+    case KeyType::kBool:
+      return "true or false";
+    case KeyType::kInt:
+      return "an integer";
+    case KeyType::kFloat:
+      return "a number";
+    case KeyType::kString:
+      return "a string";
+    case KeyType::kTable:
+      return "a table";
   }
   return "";
 }
@@ -54,9 +60,12 @@ class Section {
       if (!n->is_integer()) fail(key, "must be an integer");
       out = static_cast<T>(n->as_integer()->get());
     } else if constexpr (std::is_floating_point_v<T>) {
-      if (n->is_integer()) out = static_cast<T>(n->as_integer()->get());
-      else if (n->is_floating_point()) out = n->as_floating_point()->get();
-      else fail(key, "must be a number");
+      if (n->is_integer())
+        out = static_cast<T>(n->as_integer()->get());
+      else if (n->is_floating_point())
+        out = n->as_floating_point()->get();
+      else
+        fail(key, "must be a number");
     } else {
       if (!n->is_string()) fail(key, "must be a string");
       out = n->as_string()->get();
@@ -92,10 +101,14 @@ class Section {
  private:
   template <typename T>
   static KeyType type_of() {
-    if constexpr (std::is_same_v<T, bool>) return KeyType::kBool;
-    else if constexpr (std::is_integral_v<T>) return KeyType::kInt;
-    else if constexpr (std::is_floating_point_v<T>) return KeyType::kFloat;
-    else return KeyType::kString;
+    if constexpr (std::is_same_v<T, bool>)
+      return KeyType::kBool;
+    else if constexpr (std::is_integral_v<T>)
+      return KeyType::kInt;
+    else if constexpr (std::is_floating_point_v<T>)
+      return KeyType::kFloat;
+    else
+      return KeyType::kString;
   }
   std::string full(const std::string& key) const { return name_.empty() ? key : name_ + "." + key; }
   void note(const char* key, KeyType type) {
@@ -227,12 +240,14 @@ void apply_override(toml::table& root, const std::string& text, const std::strin
   auto listed = [&](const std::string& prefix) {
     std::string known;
     for (const auto& [k, t] : schema) {
-      if (k.rfind(prefix, 0) == 0 && k.find('.', prefix.size()) == std::string::npos) known += (known.empty() ? "" : ", ") + k.substr(prefix.size());
+      if (k.rfind(prefix, 0) == 0 && k.find('.', prefix.size()) == std::string::npos)
+        known += (known.empty() ? "" : ", ") + k.substr(prefix.size());
     }
     return known;
   };
   auto s = schema.find(section);
-  if (s == schema.end() || s->second != KeyType::kTable) throw fail("unknown section '" + section + "' (known: " + listed("") + ")");
+  if (s == schema.end() || s->second != KeyType::kTable)
+    throw fail("unknown section '" + section + "' (known: " + listed("") + ")");
   auto k = schema.find(key);
   if (k == schema.end()) throw fail("unknown key '" + key + "' (known: " + listed(section + ".") + ")");
   const KeyType type = k->second;
@@ -256,7 +271,8 @@ void apply_override(toml::table& root, const std::string& text, const std::strin
     }
     case KeyType::kFloat: {
       char* end = nullptr;
-      const double v = value.empty() || std::isspace(static_cast<unsigned char>(value[0])) ? 0 : std::strtod(value.c_str(), &end);
+      const double v =
+          value.empty() || std::isspace(static_cast<unsigned char>(value[0])) ? 0 : std::strtod(value.c_str(), &end);
       if (!end || *end != '\0') throw wrong();
       table.insert_or_assign(name, v);
       break;
@@ -304,14 +320,16 @@ void validate(TrainConfig& c, const ChoiceTexts& choices, const std::string& pat
   require(c.grad_accum >= 1, "train.grad_accum", "must be >= 1");
   require(c.max_steps >= 1, "train.max_steps", "is required and must be >= 1");
   require(c.lr > 0, "optim.lr", "must be positive");
-  require(c.warmup_steps >= 0 && c.warmup_steps <= c.max_steps, "optim.warmup_steps", "must be in [0, train.max_steps]");
+  require(c.warmup_steps >= 0 && c.warmup_steps <= c.max_steps, "optim.warmup_steps",
+          "must be in [0, train.max_steps]");
   require(c.final_lr_factor >= 0 && c.final_lr_factor <= 1, "optim.final_lr_factor", "must be in [0, 1]");
   require(c.keep_last >= 1, "checkpoint.keep_last", "must be >= 1");
   const int sources = !c.preset.empty() + !c.model_config.empty();
   require(sources <= 1, "model.preset", "and model.config are exclusive");
   require(sources == 1 || !c.init_from.empty(), "model.preset", "(or model.config, or model.init_from) is required");
   if (!fs::exists(c.train_data)) throw Error(key("data.train") + ": '" + c.train_data + "' does not exist");
-  if (!c.valid_data.empty() && !fs::exists(c.valid_data)) throw Error(key("data.valid") + ": '" + c.valid_data + "' does not exist");
+  if (!c.valid_data.empty() && !fs::exists(c.valid_data))
+    throw Error(key("data.valid") + ": '" + c.valid_data + "' does not exist");
 }
 
 }  // namespace
@@ -331,7 +349,8 @@ TrainConfig TrainConfig::load(const std::string& path, const std::vector<std::st
   for (const auto& o : overrides) apply_override(root, o, path);
   // The placeholder takes the variant after overrides; a bad variant is reported by validate().
   const toml::node* variant = root.at_path("model.variant").node();
-  const bool substituted = substitute_variant(root, variant && variant->is_string() ? variant->as_string()->get() : "base");
+  const bool substituted =
+      substitute_variant(root, variant && variant->is_string() ? variant->as_string()->get() : "base");
 
   TrainConfig c;
   c.source = path;
@@ -354,9 +373,11 @@ TrainConfig TrainConfig::load(const std::string& path, const std::vector<std::st
 ModelConfig TrainConfig::model() const {
   ModelConfig m = !model_config.empty() ? ModelConfig::load(model_config) : archspace::preset(preset, variant);
   if (!model_config.empty() && m.variant != variant) {
-    throw Error(source + ": key 'model.variant' is \"" + variant_name(variant) + "\" but " + model_config + " is " + variant_name(m.variant));
+    throw Error(source + ": key 'model.variant' is \"" + variant_name(variant) + "\" but " + model_config + " is " +
+                variant_name(m.variant));
   }
-  switches.apply_to(m, source + ": keys 'model.use_siamese_norm', 'model.use_depth_attention', 'model.depth_attention_*'");
+  switches.apply_to(m,
+                    source + ": keys 'model.use_siamese_norm', 'model.use_depth_attention', 'model.depth_attention_*'");
   if (rope_scaling) m.rope_scaling = rope_scaling;
   if (max_position_embeddings) m.max_position_embeddings = *max_position_embeddings;
   m.validate(source);

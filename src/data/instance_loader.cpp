@@ -39,7 +39,8 @@ uint64_t IndexPermutation::operator()(uint64_t i) const {
   return x;
 }
 
-InstanceLoader::InstanceLoader(std::shared_ptr<const TokenShards> shards, int64_t sequence_length, uint64_t seed, bool shuffle)
+InstanceLoader::InstanceLoader(std::shared_ptr<const TokenShards> shards, int64_t sequence_length, uint64_t seed,
+                               bool shuffle)
     : shards_(std::move(shards)), sequence_length_(sequence_length), seed_(seed), shuffle_(shuffle) {
   if (sequence_length_ <= 0) throw Error("sequence length must be positive");
   for (size_t s = 0; s < shards_->num_shards(); ++s) {
@@ -60,7 +61,8 @@ uint64_t InstanceLoader::window_of(uint64_t index) const {
 
 std::vector<uint32_t> InstanceLoader::instance(uint64_t index) const {
   const uint64_t window = window_of(index);
-  const size_t shard = std::upper_bound(window_starts_.begin(), window_starts_.end(), window) - window_starts_.begin() - 1;
+  const size_t shard =
+      std::upper_bound(window_starts_.begin(), window_starts_.end(), window) - window_starts_.begin() - 1;
   std::vector<uint32_t> ids(sequence_length_);
   shards_->read(shard, (window - window_starts_[shard]) * sequence_length_, sequence_length_, ids.data());
   return ids;
@@ -78,7 +80,8 @@ at::Tensor InstanceLoader::batch(uint64_t first, int64_t count) const {
 
 at::Tensor InstanceLoader::rank_batch(uint64_t step, int64_t global_batch, int rank, int world) const {
   if (world <= 0 || rank < 0 || rank >= world || global_batch % world != 0) {
-    throw Error("rank_batch: global batch " + std::to_string(global_batch) + " must split evenly over " + std::to_string(world) + " ranks");
+    throw Error("rank_batch: global batch " + std::to_string(global_batch) + " must split evenly over " +
+                std::to_string(world) + " ranks");
   }
   const int64_t local = global_batch / world;
   return batch(step * global_batch + rank * local, local);

@@ -36,12 +36,17 @@ uint64_t ShardManifest::total_documents() const {
 
 json ShardManifest::to_json() const {
   json shards_j = json::array(), sources_j = json::array();
-  for (const auto& s : shards) shards_j.push_back({{"file", s.file}, {"tokens", s.tokens}, {"documents", s.documents}, {"sha256", s.sha256}});
+  for (const auto& s : shards)
+    shards_j.push_back({{"file", s.file}, {"tokens", s.tokens}, {"documents", s.documents}, {"sha256", s.sha256}});
   for (const auto& s : sources) sources_j.push_back({{"path", s.path}, {"bytes", s.bytes}, {"documents", s.documents}});
   return {{"format", kFormat},
           {"dtype", "uint32"},
           {"byte_order", "little"},
-          {"tokenizer", {{"name", tokenizer_name}, {"sha256", tokenizer_sha256}, {"vocab_size", vocab_size}, {"eos_token_id", eos_token_id}}},
+          {"tokenizer",
+           {{"name", tokenizer_name},
+            {"sha256", tokenizer_sha256},
+            {"vocab_size", vocab_size},
+            {"eos_token_id", eos_token_id}}},
           {"total_tokens", total_tokens()},
           {"total_documents", total_documents()},
           {"invalid_utf8_replacements", invalid_utf8_replacements},
@@ -62,16 +67,19 @@ ShardManifest ShardManifest::from_json(const json& j, const std::string& source)
     m.eos_token_id = t.at("eos_token_id").get<int64_t>();
     m.invalid_utf8_replacements = j.value("invalid_utf8_replacements", uint64_t(0));
     for (const json& s : j.at("shards")) {
-      m.shards.push_back({s.at("file").get<std::string>(), s.at("tokens").get<uint64_t>(), s.at("documents").get<uint64_t>(),
-                          s.at("sha256").get<std::string>()});
+      m.shards.push_back({s.at("file").get<std::string>(), s.at("tokens").get<uint64_t>(),
+                          s.at("documents").get<uint64_t>(), s.at("sha256").get<std::string>()});
       const std::string& f = m.shards.back().file;
-      if (f.empty() || f.find('/') != std::string::npos || f == "..") throw fail("shard file '" + f + "' is not a file name");
+      if (f.empty() || f.find('/') != std::string::npos || f == "..")
+        throw fail("shard file '" + f + "' is not a file name");
     }
     for (const json& s : j.value("sources", json::array())) {
-      m.sources.push_back({s.at("path").get<std::string>(), s.at("bytes").get<uint64_t>(), s.at("documents").get<uint64_t>()});
+      m.sources.push_back(
+          {s.at("path").get<std::string>(), s.at("bytes").get<uint64_t>(), s.at("documents").get<uint64_t>()});
     }
     if (j.contains("total_tokens") && j["total_tokens"].get<uint64_t>() != m.total_tokens()) {
-      throw fail("field 'total_tokens' (" + j["total_tokens"].dump() + ") is not the sum over its shards (" + std::to_string(m.total_tokens()) + ")");
+      throw fail("field 'total_tokens' (" + j["total_tokens"].dump() + ") is not the sum over its shards (" +
+                 std::to_string(m.total_tokens()) + ")");
     }
     return m;
   } catch (const json::exception& e) {
@@ -81,7 +89,8 @@ ShardManifest ShardManifest::from_json(const json& j, const std::string& source)
 
 ShardManifest ShardManifest::load(const std::string& dir) {
   const fs::path path = fs::path(dir) / "manifest.json";
-  if (!fs::exists(path)) throw Error(dir + ": no manifest.json (not a token shard directory; make one with `archspace tokenize`)");
+  if (!fs::exists(path))
+    throw Error(dir + ": no manifest.json (not a token shard directory; make one with `archspace tokenize`)");
   return from_json(read_json_file(path.string()), path.string());
 }
 
@@ -97,7 +106,8 @@ void ShardManifest::save(const std::string& dir) const {
 
 // ---- writer ---------------------------------------------------------------------------------------
 
-ShardWriter::ShardWriter(std::string dir, uint64_t max_shard_tokens) : dir_(std::move(dir)), max_tokens_(max_shard_tokens) {
+ShardWriter::ShardWriter(std::string dir, uint64_t max_shard_tokens)
+    : dir_(std::move(dir)), max_tokens_(max_shard_tokens) {
   if (max_tokens_ == 0) throw Error("shard size must be at least one token");
   fs::create_directories(dir_);
   if (fs::exists(fs::path(dir_) / "manifest.json")) {
@@ -172,11 +182,12 @@ std::shared_ptr<TokenShards> TokenShards::open(const std::string& dir) {
     if (!fs::exists(path)) throw Error(manifest_path + ": shard '" + entry.file + "' is missing");
     const uint64_t bytes = fs::file_size(path);
     if (bytes % 4 != 0) {
-      throw Error(path.string() + ": size " + std::to_string(bytes) + " bytes is not a multiple of 4 (uint32 tokens): truncated or not a token shard");
+      throw Error(path.string() + ": size " + std::to_string(bytes) +
+                  " bytes is not a multiple of 4 (uint32 tokens): truncated or not a token shard");
     }
     if (bytes / 4 != entry.tokens) {
-      throw Error(path.string() + ": holds " + std::to_string(bytes / 4) + " tokens but manifest.json says " + std::to_string(entry.tokens) +
-                  " (the manifest does not match its shards)");
+      throw Error(path.string() + ": holds " + std::to_string(bytes / 4) + " tokens but manifest.json says " +
+                  std::to_string(entry.tokens) + " (the manifest does not match its shards)");
     }
     Map m;
     m.bytes = bytes;
@@ -201,15 +212,15 @@ TokenShards::~TokenShards() {
 void TokenShards::read(size_t shard, uint64_t offset, uint64_t n, uint32_t* out) const {
   const ShardEntry& entry = manifest_.shards.at(shard);
   if (offset + n > entry.tokens) {
-    throw Error(dir_ + "/" + entry.file + ": read of [" + std::to_string(offset) + ", " + std::to_string(offset + n) + ") past its " +
-                std::to_string(entry.tokens) + " tokens");
+    throw Error(dir_ + "/" + entry.file + ": read of [" + std::to_string(offset) + ", " + std::to_string(offset + n) +
+                ") past its " + std::to_string(entry.tokens) + " tokens");
   }
   const uint32_t* src = maps_[shard].data + offset;
   const uint32_t vocab = static_cast<uint32_t>(manifest_.vocab_size);
   for (uint64_t i = 0; i < n; ++i) {
     if (src[i] >= vocab) {
-      throw Error(dir_ + "/" + entry.file + ": token " + std::to_string(offset + i) + " is id " + std::to_string(src[i]) +
-                  ", not below the vocabulary size " + std::to_string(vocab));
+      throw Error(dir_ + "/" + entry.file + ": token " + std::to_string(offset + i) + " is id " +
+                  std::to_string(src[i]) + ", not below the vocabulary size " + std::to_string(vocab));
     }
   }
   std::memcpy(out, src, n * sizeof(uint32_t));
@@ -220,7 +231,8 @@ void TokenShards::verify() const {
     const ShardEntry& entry = manifest_.shards[i];
     const std::string digest = sha256_bytes(maps_[i].data, maps_[i].bytes);
     if (digest != entry.sha256) {
-      throw Error(dir_ + "/" + entry.file + ": SHA-256 " + digest + " does not match manifest.json (" + entry.sha256 + ")");
+      throw Error(dir_ + "/" + entry.file + ": SHA-256 " + digest + " does not match manifest.json (" + entry.sha256 +
+                  ")");
     }
     std::vector<uint32_t> buf(std::min<uint64_t>(entry.tokens, 1 << 20));
     for (uint64_t off = 0; off < entry.tokens; off += buf.size()) {

@@ -54,7 +54,8 @@ bool is_jsonl(const std::string& path) {
 // Streams documents from the inputs in batches of about `batch_bytes`.
 class DocumentReader {
  public:
-  DocumentReader(std::vector<std::string> files, std::string field) : files_(std::move(files)), field_(std::move(field)) {}
+  DocumentReader(std::vector<std::string> files, std::string field)
+      : files_(std::move(files)), field_(std::move(field)) {}
 
   bool next_batch(std::vector<Document>& batch, size_t batch_bytes) {
     batch.clear();
@@ -117,7 +118,6 @@ class DocumentReader {
   uint64_t line_ = 0;
 };
 
-
 }  // namespace
 
 ShardManifest tokenize_to_shards(const TokenizeOptions& o) {
@@ -137,8 +137,8 @@ ShardManifest tokenize_to_shards(const TokenizeOptions& o) {
     const double mb = reader.bytes_read / 1e6, rate = mb / std::max(progress.elapsed_seconds(), 1e-9);
     const double frac = total_bytes ? double(reader.bytes_read) / total_bytes : 1.0;
     char what[256];
-    std::snprintf(what, sizeof(what), "%.1f/%.1f MB (%3.0f%%) | %llu docs | %llu tokens | %.2f MB/s", mb, total_bytes / 1e6, 100 * frac,
-                  (unsigned long long)documents, (unsigned long long)tokens, rate);
+    std::snprintf(what, sizeof(what), "%.1f/%.1f MB (%3.0f%%) | %llu docs | %llu tokens | %.2f MB/s", mb,
+                  total_bytes / 1e6, 100 * frac, (unsigned long long)documents, (unsigned long long)tokens, rate);
     progress.update(what, frac, final);
   };
 
@@ -193,8 +193,9 @@ ShardManifest tokenize_to_shards(const TokenizeOptions& o) {
   {
     const double elapsed = progress.elapsed_seconds();
     char done[160];
-    std::snprintf(done, sizeof(done), "done: %llu bytes -> %llu tokens in %.3f s (%.2f MB/s, %d threads)", (unsigned long long)reader.bytes_read,
-                  (unsigned long long)tokens, elapsed, reader.bytes_read / 1e6 / std::max(elapsed, 1e-9), threads);
+    std::snprintf(done, sizeof(done), "done: %llu bytes -> %llu tokens in %.3f s (%.2f MB/s, %d threads)",
+                  (unsigned long long)reader.bytes_read, (unsigned long long)tokens, elapsed,
+                  reader.bytes_read / 1e6 / std::max(elapsed, 1e-9), threads);
     progress.note(done);
   }
 

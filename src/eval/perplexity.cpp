@@ -24,14 +24,16 @@ PerplexityResult perplexity(const CausalLM& model, const std::vector<int64_t>& t
   const int64_t n = static_cast<int64_t>(tokens.size());
   if (n < 2) throw Error("eval ppl: need at least 2 tokens, got " + std::to_string(n));
   for (int64_t t : tokens) {
-    if (t < 0 || t >= c.vocab_size) throw Error("eval ppl: token id " + std::to_string(t) + " is out of the model's vocabulary");
+    if (t < 0 || t >= c.vocab_size)
+      throw Error("eval ppl: token id " + std::to_string(t) + " is out of the model's vocabulary");
   }
   c10::InferenceMode inference;
   int64_t prev_end = 0;
   for (int64_t begin = 0; begin < n; begin += r.stride) {
     const int64_t end = std::min(begin + r.context, n), len = end - begin;
     const int64_t new_tokens = end - prev_end;  // scored in this window: positions [end - new_tokens, end)
-    at::Tensor ids = at::tensor(std::vector<int64_t>(tokens.begin() + begin, tokens.begin() + end), at::kLong).unsqueeze(0);
+    at::Tensor ids =
+        at::tensor(std::vector<int64_t>(tokens.begin() + begin, tokens.begin() + end), at::kLong).unsqueeze(0);
     at::Tensor logits = model.forward(ids)[0].to(at::kFloat);  // [len, V]
     // Position i predicts token i + 1; score targets at window positions max(1, len - new_tokens) .. len - 1.
     const int64_t first_target = std::max<int64_t>(1, len - new_tokens);

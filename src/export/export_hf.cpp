@@ -4,11 +4,11 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "archspace/chat/chat.h"
+#include "archspace/io/run_dir.h"
 #include "archspace/model/model_io.h"
 #include "archspace/remote_code.h"
 #include "archspace/tokenizer/tokenizer.h"
-#include "archspace/chat/chat.h"
-#include "archspace/io/run_dir.h"
 #include "archspace/util/error.h"
 
 namespace archspace {
@@ -29,7 +29,8 @@ std::string chat_template() {
   return std::string("{%- if messages[0]['role'] != 'system' %}{{ '<|im_start|>system\\n") + kDefaultSystemPrompt +
          "<|im_end|>\\n' }}{%- endif %}"
          "{%- for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] }}"
-         "{%- if loop.last and message['role'] == 'assistant' %}{{ '<|endoftext|>' }}{%- else %}{{ '<|im_end|>\\n' }}{%- endif %}"
+         "{%- if loop.last and message['role'] == 'assistant' %}{{ '<|endoftext|>' }}{%- else %}{{ '<|im_end|>\\n' "
+         "}}{%- endif %}"
          "{%- endfor %}{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}";
 }
 
@@ -49,12 +50,9 @@ void export_hf(const std::string& checkpoint, const std::string& out_dir, const 
   save_model(model, out_dir, options.dtype);
   fs::copy_file(tokenizer->path(), out / "tokenizer.json", fs::copy_options::overwrite_existing);
   auto token_or_null = [&](const char* t) { return tokenizer->token_to_id(t) ? json(t) : json(nullptr); };
-  json tok_config = {{"tokenizer_class", "PreTrainedTokenizerFast"},
-                     {"eos_token", token_or_null("<|endoftext|>")},
-                     {"pad_token", token_or_null("<|pad|>")},
-                     {"bos_token", nullptr},
-                     {"model_max_length", c.max_position_embeddings},
-                     {"clean_up_tokenization_spaces", false}};
+  json tok_config = {{"tokenizer_class", "PreTrainedTokenizerFast"},  {"eos_token", token_or_null("<|endoftext|>")},
+                     {"pad_token", token_or_null("<|pad|>")},         {"bos_token", nullptr},
+                     {"model_max_length", c.max_position_embeddings}, {"clean_up_tokenization_spaces", false}};
   if (tokenizer->token_to_id("<|im_start|>")) tok_config["chat_template"] = chat_template();
   write_file(out / "tokenizer_config.json", tok_config.dump(2) + "\n");
   json gen = {{"eos_token_id", c.eos_token_id ? json(*c.eos_token_id) : json(nullptr)},

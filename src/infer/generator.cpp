@@ -47,7 +47,8 @@ void check_prompt(const std::vector<uint32_t>& prompt, const ModelConfig& c, con
   if (prompt.empty()) throw Error("generate: " + which + " is empty");
   for (uint32_t id : prompt) {
     if (id >= static_cast<uint64_t>(c.vocab_size)) {
-      throw Error("generate: " + which + " token id " + std::to_string(id) + " is out of range [0, " + std::to_string(c.vocab_size) + ")");
+      throw Error("generate: " + which + " token id " + std::to_string(id) + " is out of range [0, " +
+                  std::to_string(c.vocab_size) + ")");
     }
   }
   if (static_cast<int64_t>(prompt.size()) >= c.max_position_embeddings) {
@@ -65,8 +66,9 @@ struct RowState {
 };
 }  // namespace
 
-GenerateResult generate(const CausalLM& model, const Tokenizer& tokenizer, const std::vector<std::vector<uint32_t>>& prompts,
-                        const GenerateOptions& o, const std::function<void(size_t, const std::string&)>& on_text) {
+GenerateResult generate(const CausalLM& model, const Tokenizer& tokenizer,
+                        const std::vector<std::vector<uint32_t>>& prompts, const GenerateOptions& o,
+                        const std::function<void(size_t, const std::string&)>& on_text) {
   const ModelConfig& c = model.config();
   if (prompts.empty()) throw Error("generate: no prompt");
   const size_t B = prompts.size();
@@ -141,7 +143,9 @@ GenerateResult generate(const CausalLM& model, const Tokenizer& tokenizer, const
     if (std::all_of(rows.begin(), rows.end(), [](const RowState& row) { return row.done; })) break;
     if (step + 1 == budget) break;  // no forward needed for tokens that will not be sampled from
     // Rows that are done feed the padding id; their logits are ignored from here on.
-    last = model.forward(at::tensor(next, at::kLong).view({static_cast<int64_t>(B), 1}), fwd).select(1, 0).to(at::kCPU, at::kFloat);
+    last = model.forward(at::tensor(next, at::kLong).view({static_cast<int64_t>(B), 1}), fwd)
+               .select(1, 0)
+               .to(at::kCPU, at::kFloat);
   }
   r.decode_seconds = std::chrono::duration<double>(now() - t0).count();
   for (size_t b = 0; b < B; ++b) {

@@ -19,7 +19,8 @@ Prompts read_prompts_file(const std::string& path, const Tokenizer& tokenizer, b
   prompts.chat = as_chat;
   for_each_json_line(path, [&](const nlohmann::json& value, const std::string& where) {
     const nlohmann::json j = value.is_string() ? nlohmann::json{{"prompt", value}} : value;
-    if (!j.is_object()) throw Error(where + ": expected a string or an object with \"prompt\", \"tokens\" or \"messages\"");
+    if (!j.is_object())
+      throw Error(where + ": expected a string or an object with \"prompt\", \"tokens\" or \"messages\"");
     if (j.contains("tokens")) {
       if (!j["tokens"].is_array()) throw Error(where + ": \"tokens\" must be a list of ids");
       std::vector<uint32_t> ids;

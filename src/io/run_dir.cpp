@@ -18,7 +18,8 @@ std::string latest_checkpoint(const std::string& run_dir) {
   std::string name;
   std::ifstream(pointer) >> name;
   const fs::path dir = fs::path(run_dir) / "checkpoints" / name;
-  if (name.empty() || !fs::is_directory(dir)) throw Error(pointer.string() + ": names '" + name + "', which is not a checkpoint directory");
+  if (name.empty() || !fs::is_directory(dir))
+    throw Error(pointer.string() + ": names '" + name + "', which is not a checkpoint directory");
   return dir.string();
 }
 
@@ -32,8 +33,8 @@ void verify_checkpoint(const std::string& dir) {
     if (!fs::exists(file)) throw Error(file.string() + ": missing from the checkpoint (listed in checksums.json)");
     const std::string actual = sha256_file(file.string());
     if (actual != it.value().get<std::string>()) {
-      throw Error(file.string() + ": checksum mismatch (SHA-256 " + actual + ", checksums.json says " + it.value().get<std::string>() +
-                  "): the checkpoint is corrupt");
+      throw Error(file.string() + ": checksum mismatch (SHA-256 " + actual + ", checksums.json says " +
+                  it.value().get<std::string>() + "): the checkpoint is corrupt");
     }
   }
 }

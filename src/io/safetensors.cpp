@@ -72,7 +72,8 @@ std::shared_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) 
   const uint64_t file_size = static_cast<uint64_t>(st.st_size);
   if (file_size < 8) {
     ::close(fd);
-    throw Error(path + ": not a safetensors file: " + std::to_string(file_size) + " bytes, shorter than the 8-byte header length");
+    throw Error(path + ": not a safetensors file: " + std::to_string(file_size) +
+                " bytes, shorter than the 8-byte header length");
   }
   void* map = ::mmap(nullptr, file_size, PROT_READ, MAP_PRIVATE, fd, 0);
   ::close(fd);
@@ -87,7 +88,8 @@ std::shared_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) 
     throw Error(path + ": header length " + std::to_string(header_len) + " runs past the end of the file (" +
                 std::to_string(file_size) + " bytes): truncated or not a safetensors file");
   }
-  if (header_len > kMaxHeaderBytes) throw Error(path + ": header length " + std::to_string(header_len) + " is implausibly large");
+  if (header_len > kMaxHeaderBytes)
+    throw Error(path + ": header length " + std::to_string(header_len) + " is implausibly large");
 
   json header;
   try {
@@ -124,7 +126,8 @@ std::shared_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) 
     if (!entry["shape"].is_array()) throw bad("shape must be a list");
     uint64_t numel = 1;
     for (const json& d : entry["shape"]) {
-      if (!d.is_number_unsigned() && !(d.is_number_integer() && d.get<int64_t>() >= 0)) throw bad("shape entries must be non-negative integers");
+      if (!d.is_number_unsigned() && !(d.is_number_integer() && d.get<int64_t>() >= 0))
+        throw bad("shape entries must be non-negative integers");
       uint64_t dim = d.get<uint64_t>();
       if (dim != 0 && numel > UINT64_MAX / dim) throw bad("shape overflows");
       numel *= dim;
@@ -136,14 +139,15 @@ std::shared_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) 
     }
     info.begin = off[0].get<uint64_t>();
     info.end = off[1].get<uint64_t>();
-    if (info.end < info.begin) throw bad("data_offsets end " + std::to_string(info.end) + " is before begin " + std::to_string(info.begin));
+    if (info.end < info.begin)
+      throw bad("data_offsets end " + std::to_string(info.end) + " is before begin " + std::to_string(info.begin));
     if (info.end > data_size) {
       throw bad("byte range [" + std::to_string(info.begin) + ", " + std::to_string(info.end) +
                 ") is out of bounds: the data section has " + std::to_string(data_size) + " bytes");
     }
     if (numel > UINT64_MAX / dt->bytes || info.end - info.begin != numel * dt->bytes) {
-      throw bad("byte range holds " + std::to_string(info.end - info.begin) + " bytes but " + info.dtype +
-                " " + shape_string(info.shape) + " needs " + std::to_string(numel * dt->bytes));
+      throw bad("byte range holds " + std::to_string(info.end - info.begin) + " bytes but " + info.dtype + " " +
+                shape_string(info.shape) + " needs " + std::to_string(numel * dt->bytes));
     }
     f->tensors_.push_back(std::move(info));
   }
@@ -159,8 +163,8 @@ std::shared_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) 
     const TensorInfo* cur = by_offset[i];
     if (cur->begin < prev->end) {
       throw Error(path + ": tensor '" + cur->name + "' byte range [" + std::to_string(cur->begin) + ", " +
-                  std::to_string(cur->end) + ") overlaps tensor '" + prev->name + "' [" +
-                  std::to_string(prev->begin) + ", " + std::to_string(prev->end) + ")");
+                  std::to_string(cur->end) + ") overlaps tensor '" + prev->name + "' [" + std::to_string(prev->begin) +
+                  ", " + std::to_string(prev->end) + ")");
     }
   }
   for (size_t i = 0; i < f->tensors_.size(); ++i) f->index_[f->tensors_[i].name] = i;
@@ -191,8 +195,8 @@ at::Tensor SafetensorsFile::tensor(const std::string& name) const {
   // Zero-copy view; the deleter holds the file (and so the mapping) alive. PROT_READ: never write to it.
   std::shared_ptr<const SafetensorsFile> keep = self_.lock();
   auto* holder = new std::shared_ptr<const SafetensorsFile>(keep);
-  return at::from_blob(const_cast<uint8_t*>(ptr), info->shape,
-                       [holder](void*) { delete holder; }, options);
+  return at::from_blob(
+      const_cast<uint8_t*>(ptr), info->shape, [holder](void*) { delete holder; }, options);
 }
 
 // ---- TensorStore ----------------------------------------------------------------------------------
@@ -219,7 +223,8 @@ TensorStore TensorStore::open_dir(const std::string& dir) {
       if (!it.value().is_string()) throw Error(index.string() + ": weight_map['" + it.key() + "'] must be a file name");
       const std::string shard = it.value().get<std::string>();
       if (shard.find('/') != std::string::npos || shard == "." || shard == "..") {
-        throw Error(index.string() + ": weight_map['" + it.key() + "'] names '" + shard + "', not a file in the directory");
+        throw Error(index.string() + ": weight_map['" + it.key() + "'] names '" + shard +
+                    "', not a file in the directory");
       }
       expected_shard[it.key()] = shard;
       if (!shard_ids.count(shard)) {
@@ -234,7 +239,8 @@ TensorStore TensorStore::open_dir(const std::string& dir) {
     for (const auto& [name, shard] : expected_shard) {
       size_t id = shard_ids[shard];
       if (!s.files_[id]->find(name)) {
-        throw Error(index.string() + ": tensor '" + name + "' is mapped to shard '" + shard + "', which does not hold it");
+        throw Error(index.string() + ": tensor '" + name + "' is mapped to shard '" + shard +
+                    "', which does not hold it");
       }
       s.where_[name] = id;
     }

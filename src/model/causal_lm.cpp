@@ -13,11 +13,16 @@ namespace archspace {
 std::vector<int64_t> ParamShape::resolve(const ModelConfig& c) const {
   auto size = [&](Dim dim) -> int64_t {
     switch (dim) {
-      case Dim::kHidden: return c.hidden_size;
-      case Dim::kQueryWidth: return c.num_attention_heads * c.head_dim;
-      case Dim::kKvWidth: return c.num_key_value_heads * c.head_dim;
-      case Dim::kIntermediate: return c.intermediate_size;
-      case Dim::kVocab: return c.vocab_size;
+      case Dim::kHidden:
+        return c.hidden_size;
+      case Dim::kQueryWidth:
+        return c.num_attention_heads * c.head_dim;
+      case Dim::kKvWidth:
+        return c.num_key_value_heads * c.head_dim;
+      case Dim::kIntermediate:
+        return c.intermediate_size;
+      case Dim::kVocab:
+        return c.vocab_size;
     }
     throw Error("unknown parameter dimension");
   };
@@ -173,7 +178,8 @@ at::Tensor CausalLM::base_block(const BaseLayerWeights& layer, const at::Tensor&
   return h + rms_norm(mlp(layer, h, ctx), layer.post_feedforward_layernorm, eps);
 }
 
-void CausalLM::siamese_block(const SiameseLayerWeights& layer, at::Tensor& X, at::Tensor& Y, const LayerContext& ctx) const {
+void CausalLM::siamese_block(const SiameseLayerWeights& layer, at::Tensor& X, at::Tensor& Y,
+                             const LayerContext& ctx) const {
   // SPEC.md section 3.1. X is the bounded (post-norm-like) stream, Y the identity (pre-norm-like) one;
   // both sublayers add c_l * O to X and O to Y, with c_l = 1/sqrt(2(l+1)).
   const double eps = config_.rms_norm_eps;
@@ -190,7 +196,8 @@ void CausalLM::siamese_block(const SiameseLayerWeights& layer, at::Tensor& X, at
 }
 
 at::Tensor CausalLM::forward(const at::Tensor& input_ids, const ForwardOptions& options) const {
-  if (input_ids.dim() != 2) throw Error("forward: input_ids must be [batch, time], got " + shape_string(input_ids.sizes().vec()));
+  if (input_ids.dim() != 2)
+    throw Error("forward: input_ids must be [batch, time], got " + shape_string(input_ids.sizes().vec()));
   const int64_t T = input_ids.size(1);
   at::Tensor ids = input_ids.to(device(), at::kLong);
   // [T], or [B, T] for a left-padded batch (each row counts positions from its first real token).
@@ -208,8 +215,12 @@ at::Tensor CausalLM::forward(const at::Tensor& input_ids, const ForwardOptions& 
   }
   auto context = [&](int64_t l) {
     const bool sliding = config_.layer_types[l] == LayerType::kSliding;
-    return LayerContext{l, sliding ? config_.sliding_window : 0, sliding ? sliding_cos : full_cos,
-                        sliding ? sliding_sin : full_sin, options, depth ? &*depth : nullptr};
+    return LayerContext{l,
+                        sliding ? config_.sliding_window : 0,
+                        sliding ? sliding_cos : full_cos,
+                        sliding ? sliding_sin : full_sin,
+                        options,
+                        depth ? &*depth : nullptr};
   };
 
   ActivationRecorder* recorder = options.recorder;
@@ -224,7 +235,8 @@ at::Tensor CausalLM::forward(const at::Tensor& input_ids, const ForwardOptions& 
       ctx.record("Y", Y);
     }
     const double eps = config_.rms_norm_eps;
-    x = rms_norm(X, siamese_final_->siamese_post_final_layernorm, eps) + rms_norm(Y, siamese_final_->siamese_pre_final_layernorm, eps);
+    x = rms_norm(X, siamese_final_->siamese_post_final_layernorm, eps) +
+        rms_norm(Y, siamese_final_->siamese_pre_final_layernorm, eps);
   } else {
     for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
       const LayerContext ctx = context(l);

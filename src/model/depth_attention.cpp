@@ -23,8 +23,8 @@ at::Tensor depth_attention_mix(const at::Tensor& q, const at::Tensor& k, const a
   std::vector<at::Tensor> keys(source_keys), values(source_values);
   keys.push_back(k);
   values.push_back(v);
-  at::Tensor K = at::stack(keys, /*dim=*/-2);    // [B, G, T, S+1, h]
-  at::Tensor V = at::stack(values, /*dim=*/-2);  // [B, G, T, S+1, h]
+  at::Tensor K = at::stack(keys, /*dim=*/-2);                                                // [B, G, T, S+1, h]
+  at::Tensor V = at::stack(values, /*dim=*/-2);                                              // [B, G, T, S+1, h]
   at::Tensor scores = (qbar.unsqueeze(-2) * K).sum(-1) / std::sqrt(static_cast<double>(h));  // [B, G, T, S+1]
   at::ScalarType softmax_dtype = at::promote_types(scores.scalar_type(), at::kFloat);
   at::Tensor alpha = at::softmax(scores.to(softmax_dtype), -1).to(v.scalar_type());
@@ -42,7 +42,9 @@ DepthAttentionState::DepthAttentionState(int64_t num_layers, int64_t stride, int
 at::Tensor DepthAttentionState::mix(int64_t layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
   std::vector<at::Tensor> source_keys, source_values;
   for (int64_t j : depth_sources(layer, stride_, recent_window_)) {
-    if (!keys_[j].defined()) throw Error("Depth-Attention: layer " + std::to_string(j) + " was not recorded before layer " + std::to_string(layer));
+    if (!keys_[j].defined())
+      throw Error("Depth-Attention: layer " + std::to_string(j) + " was not recorded before layer " +
+                  std::to_string(layer));
     source_keys.push_back(keys_[j]);
     source_values.push_back(values_[j]);
   }

@@ -7,7 +7,9 @@
 namespace archspace {
 
 KVCache::KVCache(const ModelConfig& config, std::vector<int64_t> left_padding)
-    : types_(config.layer_types), window_(config.sliding_window), max_positions_(config.max_position_embeddings),
+    : types_(config.layer_types),
+      window_(config.sliding_window),
+      max_positions_(config.max_position_embeddings),
       left_padding_(std::move(left_padding)),
       layers_(config.num_hidden_layers) {
   for (int64_t pad : left_padding_) {
@@ -26,10 +28,10 @@ at::Tensor KVCache::positions(int64_t tokens, const at::Device& device) const {
 
 at::Tensor KVCache::padding_mask(int64_t tokens, const at::Tensor& key_slots) const {
   const at::Device device = key_slots.device();
-  at::Tensor pad = at::tensor(left_padding_, at::kLong).to(device).view({-1, 1, 1, 1});        // [B, 1, 1, 1]
+  at::Tensor pad = at::tensor(left_padding_, at::kLong).to(device).view({-1, 1, 1, 1});  // [B, 1, 1, 1]
   at::Tensor query_slots = at::arange(length_, length_ + tokens, key_slots.options()).view({1, 1, -1, 1});
-  at::Tensor key_is_real = key_slots.view({1, 1, 1, -1}) >= pad;                                 // [B, 1, 1, S]
-  at::Tensor query_is_padding = query_slots < pad;                                               // [B, 1, T, 1]
+  at::Tensor key_is_real = key_slots.view({1, 1, 1, -1}) >= pad;  // [B, 1, 1, S]
+  at::Tensor query_is_padding = query_slots < pad;                // [B, 1, T, 1]
   return key_is_real | query_is_padding;
 }
 
@@ -65,7 +67,8 @@ KVCache::View KVCache::append_full(LayerCache& c, const at::Tensor& k, const at:
   c.v.narrow(2, previous, T).copy_(v);
   c.held = previous + T;
   View view{c.k.narrow(2, 0, c.held), c.v.narrow(2, 0, c.held), previous, {}};
-  if (padded_) view.padding_mask = padding_mask(T, at::arange(c.held, at::TensorOptions().dtype(at::kLong).device(k.device())));
+  if (padded_)
+    view.padding_mask = padding_mask(T, at::arange(c.held, at::TensorOptions().dtype(at::kLong).device(k.device())));
   return view;
 }
 

@@ -77,10 +77,11 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
     for (int64_t s = 0; s < tq; s += window) {
       const int64_t e = std::min(tq, s + window);
       const int64_t k0 = std::max<int64_t>(0, s + q_offset - (window - 1)), k1 = std::min(tk, e + q_offset);
-      at::Tensor block_padding = padding_mask.defined() ? padding_mask.narrow(2, s, e - s).narrow(3, k0, k1 - k0) : at::Tensor();
+      at::Tensor block_padding =
+          padding_mask.defined() ? padding_mask.narrow(2, s, e - s).narrow(3, k0, k1 - k0) : at::Tensor();
       at::Tensor mask = full_mask(e - s, k1 - k0, window, s + q_offset - k0, block_padding, q.device());
-      blocks.push_back(at::scaled_dot_product_attention(q.narrow(2, s, e - s), k.narrow(2, k0, k1 - k0), v.narrow(2, k0, k1 - k0),
-                                                        mask, 0.0, false, scale, gqa));
+      blocks.push_back(at::scaled_dot_product_attention(q.narrow(2, s, e - s), k.narrow(2, k0, k1 - k0),
+                                                        v.narrow(2, k0, k1 - k0), mask, 0.0, false, scale, gqa));
     }
     return at::cat(blocks, 2);
   }

@@ -13,7 +13,8 @@ namespace {
 
 // Rows [n0, n1) of y[m, n] = sum_k W[n, k] x[m, k] for all M rows of x. Four weight rows at a time, so
 // four independent FMA chains hide latency; the 4 x K block is reused from L1 for every row of x.
-void dot_rows_scalar(const float* W, const float* x, float* y, int64_t M, int64_t N, int64_t K, int64_t n0, int64_t n1) {
+void dot_rows_scalar(const float* W, const float* x, float* y, int64_t M, int64_t N, int64_t K, int64_t n0,
+                     int64_t n1) {
   for (int64_t n = n0; n < n1; ++n) {
     const float* w = W + n * K;
     for (int64_t m = 0; m < M; ++m) {

@@ -27,7 +27,8 @@ void check_weights(const ModelConfig& config, const TensorStore& store, const st
     }
     const TensorInfo& info = store.info(spec.name);
     if (info.shape != spec.shape) {
-      misshaped.push_back(spec.name + " (file " + shape_string(info.shape) + ", model " + shape_string(spec.shape) + ")");
+      misshaped.push_back(spec.name + " (file " + shape_string(info.shape) + ", model " + shape_string(spec.shape) +
+                          ")");
     }
     if (info.dtype != "F32" && info.dtype != "BF16" && info.dtype != "F16") {
       bad_dtype.push_back(spec.name + " (" + info.dtype + ")");

@@ -1,9 +1,9 @@
 #include "archspace/model/rope.h"
 
-#include "archspace/model/layers.h"
-
 #include <algorithm>
 #include <cmath>
+
+#include "archspace/model/layers.h"
 
 namespace archspace {
 
@@ -52,7 +52,7 @@ std::pair<at::Tensor, at::Tensor> Rope::tables(const at::Tensor& positions) cons
   at::Tensor inv = inv_freq.to(positions.device());
   // An outer product of fp32 values: each angle is one correctly rounded product, as in transformers.
   at::Tensor angles = positions.to(at::kFloat).unsqueeze(-1) * inv;  // [..., T, h/2]
-  at::Tensor emb = at::cat({angles, angles}, -1);                     // [..., T, h]
+  at::Tensor emb = at::cat({angles, angles}, -1);                    // [..., T, h]
   return {emb.cos() * attention_factor, emb.sin() * attention_factor};
 }
 

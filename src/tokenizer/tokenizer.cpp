@@ -29,10 +29,14 @@ size_t utf8_sequence_length(std::string_view s, size_t i) {
   if (c < 0x80) return 1;
   size_t n;
   uint32_t min;
-  if ((c & 0xE0) == 0xC0) n = 2, min = 0x80;
-  else if ((c & 0xF0) == 0xE0) n = 3, min = 0x800;
-  else if ((c & 0xF8) == 0xF0) n = 4, min = 0x10000;
-  else return 0;
+  if ((c & 0xE0) == 0xC0)
+    n = 2, min = 0x80;
+  else if ((c & 0xF0) == 0xE0)
+    n = 3, min = 0x800;
+  else if ((c & 0xF8) == 0xF0)
+    n = 4, min = 0x10000;
+  else
+    return 0;
   if (i + n > s.size()) return 0;
   uint32_t cp = c & (0x7F >> n);
   for (size_t k = 1; k < n; ++k) {
@@ -102,7 +106,8 @@ std::vector<std::string> byte_to_unicode_table() {
   std::vector<std::string> table(256);
   auto utf8 = [](uint32_t cp) {
     std::string s;
-    if (cp < 0x80) s += static_cast<char>(cp);
+    if (cp < 0x80)
+      s += static_cast<char>(cp);
     else {
       s += static_cast<char>(0xC0 | (cp >> 6));
       s += static_cast<char>(0x80 | (cp & 0x3F));
@@ -201,21 +206,25 @@ std::string resolve_tokenizer_path(const std::string& spec) {
     if (!fs::exists(p)) throw Error(spec + ": no tokenizer.json in the directory");
     return p.string();
   }
-  if (!fs::exists(spec)) throw Error(spec + ": tokenizer file not found (give a tokenizer.json, a directory, or 'dolma2')");
+  if (!fs::exists(spec))
+    throw Error(spec + ": tokenizer file not found (give a tokenizer.json, a directory, or 'dolma2')");
   return spec;
 }
 
-std::shared_ptr<const Tokenizer> model_tokenizer(const std::string& model_dir, const std::string& explicit_spec, int64_t vocab_size,
-                                                 const std::string& fallback) {
+std::shared_ptr<const Tokenizer> model_tokenizer(const std::string& model_dir, const std::string& explicit_spec,
+                                                 int64_t vocab_size, const std::string& fallback) {
   std::string spec = explicit_spec;
   if (spec.empty()) spec = fs::exists(fs::path(model_dir) / "tokenizer.json") ? model_dir : fallback;
   if (spec.empty()) {
-    throw Error(model_dir + ": the model directory has no tokenizer.json (training checkpoints and export-hf carry one; or pass --tokenizer)");
+    throw Error(model_dir +
+                ": the model directory has no tokenizer.json (training checkpoints and export-hf carry one; or pass "
+                "--tokenizer)");
   }
   auto tokenizer = Tokenizer::load(spec);
   if (vocab_size > 0 && tokenizer->vocab_size() > vocab_size) {
-    throw Error(tokenizer->path() + ": the tokenizer has " + std::to_string(tokenizer->vocab_size()) + " ids but the model's vocab_size is " +
-                std::to_string(vocab_size) + " (give the model's tokenizer with --tokenizer)");
+    throw Error(tokenizer->path() + ": the tokenizer has " + std::to_string(tokenizer->vocab_size()) +
+                " ids but the model's vocab_size is " + std::to_string(vocab_size) +
+                " (give the model's tokenizer with --tokenizer)");
   }
   return tokenizer;
 }
@@ -249,33 +258,44 @@ std::shared_ptr<const Tokenizer> Tokenizer::load(const std::string& spec) {
   const std::string type = model.value("type", "");
   if (type != "BPE") throw fail("field 'model.type' is '" + type + "'; only byte-level BPE is supported");
   for (const char* f : {"continuing_subword_prefix", "end_of_word_suffix"}) {
-    if (model.contains(f) && !model[f].is_null() && model[f] != "") throw fail(std::string("field 'model.") + f + "' is not supported");
+    if (model.contains(f) && !model[f].is_null() && model[f] != "")
+      throw fail(std::string("field 'model.") + f + "' is not supported");
   }
-  if (model.value("byte_fallback", false)) throw fail("field 'model.byte_fallback' is not supported (byte-level BPE needs none)");
+  if (model.value("byte_fallback", false))
+    throw fail("field 'model.byte_fallback' is not supported (byte-level BPE needs none)");
   if (model.contains("dropout") && !model["dropout"].is_null()) throw fail("field 'model.dropout' is not supported");
   t->ignore_merges_ = model.value("ignore_merges", false);
-  if (j.contains("normalizer") && !j["normalizer"].is_null()) throw fail("field 'normalizer' is not supported (must be null)");
+  if (j.contains("normalizer") && !j["normalizer"].is_null())
+    throw fail("field 'normalizer' is not supported (must be null)");
 
   // Pre-tokenizer: Sequence[Split(regex), ByteLevel(use_regex=false)], or ByteLevel(use_regex=true).
   std::string pattern;
   const json& pre = j.value("pre_tokenizer", json());
   std::vector<json> steps;
-  if (pre.is_object() && pre.value("type", "") == "Sequence") steps = pre["pretokenizers"].get<std::vector<json>>();
-  else if (pre.is_object()) steps = {pre};
+  if (pre.is_object() && pre.value("type", "") == "Sequence")
+    steps = pre["pretokenizers"].get<std::vector<json>>();
+  else if (pre.is_object())
+    steps = {pre};
   bool byte_level = false;
   for (const json& s : steps) {
     const std::string st = s.value("type", "");
     if (st == "Split") {
-      if (!s.contains("pattern") || !s["pattern"].contains("Regex")) throw fail("pre_tokenizer Split: only a 'Regex' pattern is supported");
+      if (!s.contains("pattern") || !s["pattern"].contains("Regex"))
+        throw fail("pre_tokenizer Split: only a 'Regex' pattern is supported");
       pattern = s["pattern"]["Regex"].get<std::string>();
       const std::string behavior = s.value("behavior", "");
       const bool invert = s.value("invert", false);
-      if (behavior == "Removed" && invert) t->keep_gaps_ = false;
-      else if (behavior == "Isolated" && !invert) t->keep_gaps_ = true;
-      else throw fail("pre_tokenizer Split: behavior '" + behavior + "' with invert=" + (invert ? "true" : "false") + " is not supported");
+      if (behavior == "Removed" && invert)
+        t->keep_gaps_ = false;
+      else if (behavior == "Isolated" && !invert)
+        t->keep_gaps_ = true;
+      else
+        throw fail("pre_tokenizer Split: behavior '" + behavior + "' with invert=" + (invert ? "true" : "false") +
+                   " is not supported");
     } else if (st == "ByteLevel") {
       byte_level = true;
-      if (s.value("add_prefix_space", false)) throw fail("pre_tokenizer ByteLevel: add_prefix_space=true is not supported");
+      if (s.value("add_prefix_space", false))
+        throw fail("pre_tokenizer ByteLevel: add_prefix_space=true is not supported");
       if (s.value("use_regex", true)) {
         if (!pattern.empty()) throw fail("pre_tokenizer: two regexes");
         pattern = kGpt2Pattern;
@@ -297,7 +317,8 @@ std::shared_ptr<const Tokenizer> Tokenizer::load(const std::string& spec) {
   if (!t->regex_->code) {
     PCRE2_UCHAR msg[256];
     pcre2_get_error_message(err, msg, sizeof(msg));
-    throw fail("pre_tokenizer regex does not compile at offset " + std::to_string(err_offset) + ": " + reinterpret_cast<char*>(msg));
+    throw fail("pre_tokenizer regex does not compile at offset " + std::to_string(err_offset) + ": " +
+               reinterpret_cast<char*>(msg));
   }
   pcre2_jit_compile(t->regex_->code, PCRE2_JIT_COMPLETE);  // falls back to the interpreter if JIT is unavailable
 
@@ -324,7 +345,8 @@ std::shared_ptr<const Tokenizer> Tokenizer::load(const std::string& spec) {
   }
   for (int b = 0; b < 256; ++b) {
     auto it = t->vocab_.find(b2u[b]);
-    if (it == t->vocab_.end()) throw fail("model.vocab lacks the token of byte " + std::to_string(b) + " (not byte-level BPE?)");
+    if (it == t->vocab_.end())
+      throw fail("model.vocab lacks the token of byte " + std::to_string(b) + " (not byte-level BPE?)");
     t->byte_ids_[b] = it->second;
   }
 
@@ -441,7 +463,8 @@ void Tokenizer::encode_segment(std::string_view text, std::vector<uint32_t>& out
   const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
   size_t pos = 0, gap_start = 0;
   while (pos <= text.size()) {
-    int rc = pcre2_jit_match(regex_->code, subject, text.size(), pos, PCRE2_NO_UTF_CHECK, scratch.data, scratch.context);
+    int rc =
+        pcre2_jit_match(regex_->code, subject, text.size(), pos, PCRE2_NO_UTF_CHECK, scratch.data, scratch.context);
     if (rc == PCRE2_ERROR_JIT_BADOPTION) {
       rc = pcre2_match(regex_->code, subject, text.size(), pos, PCRE2_NO_UTF_CHECK, scratch.data, scratch.context);
     }
@@ -490,7 +513,9 @@ std::vector<uint32_t> Tokenizer::encode(std::string_view text) const {
 std::string Tokenizer::decode(const std::vector<uint32_t>& ids, bool skip_special_tokens) const {
   std::string bytes;
   for (uint32_t id : ids) {
-    if (id >= id_to_bytes_.size()) throw Error("decode: token id " + std::to_string(id) + " is out of range [0, " + std::to_string(vocab_size_) + ")");
+    if (id >= id_to_bytes_.size())
+      throw Error("decode: token id " + std::to_string(id) + " is out of range [0, " + std::to_string(vocab_size_) +
+                  ")");
     if (skip_special_tokens && is_special_[id]) continue;
     bytes += id_to_bytes_[id];
   }

@@ -4,7 +4,8 @@
 
 namespace archspace {
 
-AutocastGuard::AutocastGuard(bool enabled, c10::DeviceType device, c10::ScalarType dtype) : enabled_(enabled), device_(device) {
+AutocastGuard::AutocastGuard(bool enabled, c10::DeviceType device, c10::ScalarType dtype)
+    : enabled_(enabled), device_(device) {
   if (!enabled_) return;
   previous_enabled_ = at::autocast::is_autocast_enabled(device_);
   previous_dtype_ = at::autocast::get_autocast_dtype(device_);

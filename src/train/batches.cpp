@@ -25,13 +25,15 @@ Batch window_batch(const InstanceLoader& loader, uint64_t first, int64_t count) 
   return {ids, labels};
 }
 
-ChatBatches::ChatBatches(std::vector<ChatExample> examples, int64_t seq_len, int64_t pad_id, uint64_t seed, bool shuffle)
+ChatBatches::ChatBatches(std::vector<ChatExample> examples, int64_t seq_len, int64_t pad_id, uint64_t seed,
+                         bool shuffle)
     : examples_(std::move(examples)), seq_len_(seq_len), pad_id_(pad_id), seed_(seed), shuffle_(shuffle) {
   if (examples_.empty()) throw Error("chat batches: no examples");
 }
 
 Batch ChatBatches::batch(uint64_t first, int64_t count) const {
-  at::Tensor ids = at::full({count, seq_len_}, pad_id_, at::kLong), labels = at::full({count, seq_len_}, kIgnoreIndex, at::kLong);
+  at::Tensor ids = at::full({count, seq_len_}, pad_id_, at::kLong),
+             labels = at::full({count, seq_len_}, kIgnoreIndex, at::kLong);
   auto id_a = ids.accessor<int64_t, 2>(), lab_a = labels.accessor<int64_t, 2>();
   const uint64_t n = examples_.size();
   for (int64_t b = 0; b < count; ++b) {

@@ -30,7 +30,8 @@ void fsync_path(const fs::path& p) {
 void write_text(const fs::path& p, const std::string& text) {
   std::FILE* f = std::fopen(p.c_str(), "wb");
   if (!f) throw Error(p.string() + ": cannot open for writing");
-  const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size() && std::fflush(f) == 0 && ::fsync(fileno(f)) == 0;
+  const bool ok =
+      std::fwrite(text.data(), 1, text.size(), f) == text.size() && std::fflush(f) == 0 && ::fsync(fileno(f)) == 0;
   if (std::fclose(f) != 0 || !ok) throw Error(p.string() + ": write failed (disk full?)");
 }
 
@@ -55,7 +56,8 @@ void maybe_crash(int64_t step) {
 
 }  // namespace
 
-std::string save_checkpoint(const std::string& run_dir, int64_t step, const CheckpointContents& c, int64_t keep_last, bool is_final) {
+std::string save_checkpoint(const std::string& run_dir, int64_t step, const CheckpointContents& c, int64_t keep_last,
+                            bool is_final) {
   const fs::path root = fs::path(run_dir) / "checkpoints";
   fs::create_directories(root);
   const std::string name = step_name(step);
@@ -102,6 +104,8 @@ std::string save_checkpoint(const std::string& run_dir, int64_t step, const Chec
   return final_dir.string();
 }
 
-json read_trainer_state(const std::string& dir) { return read_json_file((fs::path(dir) / "trainer_state.json").string()); }
+json read_trainer_state(const std::string& dir) {
+  return read_json_file((fs::path(dir) / "trainer_state.json").string());
+}
 
 }  // namespace archspace

@@ -51,11 +51,13 @@ void AdamW::load_state(const NamedTensors& state, int64_t steps_taken, const std
     for (auto [prefix, dst] : {std::pair{"exp_avg.", &exp_avg_[i]}, std::pair{"exp_avg_sq.", &exp_avg_sq_[i]}}) {
       auto it = by_name.find(prefix + params_[i].name);
       if (it == by_name.end()) throw Error(source + ": optimizer state lacks '" + prefix + params_[i].name + "'");
-      if (it->second.sizes() != dst->sizes()) throw Error(source + ": optimizer state '" + prefix + params_[i].name + "' has the wrong shape");
+      if (it->second.sizes() != dst->sizes())
+        throw Error(source + ": optimizer state '" + prefix + params_[i].name + "' has the wrong shape");
       dst->copy_(it->second);
     }
   }
-  if (by_name.size() != 2 * params_.size()) throw Error(source + ": optimizer state has tensors for parameters the model lacks");
+  if (by_name.size() != 2 * params_.size())
+    throw Error(source + ": optimizer state has tensors for parameters the model lacks");
   step_ = steps_taken;
 }
 

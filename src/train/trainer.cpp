@@ -37,7 +37,8 @@ CausalLM build_stage_model(const TrainConfig& cfg, at::Device device) {
     auto same = [&](const char* field, auto a, auto b) {
       if (a != b) diffs.push_back(std::string(field) + " " + std::to_string(a) + " -> " + std::to_string(b));
     };
-    if (wanted.variant != next.variant) diffs.push_back(std::string("variant ") + variant_name(next.variant) + " -> " + variant_name(wanted.variant));
+    if (wanted.variant != next.variant)
+      diffs.push_back(std::string("variant ") + variant_name(next.variant) + " -> " + variant_name(wanted.variant));
     same("hidden_size", next.hidden_size, wanted.hidden_size);
     same("num_hidden_layers", next.num_hidden_layers, wanted.num_hidden_layers);
     same("num_attention_heads", next.num_attention_heads, wanted.num_attention_heads);
@@ -54,8 +55,10 @@ CausalLM build_stage_model(const TrainConfig& cfg, at::Device device) {
     if (!diffs.empty()) {
       std::string list;
       for (const auto& d : diffs) list += "\n  " + d;
-      throw Error(cfg.source + ": a stage transition may change only the sequence length and RoPE, but this stage's model differs from " +
-                  model_dir + ":" + list);
+      throw Error(
+          cfg.source +
+          ": a stage transition may change only the sequence length and RoPE, but this stage's model differs from " +
+          model_dir + ":" + list);
     }
   }
   if (cfg.rope_scaling) next.rope_scaling = cfg.rope_scaling;
@@ -89,15 +92,18 @@ void Trainer::setup_device() {
   }
   device_ = cfg_.device.device();
   autocast_ = cfg_.dtype == DType::kBf16;
-  if (autocast_ && !device_.is_cuda()) throw Error(cfg_.source + ": key 'train.dtype' = \"bf16\" (autocast) needs a CUDA device; use fp32 on CPU");
+  if (autocast_ && !device_.is_cuda())
+    throw Error(cfg_.source + ": key 'train.dtype' = \"bf16\" (autocast) needs a CUDA device; use fp32 on CPU");
 }
 
 void Trainer::setup_run_dir() {
   if (options_.resume) {
     resume_from_ = latest_checkpoint(cfg_.run_dir);
-    if (resume_from_.empty()) progress_->note("--resume: " + cfg_.run_dir + " has no checkpoint yet; starting from step 0");
+    if (resume_from_.empty())
+      progress_->note("--resume: " + cfg_.run_dir + " has no checkpoint yet; starting from step 0");
   } else if (fs::exists(fs::path(cfg_.run_dir) / "checkpoints")) {
-    throw Error(cfg_.run_dir + ": already holds a run (checkpoints/); use --resume to continue it or choose another train.run_dir");
+    throw Error(cfg_.run_dir +
+                ": already holds a run (checkpoints/); use --resume to continue it or choose another train.run_dir");
   }
   fs::create_directories(cfg_.run_dir);
 }
@@ -108,10 +114,12 @@ void Trainer::setup_data() {
     auto shards = TokenShards::open(cfg_.train_data);
     const ShardManifest& m = shards->manifest();
     if (m.vocab_size > mc.vocab_size) {
-      throw Error(cfg_.source + ": tokenizer/model vocabulary mismatch: " + cfg_.train_data + " was tokenized with " + m.tokenizer_name + " (" +
-                  std::to_string(m.vocab_size) + " ids) but the model has vocab_size " + std::to_string(mc.vocab_size));
+      throw Error(cfg_.source + ": tokenizer/model vocabulary mismatch: " + cfg_.train_data + " was tokenized with " +
+                  m.tokenizer_name + " (" + std::to_string(m.vocab_size) + " ids) but the model has vocab_size " +
+                  std::to_string(mc.vocab_size));
     }
-    train_batches_ = std::make_unique<WindowBatches>(std::make_shared<InstanceLoader>(shards, cfg_.sequence_length, cfg_.seed, cfg_.shuffle));
+    train_batches_ = std::make_unique<WindowBatches>(
+        std::make_shared<InstanceLoader>(shards, cfg_.sequence_length, cfg_.seed, cfg_.shuffle));
     if (!cfg_.valid_data.empty()) {
       auto vshards = TokenShards::open(cfg_.valid_data);
       if (vshards->manifest().tokenizer_sha256 != m.tokenizer_sha256) {
@@ -125,11 +133,13 @@ void Trainer::setup_data() {
   } else {
     auto tokenizer = Tokenizer::load(cfg_.tokenizer);
     if (tokenizer->vocab_size() > mc.vocab_size) {
-      throw Error(cfg_.source + ": tokenizer/model vocabulary mismatch: " + tokenizer->path() + " has " + std::to_string(tokenizer->vocab_size()) +
-                  " ids but the model has vocab_size " + std::to_string(mc.vocab_size));
+      throw Error(cfg_.source + ": tokenizer/model vocabulary mismatch: " + tokenizer->path() + " has " +
+                  std::to_string(tokenizer->vocab_size()) + " ids but the model has vocab_size " +
+                  std::to_string(mc.vocab_size));
     }
     const int64_t pad = mc.pad_token_id.value_or(tokenizer->token_to_id("<|pad|>").value_or(0));
-    train_batches_ = std::make_unique<ChatBatches>(load_chat_jsonl(cfg_.train_data, *tokenizer), cfg_.sequence_length, pad, cfg_.seed, cfg_.shuffle);
+    train_batches_ = std::make_unique<ChatBatches>(load_chat_jsonl(cfg_.train_data, *tokenizer), cfg_.sequence_length,
+                                                   pad, cfg_.seed, cfg_.shuffle);
     tokenizer_file_ = tokenizer->path();
   }
 }
@@ -140,7 +150,8 @@ void Trainer::setup_optimizer() {
   for (size_t i = 0; i < specs.size(); ++i) {
     at::Tensor p = model_->parameters()[i].second;
     p.requires_grad_(true);
-    const bool decay = specs[i].kind == ParamKind::kLinear || (specs[i].kind == ParamKind::kEmbedding && cfg_.decay_embeddings) ||
+    const bool decay = specs[i].kind == ParamKind::kLinear ||
+                       (specs[i].kind == ParamKind::kEmbedding && cfg_.decay_embeddings) ||
                        (specs[i].kind == ParamKind::kNorm && cfg_.decay_norms);
     params_.push_back({specs[i].name, p, decay});
   }
@@ -154,10 +165,11 @@ void Trainer::resume() {
   verify_checkpoint(resume_from_);
   const json state = read_trainer_state(resume_from_);
   // Resuming under other batch geometry would silently read other instances: refuse.
-  for (const auto& [key, value] : {std::pair<const char*, int64_t>{"sequence_length", cfg_.sequence_length}, {"global_batch", cfg_.global_batch()}}) {
+  for (const auto& [key, value] : {std::pair<const char*, int64_t>{"sequence_length", cfg_.sequence_length},
+                                   {"global_batch", cfg_.global_batch()}}) {
     if (state.at(key).get<int64_t>() != value) {
-      throw Error(cfg_.source + ": cannot resume " + resume_from_ + ": it was trained with " + key + " " + state.at(key).dump() +
-                  ", this config says " + std::to_string(value));
+      throw Error(cfg_.source + ": cannot resume " + resume_from_ + ": it was trained with " + key + " " +
+                  state.at(key).dump() + ", this config says " + std::to_string(value));
     }
   }
   CausalLM saved = load_model((fs::path(resume_from_) / "model").string(), {at::kFloat, device_});
@@ -222,7 +234,9 @@ StepStats Trainer::train_step(int64_t step) {
     labelled += labelled_tokens(micro.back());
     ids.push_back(micro.back().input_ids);
   }
-  if (labelled == 0) throw Error("step " + std::to_string(step) + ": the batch has no labelled tokens (SFT examples without assistant tokens?)");
+  if (labelled == 0)
+    throw Error("step " + std::to_string(step) +
+                ": the batch has no labelled tokens (SFT examples without assistant tokens?)");
 
   double ce = 0, z = 0;
   for (const Batch& b : micro) {
@@ -286,8 +300,9 @@ void Trainer::save(int64_t step, bool is_final) {
                       {"variant", variant_name(model_->config().variant)},
                       {"sequence_length", cfg_.sequence_length},
                       {"global_batch", cfg_.global_batch()}};
-  last_checkpoint_ = save_checkpoint(cfg_.run_dir, step, {model_.get(), optimizer_->state(), state, cfg_.text, tokenizer_file_}, cfg_.keep_last,
-                                     is_final);
+  last_checkpoint_ =
+      save_checkpoint(cfg_.run_dir, step, {model_.get(), optimizer_->state(), state, cfg_.text, tokenizer_file_},
+                      cfg_.keep_last, is_final);
 }
 
 // ---- what a step reports --------------------------------------------------------------------------
@@ -295,20 +310,28 @@ void Trainer::save(int64_t step, bool is_final) {
 void Trainer::log_step(int64_t step, const StepStats& s, double step_seconds) {
   const double step_tokens = static_cast<double>(cfg_.global_batch() * cfg_.sequence_length);
   const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
-  metrics_->write({{"step", step + 1}, {"tokens", tokens_seen_}, {"loss", s.loss}, {"z_loss", s.z_loss}, {"lr", s.lr},
-                   {"grad_norm", s.grad_norm}, {"tokens_per_s", step_tokens / step_seconds}, {"elapsed_s", elapsed},
+  metrics_->write({{"step", step + 1},
+                   {"tokens", tokens_seen_},
+                   {"loss", s.loss},
+                   {"z_loss", s.z_loss},
+                   {"lr", s.lr},
+                   {"grad_norm", s.grad_norm},
+                   {"tokens_per_s", step_tokens / step_seconds},
+                   {"elapsed_s", elapsed},
                    {"batch_hash", s.batch_hash}});
 }
 
 void Trainer::show_progress(int64_t step, const StepStats& s, double step_seconds) {
   const int64_t done = step + 1 - start_step_, total = cfg_.max_steps - start_step_;
   char what[192];
-  std::snprintf(what, sizeof(what), "step %lld/%lld | loss %.4f | lr %.2e | grad %.3f | %.0f tok/s", static_cast<long long>(step + 1),
-                static_cast<long long>(cfg_.max_steps), s.loss, s.lr, s.grad_norm,
+  std::snprintf(what, sizeof(what), "step %lld/%lld | loss %.4f | lr %.2e | grad %.3f | %.0f tok/s",
+                static_cast<long long>(step + 1), static_cast<long long>(cfg_.max_steps), s.loss, s.lr, s.grad_norm,
                 static_cast<double>(cfg_.global_batch() * cfg_.sequence_length) / step_seconds);
   progress_->update(what, static_cast<double>(done) / static_cast<double>(total), done == 1 || done == total);
 }
 
-TrainResult run_training(const TrainConfig& config, const TrainOptions& options) { return Trainer(config, options).run(); }
+TrainResult run_training(const TrainConfig& config, const TrainOptions& options) {
+  return Trainer(config, options).run();
+}
 
 }  // namespace archspace

@@ -15,7 +15,8 @@ std::optional<nlohmann::json> parse_json_line(const std::string& line, const std
   }
 }
 
-int64_t for_each_json_line(const std::string& path, const std::function<void(const nlohmann::json&, const std::string&)>& fn) {
+int64_t for_each_json_line(const std::string& path,
+                           const std::function<void(const nlohmann::json&, const std::string&)>& fn) {
   std::ifstream in(path);
   if (!in) throw Error(path + ": cannot open");
   int64_t count = 0;

@@ -14,7 +14,10 @@ std::string format_duration(double seconds) {
 }
 
 ProgressLine::ProgressLine(std::string label, bool enabled)
-    : label_(std::move(label)), enabled_(enabled), tty_(::isatty(fileno(stderr)) != 0), start_(std::chrono::steady_clock::now()) {}
+    : label_(std::move(label)),
+      enabled_(enabled),
+      tty_(::isatty(fileno(stderr)) != 0),
+      start_(std::chrono::steady_clock::now()) {}
 
 ProgressLine::~ProgressLine() { finish(); }
 
@@ -29,7 +32,8 @@ void ProgressLine::update(const std::string& what, double fraction_done, bool fo
   const bool printed_before = last_print_.time_since_epoch().count() != 0;
   if (!force && printed_before && since_print < (tty_ ? 0.3 : 5.0)) return;
   const double elapsed = elapsed_seconds();
-  const std::string eta = fraction_done > 0 ? format_duration(elapsed / fraction_done * (1.0 - fraction_done)) : std::string("?");
+  const std::string eta =
+      fraction_done > 0 ? format_duration(elapsed / fraction_done * (1.0 - fraction_done)) : std::string("?");
   std::fprintf(stderr, "%s[%s] %s | elapsed %s | ETA %s%s", tty_ ? "\r\033[K" : "", label_.c_str(), what.c_str(),
                format_duration(elapsed).c_str(), eta.c_str(), tty_ ? "" : "\n");
   std::fflush(stderr);

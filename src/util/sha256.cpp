@@ -15,7 +15,8 @@ struct Sha256::State {
 
 Sha256::Sha256() : state_(new State) {
   state_->ctx = EVP_MD_CTX_new();
-  if (!state_->ctx || EVP_DigestInit_ex(state_->ctx, EVP_sha256(), nullptr) != 1) throw Error("sha256: OpenSSL init failed");
+  if (!state_->ctx || EVP_DigestInit_ex(state_->ctx, EVP_sha256(), nullptr) != 1)
+    throw Error("sha256: OpenSSL init failed");
 }
 
 Sha256::~Sha256() { EVP_MD_CTX_free(state_->ctx); }

@@ -26,7 +26,8 @@ bool read_cpu_times(double& total, double& idle) {
   std::ifstream in("/proc/stat");
   std::string cpu;
   double user, nice, system, idle_t, iowait, irq, softirq, steal;
-  if (!(in >> cpu >> user >> nice >> system >> idle_t >> iowait >> irq >> softirq >> steal) || cpu != "cpu") return false;
+  if (!(in >> cpu >> user >> nice >> system >> idle_t >> iowait >> irq >> softirq >> steal) || cpu != "cpu")
+    return false;
   total = user + nice + system + idle_t + iowait + irq + softirq + steal;
   idle = idle_t + iowait;
   return true;

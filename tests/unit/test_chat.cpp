@@ -26,9 +26,10 @@ TEST(Chat, FormatAndLossMask) {
                              {{"role", "assistant"}, {"content", "4"}}};
   ChatExample ex = encode_chat(*tok, messages, "test");
   ASSERT_EQ(ex.ids.size(), ex.trained.size());
-  const std::string expected_text = std::string("<|im_start|>system\n") + kDefaultSystemPrompt +
-                                    "<|im_end|>\n<|im_start|>user\nHi?<|im_end|>\n<|im_start|>assistant\nHello.<|im_end|>\n"
-                                    "<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n4<|endoftext|>";
+  const std::string expected_text =
+      std::string("<|im_start|>system\n") + kDefaultSystemPrompt +
+      "<|im_end|>\n<|im_start|>user\nHi?<|im_end|>\n<|im_start|>assistant\nHello.<|im_end|>\n"
+      "<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n4<|endoftext|>";
   EXPECT_EQ(tok->decode(ex.ids), expected_text);
   // Only assistant content and each assistant turn's end token carry loss.
   EXPECT_EQ(trained_text(*tok, ex), "Hello.<|im_end|>4<|endoftext|>");
@@ -50,10 +51,12 @@ TEST(Chat, ContentStartingWithANewlineIsEncodedAsTheWholeText) {
   // The chat template renders one text; "assistant\n" + "\n\nx" tokenizes with the newlines merged, so
   // the SFT ids must equal encode() of the rendered text, and the merged token (it carries content) trains.
   auto tok = Tokenizer::load("dolma2");
-  nlohmann::json messages = {{{"role", "user"}, {"content", "\nWhat?"}}, {{"role", "assistant"}, {"content", "\n\n4."}}};
+  nlohmann::json messages = {{{"role", "user"}, {"content", "\nWhat?"}},
+                             {{"role", "assistant"}, {"content", "\n\n4."}}};
   ChatExample ex = encode_chat(*tok, messages, "test");
-  const std::string rendered = std::string("<|im_start|>system\n") + kDefaultSystemPrompt +
-                               "<|im_end|>\n<|im_start|>user\n\nWhat?<|im_end|>\n<|im_start|>assistant\n\n\n4.<|endoftext|>";
+  const std::string rendered =
+      std::string("<|im_start|>system\n") + kDefaultSystemPrompt +
+      "<|im_end|>\n<|im_start|>user\n\nWhat?<|im_end|>\n<|im_start|>assistant\n\n\n4.<|endoftext|>";
   EXPECT_EQ(ex.ids, tok->encode(rendered));
   EXPECT_EQ(trained_text(*tok, ex), "\n\n\n4.<|endoftext|>");
 }
@@ -62,7 +65,9 @@ TEST(Chat, BadMessagesAreClearErrors) {
   auto tok = Tokenizer::load("dolma2");
   EXPECT_THROW(encode_chat(*tok, nlohmann::json::array(), "f:1"), Error);
   EXPECT_THROW(encode_chat(*tok, {{{"role", "user"}, {"content", "no answer"}}}, "f:1"), Error);
-  EXPECT_THROW(encode_chat(*tok, {{{"role", "robot"}, {"content", "x"}}, {{"role", "assistant"}, {"content", "y"}}}, "f:1"), Error);
+  EXPECT_THROW(
+      encode_chat(*tok, {{{"role", "robot"}, {"content", "x"}}, {{"role", "assistant"}, {"content", "y"}}}, "f:1"),
+      Error);
 }
 
 // Chat data files: every bad line is an error naming the file and the line.
@@ -75,7 +80,8 @@ TEST(Chat, BadChatDataFilesNameFileAndLine) {
       load_chat_jsonl(path, *tok);
       ADD_FAILURE() << "no error for:\n" << content;
     } catch (const Error& e) {
-      for (const auto& f : fragments) EXPECT_NE(std::string(e.what()).find(f), std::string::npos) << e.what() << " lacks " << f;
+      for (const auto& f : fragments)
+        EXPECT_NE(std::string(e.what()).find(f), std::string::npos) << e.what() << " lacks " << f;
     }
   };
   const std::string good = R"({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]})";

@@ -80,10 +80,10 @@ TEST(Config, TransformersFiveRopeParameters) {
   json j = tiny_json();
   j.erase("rope_theta");
   j.erase("rope_scaling");
-  j["rope_parameters"] = {{"sliding_attention", {{"rope_type", "default"}, {"rope_theta", 10000.0}}},
-                          {"full_attention",
-                           {{"rope_type", "yarn"}, {"rope_theta", 10000.0}, {"factor", 4.0},
-                            {"original_max_position_embeddings", 128}}}};
+  j["rope_parameters"] = {
+      {"sliding_attention", {{"rope_type", "default"}, {"rope_theta", 10000.0}}},
+      {"full_attention",
+       {{"rope_type", "yarn"}, {"rope_theta", 10000.0}, {"factor", 4.0}, {"original_max_position_embeddings", 128}}}};
   ModelConfig c = ModelConfig::from_json(j);
   EXPECT_EQ(c.rope_theta, 10000.0);
   ASSERT_TRUE(c.rope_scaling);

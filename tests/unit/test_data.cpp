@@ -42,7 +42,8 @@ void expect_error(const std::function<void()>& f, std::vector<std::string> fragm
     f();
     FAIL() << "no error";
   } catch (const Error& e) {
-    for (const auto& frag : fragments) EXPECT_NE(std::string(e.what()).find(frag), std::string::npos) << "'" << frag << "' not in: " << e.what();
+    for (const auto& frag : fragments)
+      EXPECT_NE(std::string(e.what()).find(frag), std::string::npos) << "'" << frag << "' not in: " << e.what();
   }
 }
 
@@ -102,12 +103,14 @@ TEST(InstanceLoader, RestartMidEpochContinuesExactly) {
   const int64_t batch = 6;
   InstanceLoader uninterrupted(shards, 32, 3);
   std::vector<at::Tensor> expected;
-  for (uint64_t step = 0; step < 40; ++step) expected.push_back(uninterrupted.batch(step * batch, batch));  // crosses an epoch
+  for (uint64_t step = 0; step < 40; ++step)
+    expected.push_back(uninterrupted.batch(step * batch, batch));  // crosses an epoch
   // "Crash" after step 13: a new process builds a new loader and continues from the saved step.
   InstanceLoader first(shards, 32, 3);
   for (uint64_t step = 0; step < 14; ++step) EXPECT_TRUE(at::equal(first.batch(step * batch, batch), expected[step]));
   InstanceLoader resumed(shards, 32, 3);
-  for (uint64_t step = 14; step < 40; ++step) EXPECT_TRUE(at::equal(resumed.batch(step * batch, batch), expected[step])) << step;
+  for (uint64_t step = 14; step < 40; ++step)
+    EXPECT_TRUE(at::equal(resumed.batch(step * batch, batch), expected[step])) << step;
 }
 
 TEST(InstanceLoader, RanksSplitTheSameGlobalBatches) {
@@ -149,7 +152,8 @@ TEST(ShardErrors, IdsOutsideTheVocabulary) {
   }
   auto shards = TokenShards::open(dir);
   std::vector<uint32_t> buf(10);
-  expect_error([&] { shards->read(0, 0, 10, buf.data()); }, {"part-00000.npy", "token 5 is id 5000", "vocabulary size 1000"});
+  expect_error([&] { shards->read(0, 0, 10, buf.data()); },
+               {"part-00000.npy", "token 5 is id 5000", "vocabulary size 1000"});
   expect_error([&] { shards->verify(); }, {"part-00000.npy", "SHA-256"});
 }
 

@@ -3,8 +3,8 @@
 // each sequence run alone; sliding layers' cache stays bounded by the window.
 #include <gtest/gtest.h>
 
-#include "archspace/model/kv_cache.h"
 #include "archspace/model/causal_lm.h"
+#include "archspace/model/kv_cache.h"
 
 using namespace archspace;
 
@@ -61,12 +61,14 @@ TEST_P(IncrementalDecoding, BatchedDecodingEqualsEachRowAlone) {
   at::Tensor ids = at::randint(0, c.vocab_size, {3, 20}, at::kLong);
   KVCache batch_cache(c);
   at::Tensor batched = at::cat({model.forward(ids.narrow(1, 0, 12), {AttentionImpl::kSdpa, &batch_cache}),
-                                model.forward(ids.narrow(1, 12, 8), {AttentionImpl::kSdpa, &batch_cache})}, 1);
+                                model.forward(ids.narrow(1, 12, 8), {AttentionImpl::kSdpa, &batch_cache})},
+                               1);
   for (int64_t b = 0; b < 3; ++b) {
     KVCache row_cache(c);
     at::Tensor row = ids.narrow(0, b, 1);
     at::Tensor alone = at::cat({model.forward(row.narrow(1, 0, 12), {AttentionImpl::kSdpa, &row_cache}),
-                                model.forward(row.narrow(1, 12, 8), {AttentionImpl::kSdpa, &row_cache})}, 1);
+                                model.forward(row.narrow(1, 12, 8), {AttentionImpl::kSdpa, &row_cache})},
+                               1);
     EXPECT_LE((batched[b] - alone[0]).abs().max().item<double>(), 1e-5) << "row " << b;
   }
 }
@@ -101,10 +103,11 @@ TEST_P(IncrementalDecoding, DifferentLengthsInOneBatchEqualEachRowAlone) {
     at::Tensor prefill_logits = at::cat(prefill, 1);  // [3, 21, V]
     std::vector<at::Tensor> decoded;
     for (int64_t step = 0; step < decode_steps; ++step) {
-      at::Tensor next = at::stack({continuations[0][step], continuations[1][step], continuations[2][step]}).view({3, 1});
+      at::Tensor next =
+          at::stack({continuations[0][step], continuations[1][step], continuations[2][step]}).view({3, 1});
       decoded.push_back(model.forward(next, {impl, &cache}));
     }
-    at::Tensor decode_logits = at::cat(decoded, 1);  // [3, 12, V]
+    at::Tensor decode_logits = at::cat(decoded, 1);              // [3, 12, V]
     ASSERT_FALSE(at::isnan(prefill_logits).any().item<bool>());  // padding rows stay finite
 
     for (size_t b = 0; b < lengths.size(); ++b) {
@@ -141,7 +144,8 @@ TEST(KVCache, FullLayerGrowthStopsAtTheModelsMaximum) {
   c.max_position_embeddings = 40;
   CausalLM model = random_model(c, 5);
   KVCache cache(c);
-  for (int64_t step = 0; step < 40; ++step) model.forward(at::randint(0, c.vocab_size, {1, 1}, at::kLong), {AttentionImpl::kSdpa, &cache});
+  for (int64_t step = 0; step < 40; ++step)
+    model.forward(at::randint(0, c.vocab_size, {1, 1}, at::kLong), {AttentionImpl::kSdpa, &cache});
   EXPECT_EQ(cache.cached_positions(3), 40);
   EXPECT_EQ(cache.bytes(LayerType::kFull), 1 * 2 * 2 * 40 * 16 * 4);  // 16, 32, then 40 rather than 64
 }

@@ -1,9 +1,8 @@
 // The streaming decode kernel against at::linear, computed in fp64: every tail case (K not a multiple of
 // 8, N not a multiple of 4, 1..8 rows), and the fallbacks that must keep autograd and large batches on
 // at::linear.
-#include <gtest/gtest.h>
-
 #include <ATen/core/grad_mode.h>
+#include <gtest/gtest.h>
 
 #include "archspace/model/linear.h"
 

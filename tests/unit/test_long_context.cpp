@@ -2,12 +2,11 @@
 // prefills 65,530 tokens in chunks and decodes the last 6 one at a time; the logits agree with one full
 // forward over all 65,536 tokens beyond 8,192 and near the end, and the sliding layers' cache stays at
 // window positions. (Slow: about a minute on 2 cores.)
+#include <c10/core/InferenceMode.h>
 #include <gtest/gtest.h>
 
-#include <c10/core/InferenceMode.h>
-
-#include "archspace/model/kv_cache.h"
 #include "archspace/model/causal_lm.h"
+#include "archspace/model/kv_cache.h"
 
 using namespace archspace;
 
@@ -34,15 +33,18 @@ TEST(LongContext, Prefill65536InChunksAndDecodeMatchTheFullForward) {
     const int64_t n = std::min(chunk, T - decoded - s);
     pieces.push_back(model.forward(ids.narrow(1, s, n), {AttentionImpl::kSdpa, &cache})[0]);
   }
-  for (int64_t s = T - decoded; s < T; ++s) pieces.push_back(model.forward(ids.narrow(1, s, 1), {AttentionImpl::kSdpa, &cache})[0]);
+  for (int64_t s = T - decoded; s < T; ++s)
+    pieces.push_back(model.forward(ids.narrow(1, s, 1), {AttentionImpl::kSdpa, &cache})[0]);
   at::Tensor incremental = at::cat(pieces, 0);
   ASSERT_EQ(incremental.size(0), T);
 
-  for (int64_t pos : {int64_t(8191), int64_t(8192), int64_t(8200), int64_t(20000), int64_t(40000), T - 100, T - decoded - 1, T - 3, T - 1}) {
+  for (int64_t pos : {int64_t(8191), int64_t(8192), int64_t(8200), int64_t(20000), int64_t(40000), T - 100,
+                      T - decoded - 1, T - 3, T - 1}) {
     const double diff = (incremental[pos] - full[pos]).abs().max().item<double>();
     EXPECT_LE(diff, 1e-4) << "position " << pos;
   }
-  const double worst = (incremental.narrow(0, 8192, T - 8192) - full.narrow(0, 8192, T - 8192)).abs().max().item<double>();
+  const double worst =
+      (incremental.narrow(0, 8192, T - 8192) - full.narrow(0, 8192, T - 8192)).abs().max().item<double>();
   EXPECT_LE(worst, 1e-4);
   // Sliding layers: a ring of window positions whatever the length; the full layer holds all 65,536.
   EXPECT_EQ(cache.cached_positions(0), 4096);

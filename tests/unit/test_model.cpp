@@ -3,8 +3,8 @@
 
 #include <filesystem>
 
-#include "archspace/model/model_io.h"
 #include "archspace/model/causal_lm.h"
+#include "archspace/model/model_io.h"
 #include "archspace/util/error.h"
 
 using namespace archspace;
@@ -70,7 +70,8 @@ TEST(ModelIo, SaveLoadRoundTripSingleAndSharded) {
   CausalLM m = CausalLM::random_init(c, 5);
   at::Tensor ids = at::randint(0, 512, {1, 16}, at::kLong);
   for (uint64_t shard : {uint64_t(5) << 30, uint64_t(200000)}) {
-    fs::path dir = fs::temp_directory_path() / ("archspace_modelio_" + std::to_string(shard) + "_" + std::to_string(::getpid()));
+    fs::path dir =
+        fs::temp_directory_path() / ("archspace_modelio_" + std::to_string(shard) + "_" + std::to_string(::getpid()));
     fs::remove_all(dir);
     save_model(m, dir.string(), at::kFloat, shard);
     CausalLM back = load_model(dir.string());

@@ -4,8 +4,8 @@
 #include <filesystem>
 #include <fstream>
 
-#include "archspace/model/model_io.h"
 #include "archspace/io/safetensors.h"
+#include "archspace/model/model_io.h"
 #include "archspace/util/error.h"
 
 using namespace archspace;
@@ -151,7 +151,8 @@ TEST(SafetensorsErrors, MissingShard) {
 TEST(SafetensorsErrors, IndexPointsAtShardWithoutTheTensor) {
   fs::path dir = fresh_dir("wrongshard");
   save_safetensors((dir / "a.safetensors").string(), {{"x", at::zeros({2})}});
-  std::ofstream(dir / "model.safetensors.index.json") << R"({"weight_map": {"x": "a.safetensors", "y": "a.safetensors"}})";
+  std::ofstream(dir / "model.safetensors.index.json")
+      << R"({"weight_map": {"x": "a.safetensors", "y": "a.safetensors"}})";
   EXPECT_THROW(
       {
         try {
@@ -185,8 +186,9 @@ TEST(WeightsCheck, ListsEveryMissingUnexpectedAndMisshapedTensorAtOnce) {
     FAIL();
   } catch (const Error& e) {
     std::string msg = e.what();
-    for (const char* f : {"2 missing", "model.norm.weight", "model.layers.1.mlp.up_proj.weight", "1 unexpected",
-                          "model.layers.0.extra.weight", "1 mis-shaped", "lm_head.weight (file [513, 64], model [512, 64])"}) {
+    for (const char* f :
+         {"2 missing", "model.norm.weight", "model.layers.1.mlp.up_proj.weight", "1 unexpected",
+          "model.layers.0.extra.weight", "1 mis-shaped", "lm_head.weight (file [513, 64], model [512, 64])"}) {
       EXPECT_NE(msg.find(f), std::string::npos) << "missing '" << f << "' in: " << msg;
     }
   }

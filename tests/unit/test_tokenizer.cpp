@@ -9,16 +9,20 @@ using namespace archspace;
 TEST(Utf8, FindsTheFirstInvalidByte) {
   EXPECT_FALSE(find_invalid_utf8("plain ascii, café, 🤗").has_value());
   EXPECT_EQ(find_invalid_utf8("ab\xff"), 2u);
-  EXPECT_EQ(find_invalid_utf8("\xe2\x82"), 0u);           // truncated 3-byte sequence
-  EXPECT_EQ(find_invalid_utf8("x\xc0\x80"), 1u);          // overlong encoding of NUL
-  EXPECT_EQ(find_invalid_utf8("\xed\xa0\x80"), 0u);       // UTF-16 surrogate
-  EXPECT_EQ(find_invalid_utf8("\xf4\x90\x80\x80"), 0u);   // above U+10FFFF
+  EXPECT_EQ(find_invalid_utf8("\xe2\x82"), 0u);          // truncated 3-byte sequence
+  EXPECT_EQ(find_invalid_utf8("x\xc0\x80"), 1u);         // overlong encoding of NUL
+  EXPECT_EQ(find_invalid_utf8("\xed\xa0\x80"), 0u);      // UTF-16 surrogate
+  EXPECT_EQ(find_invalid_utf8("\xf4\x90\x80\x80"), 0u);  // above U+10FFFF
 }
 
 TEST(Utf8, LossyReplacesMaximalInvalidSubparts) {
   size_t n = 0;
   // As Python's bytes.decode("utf-8", "replace"): one U+FFFD per maximal invalid subpart.
-  EXPECT_EQ(utf8_lossy("a\xff\xfe" "b", &n), "a\xEF\xBF\xBD\xEF\xBF\xBD" "b");
+  EXPECT_EQ(utf8_lossy("a\xff\xfe"
+                       "b",
+                       &n),
+            "a\xEF\xBF\xBD\xEF\xBF\xBD"
+            "b");
   EXPECT_EQ(n, 2u);
   EXPECT_EQ(utf8_lossy("\xe2\x82x", &n), "\xEF\xBF\xBDx");  // a truncated sequence is one replacement
   EXPECT_EQ(n, 1u);

@@ -81,7 +81,8 @@ TEST(Trace, ShapesAreTheDocumentedLayouts) {
   const NamedTensors trace = trace_activations(m, at::randint(0, 512, {B, T}, at::kLong));
   using S = std::vector<int64_t>;
   EXPECT_EQ(find(trace, "model.layers.1.q").sizes().vec(), (S{B, H, T, D}));
-  for (const char* n : {"k", "v", "v_mixed"}) EXPECT_EQ(find(trace, layer_prefix(1) + n).sizes().vec(), (S{B, G, T, D})) << n;
+  for (const char* n : {"k", "v", "v_mixed"})
+    EXPECT_EQ(find(trace, layer_prefix(1) + n).sizes().vec(), (S{B, G, T, D})) << n;
   for (const char* n : {"attn_input", "attn_output", "mlp_output", "X", "Y"})
     EXPECT_EQ(find(trace, layer_prefix(2) + n).sizes().vec(), (S{B, T, d})) << n;
   EXPECT_EQ(trace.back().first, "logits");
@@ -119,9 +120,11 @@ TEST(Trace, ActivationsAreWhatTheirNamesSay) {
   EXPECT_TRUE(at::equal(find(t, "model.layers.0.hidden"), find(t, "model.layers.1.attn_input")));
   // logits = lm_head(final_hidden) bit for bit (the engine's own linear, as the forward calls it): the
   // recorded head input is the one the head read.
-  EXPECT_TRUE(at::equal(archspace::linear(find(t, "model.final_hidden"), m.parameter("lm_head.weight")), find(t, "logits")));
+  EXPECT_TRUE(
+      at::equal(archspace::linear(find(t, "model.final_hidden"), m.parameter("lm_head.weight")), find(t, "logits")));
   // v = v_proj(attn_input), split into kv heads.
-  const at::Tensor v = at::linear(find(t, "model.layers.2.attn_input"), m.parameter("model.layers.2.self_attn.v_proj.weight"));
+  const at::Tensor v =
+      at::linear(find(t, "model.layers.2.attn_input"), m.parameter("model.layers.2.self_attn.v_proj.weight"));
   EXPECT_TRUE(at::allclose(find(t, "model.layers.2.v"), v.view({1, 8, -1, 16}).transpose(1, 2), 1e-6, 1e-6));
 }
 

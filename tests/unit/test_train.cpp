@@ -46,7 +46,8 @@ void expect_error(const std::function<void()>& f, std::vector<std::string> fragm
     f();
     FAIL() << "no error";
   } catch (const Error& e) {
-    for (const auto& frag : fragments) EXPECT_NE(std::string(e.what()).find(frag), std::string::npos) << "'" << frag << "' not in: " << e.what();
+    for (const auto& frag : fragments)
+      EXPECT_NE(std::string(e.what()).find(frag), std::string::npos) << "'" << frag << "' not in: " << e.what();
   }
 }
 
@@ -92,7 +93,8 @@ TEST(TrainConfig, ChoicesAreTyped) {
 
 TEST(TrainConfig, VariantSwitchesNeedTheVariant) {
   const fs::path dir = temp_dir("switches");
-  TrainConfig on = TrainConfig::load(run_toml(dir, "variant = \"siamese_depth\"\nuse_depth_attention = false\ndepth_attention_stride = 4\n"));
+  TrainConfig on = TrainConfig::load(
+      run_toml(dir, "variant = \"siamese_depth\"\nuse_depth_attention = false\ndepth_attention_stride = 4\n"));
   const ModelConfig m = on.model();
   EXPECT_FALSE(m.use_depth_attention);
   EXPECT_TRUE(m.use_siamese_norm);
@@ -104,15 +106,16 @@ TEST(TrainConfig, VariantSwitchesNeedTheVariant) {
 TEST(TrainConfig, OverridesSetKeysWithTheirTypes) {
   const fs::path dir = temp_dir("overrides");
   const std::string path = run_toml(dir);
-  TrainConfig c = TrainConfig::load(path, {"train.max_steps=100", "optim.lr=3e-4", "optim.warmup_steps=5", "data.shuffle=false",
-                                           "model.variant=siamese_depth", "train.dtype=bf16", "eval.interval=7"});
+  TrainConfig c =
+      TrainConfig::load(path, {"train.max_steps=100", "optim.lr=3e-4", "optim.warmup_steps=5", "data.shuffle=false",
+                               "model.variant=siamese_depth", "train.dtype=bf16", "eval.interval=7"});
   EXPECT_EQ(c.max_steps, 100);
   EXPECT_DOUBLE_EQ(c.lr, 3e-4);
   EXPECT_EQ(c.warmup_steps, 5);
   EXPECT_FALSE(c.shuffle);
   EXPECT_EQ(c.variant, Variant::kSiameseDepth);
   EXPECT_EQ(c.dtype, DType::kBf16);
-  EXPECT_EQ(c.eval_interval, 7);  // a section the file lacks
+  EXPECT_EQ(c.eval_interval, 7);                      // a section the file lacks
   EXPECT_EQ(c.run_dir, "runs/siamese_depth/stage1");  // {variant} after the override
   // An integer is a number too; a later override of the same key wins.
   TrainConfig d = TrainConfig::load(path, {"optim.lr=1", "train.max_steps=3", "train.max_steps=4"});
@@ -120,19 +123,24 @@ TEST(TrainConfig, OverridesSetKeysWithTheirTypes) {
   EXPECT_EQ(d.max_steps, 4);
   // The overrides run through the same validation as the file.
   expect_error([&] { TrainConfig::load(path, {"train.max_steps=0"}); }, {"run.toml: key 'train.max_steps'", ">= 1"});
-  expect_error([&] { TrainConfig::load(path, {"model.variant=big"}); }, {"key 'model.variant'", "'big'", "base, siamese_depth"});
+  expect_error([&] { TrainConfig::load(path, {"model.variant=big"}); },
+               {"key 'model.variant'", "'big'", "base, siamese_depth"});
 }
 
 TEST(TrainConfig, BadOverridesAreRefused) {
   const fs::path dir = temp_dir("bad_overrides");
   const std::string path = run_toml(dir);
-  expect_error([&] { TrainConfig::load(path, {"optim.learning_rate=0.1"}); },
-               {"run.toml: override 'optim.learning_rate=0.1'", "unknown key 'optim.learning_rate'", "lr", "warmup_steps"});
-  expect_error([&] { TrainConfig::load(path, {"optimizer.lr=0.1"}); }, {"unknown section 'optimizer'", "optim", "checkpoint"});
-  expect_error([&] { TrainConfig::load(path, {"train.max_steps=ten"}); }, {"override 'train.max_steps=ten'", "expects an integer"});
+  expect_error(
+      [&] { TrainConfig::load(path, {"optim.learning_rate=0.1"}); },
+      {"run.toml: override 'optim.learning_rate=0.1'", "unknown key 'optim.learning_rate'", "lr", "warmup_steps"});
+  expect_error([&] { TrainConfig::load(path, {"optimizer.lr=0.1"}); },
+               {"unknown section 'optimizer'", "optim", "checkpoint"});
+  expect_error([&] { TrainConfig::load(path, {"train.max_steps=ten"}); },
+               {"override 'train.max_steps=ten'", "expects an integer"});
   expect_error([&] { TrainConfig::load(path, {"train.max_steps=1.5"}); }, {"expects an integer"});
   expect_error([&] { TrainConfig::load(path, {"optim.lr=fast"}); }, {"override 'optim.lr=fast'", "expects a number"});
-  expect_error([&] { TrainConfig::load(path, {"data.shuffle=yes"}); }, {"override 'data.shuffle=yes'", "expects true or false"});
+  expect_error([&] { TrainConfig::load(path, {"data.shuffle=yes"}); },
+               {"override 'data.shuffle=yes'", "expects true or false"});
   expect_error([&] { TrainConfig::load(path, {"a=b"}); }, {"override 'a=b'", "expected section.key=value"});
   expect_error([&] { TrainConfig::load(path, {"train.max_steps"}); }, {"expected section.key=value"});
   expect_error([&] { TrainConfig::load(path, {".x=1"}); }, {"expected section.key=value"});
@@ -144,7 +152,8 @@ TEST(TrainConfig, TextIsTheConfigurationAsRun) {
   const std::string path = run_toml(dir);
   // No placeholder, no override: the file's own bytes.
   const std::string plain = (dir / "plain.toml").string();
-  write_file(plain, "[model]\npreset = \"tiny\"\n[data]\ntrain = \"" + dir.string() + "\"\n[train]\nrun_dir = \"r\"\nsequence_length = 4\nmax_steps = 1\n");
+  write_file(plain, "[model]\npreset = \"tiny\"\n[data]\ntrain = \"" + dir.string() +
+                        "\"\n[train]\nrun_dir = \"r\"\nsequence_length = 4\nmax_steps = 1\n");
   EXPECT_EQ(TrainConfig::load(plain).text, read_file(plain));
   // Otherwise the resolved table, which reads back to the same configuration.
   const TrainConfig c = TrainConfig::load(path, {"train.max_steps=12"});
@@ -232,7 +241,7 @@ TEST(Schedule, WarmupThenCosineToTheFinalFactor) {
   const double lr = 1e-3;
   EXPECT_DOUBLE_EQ(scheduled_lr(0, 12, 2, lr, 0.1), lr / 2);  // step 0 of a 2-step warm-up
   EXPECT_DOUBLE_EQ(scheduled_lr(1, 12, 2, lr, 0.1), lr);
-  EXPECT_DOUBLE_EQ(scheduled_lr(2, 12, 2, lr, 0.1), lr);         // the cosine starts at the peak
+  EXPECT_DOUBLE_EQ(scheduled_lr(2, 12, 2, lr, 0.1), lr);           // the cosine starts at the peak
   EXPECT_NEAR(scheduled_lr(11, 12, 2, lr, 0.1), 0.1 * lr, 1e-18);  // and ends at factor x lr on the last step
   // Half-way through the decay (progress 0.5): the mean of peak and floor.
   EXPECT_NEAR(scheduled_lr(7, 13, 2, lr, 0.1), lr * (0.1 + 0.9 * 0.5), 1e-15);
@@ -265,12 +274,16 @@ TEST(MetricsLog, ResumeKeepsEachStepOnce) {
   const fs::path dir = temp_dir("metrics");
   const fs::path path = dir / "metrics.jsonl";
   write_file(path,
-             "{\"step\":1,\"loss\":3.0}\n{\"step\":2,\"loss\":2.9}\n{\"step\":2,\"valid_loss\":3.1}\n{\"step\":3,\"loss\":2.8}\n{\"step\":4,\"lo");
+             "{\"step\":1,\"loss\":3.0}\n{\"step\":2,\"loss\":2.9}\n{\"step\":2,\"valid_loss\":3.1}\n{\"step\":3,"
+             "\"loss\":2.8}\n{\"step\":4,\"lo");
   {
     MetricsLog log(path.string(), 2);  // resumed from the checkpoint of step 2: steps 3 and the torn line go
-    EXPECT_EQ(read_file(path), "{\"step\":1,\"loss\":3.0}\n{\"step\":2,\"loss\":2.9}\n{\"step\":2,\"valid_loss\":3.1}\n");
+    EXPECT_EQ(read_file(path),
+              "{\"step\":1,\"loss\":3.0}\n{\"step\":2,\"loss\":2.9}\n{\"step\":2,\"valid_loss\":3.1}\n");
     log.write({{"step", 3}, {"loss", 2.75}});
-    EXPECT_EQ(read_file(path), "{\"step\":1,\"loss\":3.0}\n{\"step\":2,\"loss\":2.9}\n{\"step\":2,\"valid_loss\":3.1}\n{\"loss\":2.75,\"step\":3}\n");
+    EXPECT_EQ(read_file(path),
+              "{\"step\":1,\"loss\":3.0}\n{\"step\":2,\"loss\":2.9}\n{\"step\":2,\"valid_loss\":3.1}\n{\"loss\":2.75,"
+              "\"step\":3}\n");
   }
   MetricsLog fresh(path.string(), 0);  // a run starting over keeps nothing
   EXPECT_EQ(read_file(path), "");

@@ -1,8 +1,7 @@
 // The siamese_depth variant: Depth-Attention against plain loops written from SPEC.md section 3.2,
 // parameter counts, and fp64 finite-difference gradients through both streams and the depth mixing.
-#include <gtest/gtest.h>
-
 #include <c10/core/GradMode.h>
+#include <gtest/gtest.h>
 
 #include <cmath>
 
@@ -75,7 +74,8 @@ TEST(DepthAttention, VectorisedMixEqualsLoops) {
   for (size_t n = 0; n <= sk.size(); ++n) {
     std::vector<at::Tensor> ks(sk.begin(), sk.begin() + n), vs(sv.begin(), sv.begin() + n);
     at::Tensor got = depth_attention_mix(q, k, v, ks, vs);
-    EXPECT_LT((got.to(at::kDouble) - loop_depth_mix(q, k, v, ks, vs)).abs().max().item<double>(), 1e-6) << n << " sources";
+    EXPECT_LT((got.to(at::kDouble) - loop_depth_mix(q, k, v, ks, vs)).abs().max().item<double>(), 1e-6)
+        << n << " sources";
   }
   // No sources: the value is its own mix.
   EXPECT_TRUE(at::equal(depth_attention_mix(q, k, v, {}, {}), v));
@@ -141,7 +141,8 @@ TEST(Variant, BatchEqualsRowsAndCausal) {
   CausalLM m = CausalLM::random_init(c, 4);
   at::Tensor ids = at::randint(0, 512, {2, 16}, at::kLong);
   at::Tensor batch = m.forward(ids);
-  for (int64_t b = 0; b < 2; ++b) EXPECT_LT((batch[b] - m.forward(ids.narrow(0, b, 1))[0]).abs().max().item<float>(), 1e-5);
+  for (int64_t b = 0; b < 2; ++b)
+    EXPECT_LT((batch[b] - m.forward(ids.narrow(0, b, 1))[0]).abs().max().item<float>(), 1e-5);
   at::Tensor changed = ids.clone();
   changed[0][10] = (ids[0][10].item<int64_t>() + 1) % 512;
   EXPECT_TRUE(at::equal(m.forward(changed)[0].narrow(0, 0, 10), batch[0].narrow(0, 0, 10)));
@@ -205,7 +206,8 @@ TEST(Variant, FiniteDifferenceGradientsFp64) {
     at::Tensor grad = p.grad().view({-1});
     for (int sample = 0; sample < 3; ++sample) {
       int64_t i = at::randint(flat.numel(), {1}, gen, at::kLong).item<int64_t>();
-      if (name == "model.embed_tokens.weight") i = ids[0][sample].item<int64_t>() * c.hidden_size + sample;  // a used row
+      if (name == "model.embed_tokens.weight")
+        i = ids[0][sample].item<int64_t>() * c.hidden_size + sample;  // a used row
       const double saved = flat[i].item<double>();
       double plus, minus;
       {

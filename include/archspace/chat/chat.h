@@ -24,7 +24,8 @@ ChatExample encode_chat(const Tokenizer& tokenizer, const nlohmann::json& messag
 
 // A generation prompt: the conversation so far (default system turn if none), then
 // "<|im_start|>assistant\n" for the model to continue.
-std::vector<uint32_t> encode_chat_prompt(const Tokenizer& tokenizer, const nlohmann::json& messages, const std::string& where);
+std::vector<uint32_t> encode_chat_prompt(const Tokenizer& tokenizer, const nlohmann::json& messages,
+                                         const std::string& where);
 
 // One JSON object per line with a "messages" list.
 std::vector<ChatExample> load_chat_jsonl(const std::string& path, const Tokenizer& tokenizer);

@@ -19,7 +19,7 @@ enum class DataFormat { kTokens, kChat };  // pretraining token shards | SFT cha
 // A compute device as a user names it: "cpu", "cuda" or "cuda:N".
 struct DeviceSpec {
   DeviceKind kind = DeviceKind::kCpu;
-  int index = -1;  // cuda:N; -1: the current device
+  int index = -1;             // cuda:N; -1: the current device
   at::Device device() const;  // throws when CUDA is asked for and absent
   std::string name() const;
 };
@@ -31,9 +31,9 @@ DeviceSpec parse_device(const std::string& text, const std::string& where);
 DataFormat parse_data_format(const std::string& text, const std::string& where);
 
 // The spellings accepted, for --help and CLI11 checks.
-const std::vector<std::string>& variant_choices();     // base, siamese_depth
-const std::vector<std::string>& dtype_choices();       // fp32, bf16
-const std::vector<std::string>& data_format_choices(); // tokens, chat
+const std::vector<std::string>& variant_choices();      // base, siamese_depth
+const std::vector<std::string>& dtype_choices();        // fp32, bf16
+const std::vector<std::string>& data_format_choices();  // tokens, chat
 
 const char* dtype_name(DType d);  // "fp32" / "bf16"
 const char* data_format_name(DataFormat f);

@@ -13,9 +13,9 @@ namespace archspace {
 enum class Variant { kBase, kSiameseDepth };
 enum class LayerType { kSliding, kFull };
 
-const char* variant_name(Variant v);          // "base" / "siamese_depth"
-const char* model_type_name(Variant v);       // "olmo3" / "olmo3_siamese_depth"
-const char* layer_type_name(LayerType t);     // "sliding_attention" / "full_attention"
+const char* variant_name(Variant v);       // "base" / "siamese_depth"
+const char* model_type_name(Variant v);    // "olmo3" / "olmo3_siamese_depth"
+const char* layer_type_name(LayerType t);  // "sliding_attention" / "full_attention"
 
 // YaRN long-context RoPE (SPEC.md section 1). Applies to full-attention layers only.
 struct YarnScaling {
@@ -78,7 +78,9 @@ struct VariantSwitches {
   std::optional<bool> use_siamese_norm, use_depth_attention;
   std::optional<int64_t> depth_attention_stride, depth_attention_recent_window;
 
-  bool any() const { return use_siamese_norm || use_depth_attention || depth_attention_stride || depth_attention_recent_window; }
+  bool any() const {
+    return use_siamese_norm || use_depth_attention || depth_attention_stride || depth_attention_recent_window;
+  }
   // Throws naming `where` when a switch is set on a model that is not siamese_depth.
   void apply_to(ModelConfig& config, const std::string& where) const;
 };

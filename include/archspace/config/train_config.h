@@ -49,11 +49,11 @@ struct TrainConfig {
   double lr = 1e-3;
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
   double weight_decay = 0.1;
-  bool decay_norms = false;       // norms and SiameseNorm scale vectors
+  bool decay_norms = false;  // norms and SiameseNorm scale vectors
   bool decay_embeddings = true;
   int64_t warmup_steps = 0;
   double final_lr_factor = 0.1;
-  double clip_grad_norm = 1.0;    // 0: off
+  double clip_grad_norm = 1.0;  // 0: off
   double z_loss = 1e-5;
 
   // [checkpoint]

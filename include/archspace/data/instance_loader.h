@@ -30,7 +30,8 @@ class IndexPermutation {
 class InstanceLoader {
  public:
   // shuffle=false: windows in storage order (validation).
-  InstanceLoader(std::shared_ptr<const TokenShards> shards, int64_t sequence_length, uint64_t seed, bool shuffle = true);
+  InstanceLoader(std::shared_ptr<const TokenShards> shards, int64_t sequence_length, uint64_t seed,
+                 bool shuffle = true);
 
   uint64_t instances_per_epoch() const { return total_windows_; }
   int64_t sequence_length() const { return sequence_length_; }

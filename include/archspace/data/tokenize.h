@@ -17,8 +17,8 @@ enum class InvalidUtf8Policy {
 struct TokenizeOptions {
   std::string tokenizer = "dolma2";
   std::string out_dir;
-  std::vector<std::string> inputs;  // files or directories (recursively, sorted); *.jsonl is JSONL
-  int threads = 0;                  // 0: all cores
+  std::vector<std::string> inputs;     // files or directories (recursively, sorted); *.jsonl is JSONL
+  int threads = 0;                     // 0: all cores
   uint64_t shard_tokens = 1ull << 28;  // 1 GiB of uint32 per shard
   InvalidUtf8Policy invalid_utf8 = InvalidUtf8Policy::kError;
   std::string text_field = "text";

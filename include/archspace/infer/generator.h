@@ -24,7 +24,7 @@ struct SamplingOptions {
 struct GenerateOptions {
   int64_t max_new_tokens = 128;
   SamplingOptions sampling;
-  std::vector<uint32_t> stop_ids;       // generation ends after any of these (not printed)
+  std::vector<uint32_t> stop_ids;         // generation ends after any of these (not printed)
   std::vector<std::string> stop_strings;  // or when the text contains one (cut before it)
   int64_t prefill_chunk = 1024;
 };
@@ -35,7 +35,7 @@ struct Completion {
 };
 
 struct GenerateResult {
-  std::vector<Completion> completions;  // one per prompt, in order
+  std::vector<Completion> completions;            // one per prompt, in order
   int64_t prefill_tokens = 0, decode_tokens = 0;  // summed over prompts (padding not counted)
   double prefill_seconds = 0, decode_seconds = 0;
   int64_t cache_bytes = 0, cache_sliding_bytes = 0, cache_full_bytes = 0;
@@ -45,8 +45,9 @@ struct GenerateResult {
 int64_t sample_token(const at::Tensor& logits, const SamplingOptions& options, at::Generator& gen);
 
 // on_text(prompt index, text) receives each prompt's completion piece by piece (whole UTF-8 characters).
-GenerateResult generate(const CausalLM& model, const Tokenizer& tokenizer, const std::vector<std::vector<uint32_t>>& prompts,
-                        const GenerateOptions& options, const std::function<void(size_t, const std::string&)>& on_text);
+GenerateResult generate(const CausalLM& model, const Tokenizer& tokenizer,
+                        const std::vector<std::vector<uint32_t>>& prompts, const GenerateOptions& options,
+                        const std::function<void(size_t, const std::string&)>& on_text);
 
 // One prompt.
 GenerateResult generate(const CausalLM& model, const Tokenizer& tokenizer, const std::vector<uint32_t>& prompt,

@@ -10,12 +10,12 @@
 #include <vector>
 
 #include "archspace/config/model_config.h"
-#include "archspace/model/kv_cache.h"
-#include "archspace/util/tensors.h"
 #include "archspace/model/depth_attention.h"
+#include "archspace/model/kv_cache.h"
 #include "archspace/model/layers.h"
 #include "archspace/model/parameters.h"
 #include "archspace/model/rope.h"
+#include "archspace/util/tensors.h"
 
 namespace archspace {
 

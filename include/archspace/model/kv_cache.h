@@ -45,8 +45,8 @@ class KVCache {
   // Marks the chunk as consumed by every layer.
   void advance(int64_t tokens) { length_ += tokens; }
 
-  int64_t bytes() const;                 // allocated by all layers
-  int64_t bytes(LayerType type) const;   // allocated by layers of one type
+  int64_t bytes() const;                          // allocated by all layers
+  int64_t bytes(LayerType type) const;            // allocated by layers of one type
   int64_t cached_positions(int64_t layer) const;  // positions a layer holds
 
  private:

@@ -118,7 +118,8 @@ inline constexpr ParamRow<ModelWeights> kHeadRows[] = {
 constexpr size_t kTensorSize = sizeof(at::Tensor);
 static_assert(sizeof(LayerWeights) == std::size(kAttentionMlpRows) * kTensorSize);
 static_assert(sizeof(BaseLayerWeights) == (std::size(kAttentionMlpRows) + std::size(kBaseBlockRows)) * kTensorSize);
-static_assert(sizeof(SiameseLayerWeights) == (std::size(kAttentionMlpRows) + std::size(kSiameseBlockRows)) * kTensorSize);
+static_assert(sizeof(SiameseLayerWeights) ==
+              (std::size(kAttentionMlpRows) + std::size(kSiameseBlockRows)) * kTensorSize);
 static_assert(sizeof(ModelWeights) == (std::size(kEmbeddingRows) + std::size(kHeadRows)) * kTensorSize);
 static_assert(sizeof(SiameseFinalWeights) == std::size(kSiameseFinalRows) * kTensorSize);
 }  // namespace param_tables

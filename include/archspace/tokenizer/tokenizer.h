@@ -28,8 +28,8 @@ class Tokenizer;
 // when given; else the tokenizer.json the directory carries (export-hf and training checkpoints write
 // one); else `fallback` (export-hf ships dolma2 by default; generate and eval have none and throw, naming
 // the directory). Throws when the tokenizer has more ids than `vocab_size` (if > 0), naming both.
-std::shared_ptr<const Tokenizer> model_tokenizer(const std::string& model_dir, const std::string& explicit_spec, int64_t vocab_size,
-                                                 const std::string& fallback = "");
+std::shared_ptr<const Tokenizer> model_tokenizer(const std::string& model_dir, const std::string& explicit_spec,
+                                                 int64_t vocab_size, const std::string& fallback = "");
 
 // A whole text file as token ids (evaluation text, `encode --file`); errors name the file.
 std::vector<uint32_t> encode_text_file(const Tokenizer& tokenizer, const std::string& path);
@@ -68,10 +68,10 @@ class Tokenizer {
   std::unordered_map<std::string, uint32_t> vocab_;  // byte-level token string -> id
   std::vector<std::string> id_to_bytes_;             // id -> raw bytes the token stands for
   std::vector<bool> is_special_;
-  std::vector<AddedToken> added_;                    // sorted by content length, longest first
-  std::vector<std::vector<size_t>> added_by_first_byte_;  // first byte -> indices into added_
+  std::vector<AddedToken> added_;                                       // sorted by content length, longest first
+  std::vector<std::vector<size_t>> added_by_first_byte_;                // first byte -> indices into added_
   std::unordered_map<uint64_t, std::pair<uint32_t, uint32_t>> merges_;  // (left id, right id) -> (rank, merged id)
-  uint32_t byte_ids_[256] = {};  // id of each single byte's token
+  uint32_t byte_ids_[256] = {};                                         // id of each single byte's token
   bool ignore_merges_ = false;
   std::unique_ptr<Regex> regex_;
   bool keep_gaps_ = false;  // Split behaviour Isolated (keep non-matching text too) vs Removed with invert

@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "archspace/io/safetensors.h"
 #include "archspace/io/run_dir.h"
+#include "archspace/io/safetensors.h"
 #include "archspace/model/causal_lm.h"
 
 namespace archspace {
@@ -24,8 +24,8 @@ struct CheckpointContents {
 };
 
 // Returns the checkpoint directory. Keeps the newest `keep_last` step checkpoints (never the final one).
-std::string save_checkpoint(const std::string& run_dir, int64_t step, const CheckpointContents& contents, int64_t keep_last,
-                            bool is_final);
+std::string save_checkpoint(const std::string& run_dir, int64_t step, const CheckpointContents& contents,
+                            int64_t keep_last, bool is_final);
 
 nlohmann::json read_trainer_state(const std::string& checkpoint_dir);
 

@@ -2,9 +2,8 @@
 // error names the file and line.
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 
@@ -15,6 +14,7 @@ std::optional<nlohmann::json> parse_json_line(const std::string& line, const std
 
 // Calls fn(value, "PATH:LINE") for each non-blank line of `path`, in order; returns how many there were.
 // A file that cannot be opened or a malformed line is an Error naming it.
-int64_t for_each_json_line(const std::string& path, const std::function<void(const nlohmann::json&, const std::string&)>& fn);
+int64_t for_each_json_line(const std::string& path,
+                           const std::function<void(const nlohmann::json&, const std::string&)>& fn);
 
 }  // namespace archspace
