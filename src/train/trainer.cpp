@@ -26,8 +26,8 @@ namespace {
 CausalLM build_stage_model(const TrainConfig& cfg, at::Device device) {
   if (cfg.init_from.empty()) return CausalLM::random_init(cfg.model(), cfg.seed, at::kFloat, device);
   const std::string model_dir = resolve_model_dir(cfg.init_from);
-  const fs::path checkpoint = fs::path(model_dir).parent_path();
-  if (fs::exists(checkpoint / "checksums.json")) verify_checkpoint(checkpoint.string());
+  if (const std::string checkpoint = checkpoint_of_model_dir(model_dir); !checkpoint.empty())
+    verify_checkpoint(checkpoint);
   CausalLM prev = load_model(model_dir, {at::kFloat, device});
   ModelConfig next = prev.config();
   if (!cfg.preset.empty() || !cfg.model_config.empty()) {
@@ -183,6 +183,13 @@ void Trainer::resume() {
   optimizer_->load_state(opt_state, state.at("optimizer_steps").get<int64_t>(), resume_from_);
   start_step_ = state.at("step").get<int64_t>();
   tokens_seen_ = state.at("tokens").get<uint64_t>();
+  // CPU reductions depend on the thread count: a resume is bit-exact only with the run's own count, so
+  // the default (the cores idle now) gives way to the one the run started with.
+  if (cfg_.threads == 0 && state.contains("threads") && state["threads"].get<int>() != at::get_num_threads()) {
+    at::set_num_threads(state["threads"].get<int>());
+    progress_->note("using the run's " + std::to_string(at::get_num_threads()) +
+                    " CPU threads (train.threads sets others)");
+  }
   progress_->note("resumed from " + resume_from_ + " at step " + std::to_string(start_step_));
 }
 
@@ -299,7 +306,8 @@ void Trainer::save(int64_t step, bool is_final) {
                       {"seed", cfg_.seed},
                       {"variant", variant_name(model_->config().variant)},
                       {"sequence_length", cfg_.sequence_length},
-                      {"global_batch", cfg_.global_batch()}};
+                      {"global_batch", cfg_.global_batch()},
+                      {"threads", at::get_num_threads()}};
   last_checkpoint_ =
       save_checkpoint(cfg_.run_dir, step, {model_.get(), optimizer_->state(), state, cfg_.text, tokenizer_file_},
                       cfg_.keep_last, is_final);

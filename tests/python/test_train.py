@@ -374,3 +374,27 @@ def test_bad_set_is_refused(tmp_path, resume_setup):
     expect_error(["train", "--config", config, "--set", "train.max_steps=many"], "override 'train.max_steps=many'", "an integer")
     expect_error(["train", "--config", config, "--set", "optim.learning_rate=0.1"], "unknown key 'optim.learning_rate'", "lr")
     expect_error(["train", "--config", config, "--set", "max_steps=3"], "expected section.key=value")
+
+
+def test_resume_keeps_the_runs_thread_count(tmp_path, resume_setup):
+    """Without train.threads the thread count is the machine's idle cores at start-up, which may differ at
+    resume time. A resume takes the count the run started with (recorded in trainer_state.json), so that the
+    resumed run computes exactly as the uninterrupted one whatever LibTorch's kernels do with the count.
+    (At this size and at d=256, seq 256, LibTorch 2.11's CPU results were the same for 1 and 2 threads; a
+    differing kernel choice is what this guards against.) ARCHSPACE_THREADS stands in for a busier machine."""
+    import os
+
+    def train(run, threads, *extra):
+        toml = resume_setup(run)
+        toml.write_text(toml.read_text().replace("threads = 2\n", ""))
+        result = subprocess.run([str(BINARY), "train", "--config", toml, *extra], capture_output=True, text=True,
+                                env={**os.environ, "ARCHSPACE_THREADS": str(threads)})
+        assert result.returncode == 0, result.stderr
+        return result.stderr
+
+    train("straight", 2)
+    train("stopped", 2, "--stop-after", "5")
+    assert "using the run's 2 CPU threads" in train("stopped", 1, "--resume")
+    assert_same_run(tmp_path / "straight", tmp_path / "stopped")
+    state = json.loads((tmp_path / "stopped" / "checkpoints" / "step-00000008" / "trainer_state.json").read_text())
+    assert state["threads"] == 2
