@@ -10,6 +10,7 @@
 #include "archspace/data/instance_loader.h"
 #include "archspace/data/token_shards.h"
 #include "archspace/util/error.h"
+#include "expect_error.h"
 
 using namespace archspace;
 namespace fs = std::filesystem;
@@ -37,15 +38,7 @@ std::string make_shards(const std::string& name, int docs, int doc_len, uint64_t
   return dir.string();
 }
 
-void expect_error(const std::function<void()>& f, std::vector<std::string> fragments) {
-  try {
-    f();
-    FAIL() << "no error";
-  } catch (const Error& e) {
-    for (const auto& frag : fragments)
-      EXPECT_NE(std::string(e.what()).find(frag), std::string::npos) << "'" << frag << "' not in: " << e.what();
-  }
-}
+using archspace::testing::expect_error;
 
 }  // namespace
 

@@ -20,6 +20,7 @@
 #include "archspace/train/run_tokenizer.h"
 #include "archspace/util/error.h"
 #include "archspace/util/sha256.h"
+#include "expect_error.h"
 
 using namespace archspace;
 namespace fs = std::filesystem;
@@ -41,15 +42,7 @@ std::string read_file(const fs::path& p) {
   return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
 
-void expect_error(const std::function<void()>& f, std::vector<std::string> fragments) {
-  try {
-    f();
-    FAIL() << "no error";
-  } catch (const Error& e) {
-    for (const auto& frag : fragments)
-      EXPECT_NE(std::string(e.what()).find(frag), std::string::npos) << "'" << frag << "' not in: " << e.what();
-  }
-}
+using archspace::testing::expect_error;
 
 // A minimal valid run TOML in `dir` (data.train is the directory itself: it only has to exist here).
 std::string run_toml(const fs::path& dir, const std::string& extra = "") {
