@@ -24,12 +24,14 @@ void write_file(const fs::path& p, const std::string& text) {
   if (!out) throw Error(p.string() + ": write failed");
 }
 
-// SPEC.md section 6 as a Jinja chat template (what encode_chat produces, plus a generation prompt).
+// SPEC.md section 6 as a Jinja chat template: what encode_chat produces (a finished conversation ends in
+// <|endoftext|>), or with a generation prompt what encode_chat_prompt produces (every turn ends in <|im_end|>).
 std::string chat_template() {
   return std::string("{%- if messages[0]['role'] != 'system' %}{{ '<|im_start|>system\\n") + kDefaultSystemPrompt +
          "<|im_end|>\\n' }}{%- endif %}"
          "{%- for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] }}"
-         "{%- if loop.last and message['role'] == 'assistant' %}{{ '<|endoftext|>' }}{%- else %}{{ '<|im_end|>\\n' "
+         "{%- if loop.last and message['role'] == 'assistant' and not add_generation_prompt %}{{ '<|endoftext|>' }}{%- "
+         "else %}{{ '<|im_end|>\\n' "
          "}}{%- endif %}"
          "{%- endfor %}{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}";
 }

@@ -87,6 +87,7 @@ OPEN = {
     "multi-turn": [U1, A1, U2],
     "multi-turn, own system, environment turn": [SYSTEM, U1, A1, U2, ENV],
     "content that starts with a newline": [{"role": "user", "content": "\n\nWhat is 2 + 2?"}],
+    "ends with an assistant turn (the assistant goes on)": [U1, A1],
 }
 
 
