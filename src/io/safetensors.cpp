@@ -91,6 +91,12 @@ std::shared_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) 
   if (header_len > kMaxHeaderBytes)
     throw Error(path + ": header length " + std::to_string(header_len) + " is implausibly large");
 
+  // As the safetensors library: the header starts with '{', and only spaces may pad it after the JSON.
+  if (header_len == 0 || bytes[8] != '{')
+    throw Error(path + ": the header does not start with '{': not a safetensors file");
+  if (std::memchr(bytes + 8, 0, header_len)) {
+    throw Error(path + ": the header holds a NUL byte (only spaces may pad it): corrupt or not a safetensors file");
+  }
   json header;
   try {
     header = json::parse(bytes + 8, bytes + 8 + header_len);
@@ -166,6 +172,21 @@ std::shared_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) 
                   std::to_string(cur->end) + ") overlaps tensor '" + prev->name + "' [" + std::to_string(prev->begin) +
                   ", " + std::to_string(prev->end) + ")");
     }
+  }
+  // The tensors must cover the data section exactly, as the safetensors library requires: a gap or trailing
+  // bytes mean inserted or lost bytes, which would shift weights silently.
+  uint64_t covered = 0;
+  for (const TensorInfo* t : by_offset) {
+    if (t->begin != covered) {
+      throw Error(path + ": tensor '" + t->name + "' starts at byte " + std::to_string(t->begin) +
+                  " of the data section but the " + "previous tensor ends at " + std::to_string(covered) +
+                  ": the file is not fully covered (corrupt)");
+    }
+    covered = t->end;
+  }
+  if (covered != data_size) {
+    throw Error(path + ": the tensors cover " + std::to_string(covered) + " bytes of the data section but it has " +
+                std::to_string(data_size) + ": trailing bytes (corrupt or appended to)");
   }
   for (size_t i = 0; i < f->tensors_.size(); ++i) f->index_[f->tensors_[i].name] = i;
   return f;

@@ -125,6 +125,48 @@ TEST(SafetensorsErrors, ShapeDoesNotFitByteRange) {
   expect_open_error(p, {"tensor 'w'", "32 bytes", "F32 [3, 3] needs 36"});
 }
 
+// As strict as the safetensors library ("incomplete metadata, file not fully covered"): bytes inserted or
+// appended would otherwise shift or hide weights silently.
+TEST(SafetensorsErrors, TrailingBytesAfterTheLastTensor) {
+  fs::path p = fresh_dir("trailing") / "x.safetensors";
+  write_raw(p, R"({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}})", 20);
+  expect_open_error(p, {"cover 16 bytes", "has 20", "trailing bytes"});
+}
+
+TEST(SafetensorsErrors, GapBetweenTensors) {
+  fs::path p = fresh_dir("gap") / "x.safetensors";
+  write_raw(p,
+            R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+                "b": {"dtype": "F32", "shape": [2], "data_offsets": [12, 20]}})",
+            20);
+  expect_open_error(p, {"tensor 'b' starts at byte 12", "ends at 8", "not fully covered"});
+}
+
+TEST(SafetensorsErrors, DataNotStartingAtZero) {
+  fs::path p = fresh_dir("start") / "x.safetensors";
+  write_raw(p, R"({"w": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}})", 12);
+  expect_open_error(p, {"tensor 'w' starts at byte 4", "ends at 0"});
+}
+
+TEST(SafetensorsErrors, NulPaddingInTheHeader) {
+  fs::path p = fresh_dir("nul") / "x.safetensors";
+  write_raw(p, std::string(R"({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}})") + std::string(4, '\0'),
+            4);
+  expect_open_error(p, {"NUL byte"});
+  fs::path q = fresh_dir("space_first") / "x.safetensors";
+  write_raw(q, R"( {"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}})", 4);
+  expect_open_error(q, {"does not start with '{'"});
+}
+
+TEST(Safetensors, SpacePaddedHeaderIsAccepted) {
+  fs::path p = fresh_dir("spaces") / "x.safetensors";
+  write_raw(p,
+            R"({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}})"
+            "       ",
+            4);
+  EXPECT_EQ(SafetensorsFile::open(p.string())->tensors().size(), 1u);
+}
+
 TEST(SafetensorsErrors, UnknownDtype) {
   fs::path p = fresh_dir("dtype") / "x.safetensors";
   write_raw(p, R"({"w": {"dtype": "F8_E4M3", "shape": [4], "data_offsets": [0, 4]}})", 4);
