@@ -28,9 +28,20 @@ void verify_checkpoint(const std::string& dir) {
   if (!fs::exists(sums_path)) throw Error(dir + ": no checksums.json (incomplete or not a checkpoint)");
   const json sums = read_json_file(sums_path.string());
   if (!sums.is_object()) throw Error(sums_path.string() + ": expected an object of file -> SHA-256");
+  // Every file of the checkpoint must be listed, so that an emptied or trimmed checksums.json cannot
+  // switch verification off.
+  for (const auto& e : fs::recursive_directory_iterator(dir)) {
+    if (!e.is_regular_file() || e.path() == sums_path) continue;
+    const std::string rel = fs::relative(e.path(), dir).string();
+    if (!sums.contains(rel)) {
+      throw Error(sums_path.string() + ": does not list " + rel +
+                  " of the checkpoint (edited or not the checkpoint's own)");
+    }
+  }
   for (auto it = sums.begin(); it != sums.end(); ++it) {
     const fs::path file = fs::path(dir) / it.key();
     if (!fs::exists(file)) throw Error(file.string() + ": missing from the checkpoint (listed in checksums.json)");
+    if (!it.value().is_string()) throw Error(sums_path.string() + ": the SHA-256 of " + it.key() + " is not a string");
     const std::string actual = sha256_file(file.string());
     if (actual != it.value().get<std::string>()) {
       throw Error(file.string() + ": checksum mismatch (SHA-256 " + actual + ", checksums.json says " +

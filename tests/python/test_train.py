@@ -250,6 +250,16 @@ def test_corrupt_checkpoint_is_refused(tmp_path, resume_setup):
     expect_error(["train", "--config", resume_setup("run"), "--resume"], "optimizer.safetensors", "checksum mismatch", "corrupt")
 
 
+def test_emptied_checksums_do_not_switch_verification_off(tmp_path, resume_setup):
+    run_cli("train", "--config", resume_setup("run"), "--stop-after", "4")
+    sums = tmp_path / "run" / "checkpoints" / "step-00000004" / "checksums.json"
+    sums.write_text("{}")
+    expect_error(["train", "--config", resume_setup("run"), "--resume"], "checksums.json", "does not list")
+    listed = {"optimizer.safetensors": "0" * 64}
+    sums.write_text(json.dumps(listed))
+    expect_error(["train", "--config", resume_setup("run"), "--resume"], "checksums.json", "does not list")
+
+
 def test_full_disk_while_saving_keeps_previous_checkpoint(tmp_path, resume_setup):
     run_cli("train", "--config", resume_setup("run"), "--stop-after", "2")
     latest = tmp_path / "run" / "checkpoints" / "step-00000002"
