@@ -1,4 +1,6 @@
 // archspace eval ppl: perplexity with strided sliding windows on token shards or a text file.
+#include <unistd.h>
+
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -21,8 +23,36 @@ struct PplArgs {
   PerplexityOptions options;
 };
 
+// A bad --out fails before the evaluation, not after it; an existing file is replaced only by a complete
+// result (written beside it, then renamed).
+void check_writable(const std::string& path) {
+  namespace fs = std::filesystem;
+  const fs::path p(path), dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
+  if (!fs::is_directory(dir) || ::access(dir.c_str(), W_OK) != 0) {
+    throw Error(path + ": cannot write there (--out): " + dir.string() + " is not a writable directory");
+  }
+  if (fs::exists(p) && (!fs::is_regular_file(p) || ::access(p.c_str(), W_OK) != 0)) {
+    throw Error(path + ": exists and is not a writable file (--out)");
+  }
+}
+
+void write_result(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << text;
+    out.flush();
+    if (!out) {
+      std::filesystem::remove(tmp);
+      throw Error(path + ": write failed (disk full?) (--out)");
+    }
+  }
+  std::filesystem::rename(tmp, path);
+}
+
 int run_ppl(const PplArgs& a) {
   namespace fs = std::filesystem;
+  if (!a.out.empty()) check_writable(a.out);
   const std::string model_dir = resolve_model_dir(a.model);  // a run directory or checkpoint names its model
   CausalLM model = load_model(
       model_dir, {scalar_type(parse_dtype(a.dtype, "--dtype")), parse_device(a.device, "--device").device()});
@@ -60,7 +90,7 @@ int run_ppl(const PplArgs& a) {
                              "strided sliding windows: each window scores only tokens no earlier window scored; ppl = "
                              "exp(total NLL / scored tokens)"},
                             {"seconds", progress.elapsed_seconds()}};
-  if (!a.out.empty()) std::ofstream(a.out) << j.dump(2) << "\n";
+  if (!a.out.empty()) write_result(a.out, j.dump(2) + "\n");
   std::cout << j.dump(2) << std::endl;
   return 0;
 }

@@ -33,6 +33,8 @@ Prompts gather_prompts(const GenerateArgs& a, const Tokenizer& tokenizer, int64_
   Prompts p;
   p.chat = chat;
   if (!a.prompt_tokens.empty()) {
+    if (!a.prompts.empty() || !a.messages.empty())
+      throw Error("--prompt-tokens: give the prompt as ids only (not also --prompt or --messages)");
     std::vector<uint32_t> ids;
     for (int64_t id : parse_token_ids(a.prompt_tokens, vocab_size, "--prompt-tokens"))
       ids.push_back(static_cast<uint32_t>(id));
@@ -62,6 +64,8 @@ void report(const GenerateResult& r, size_t batch) {
 }
 
 int run(GenerateArgs a) {
+  a.options.stop_strings = a.stops;
+  a.options.validate();                  // before loading anything
   a.model = resolve_model_dir(a.model);  // a run directory or checkpoint names its model
   const ModelConfig config = load_model_config(a.model);
   auto tokenizer = model_tokenizer(a.model, a.tokenizer, config.vocab_size);
@@ -69,7 +73,6 @@ int run(GenerateArgs a) {
   CausalLM model =
       load_model(a.model, {scalar_type(parse_dtype(a.dtype, "--dtype")), parse_device(a.device, "--device").device()});
   a.options.stop_ids = stop_token_ids(*tokenizer, model.config(), prompts.chat);
-  a.options.stop_strings = a.stops;
 
   GenerateResult r;
   if (prompts.ids.size() == 1) {

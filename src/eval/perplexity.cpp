@@ -14,6 +14,10 @@ PerplexityResult perplexity(const CausalLM& model, const std::vector<int64_t>& t
                             const std::function<void(int64_t, int64_t)>& progress) {
   const ModelConfig& c = model.config();
   PerplexityResult r;
+  // A window of one token scores nothing (its only token has no context).
+  if (o.context < 0 || o.context == 1)
+    throw Error("eval ppl: --context must be at least 2 (got " + std::to_string(o.context) + ")");
+  if (o.stride < 0) throw Error("eval ppl: --stride must be at least 1 (got " + std::to_string(o.stride) + ")");
   r.context = o.context > 0 ? o.context : std::min<int64_t>(c.max_position_embeddings, 4096);
   r.stride = o.stride > 0 ? o.stride : r.context;
   if (r.context > c.max_position_embeddings) {

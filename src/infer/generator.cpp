@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 
 #include "archspace/model/kv_cache.h"
 #include "archspace/util/error.h"
@@ -27,6 +28,23 @@ int64_t sample_token(const at::Tensor& logits, const SamplingOptions& o, at::Gen
     probs = at::zeros_like(probs).scatter(0, order, sorted);
   }
   return at::multinomial(probs, 1, false, gen).item<int64_t>();
+}
+
+void GenerateOptions::validate() const {
+  auto fail = [](const std::string& flag, const std::string& range, const std::string& got) {
+    throw Error(flag + " must be " + range + " (got " + got + ")");
+  };
+  const SamplingOptions& s = sampling;
+  if (max_new_tokens < 1) fail("--max-new-tokens", "at least 1", std::to_string(max_new_tokens));
+  if (!std::isfinite(s.temperature) || s.temperature < 0) {
+    fail("--temperature", "a finite number >= 0 (0: greedy)", std::to_string(s.temperature));
+  }
+  if (s.top_k < 0) fail("--top-k", ">= 0 (0: off)", std::to_string(s.top_k));
+  if (!(s.top_p > 0 && s.top_p <= 1)) fail("--top-p", "in (0, 1] (1: off)", std::to_string(s.top_p));
+  for (const auto& stop : stop_strings) {
+    if (stop.empty()) throw Error("--stop: an empty string would stop before the first token");
+  }
+  if (prefill_chunk < 1) fail("prefill chunk", "at least 1", std::to_string(prefill_chunk));
 }
 
 namespace {
@@ -70,6 +88,7 @@ GenerateResult generate(const CausalLM& model, const Tokenizer& tokenizer,
                         const std::vector<std::vector<uint32_t>>& prompts, const GenerateOptions& o,
                         const std::function<void(size_t, const std::string&)>& on_text) {
   const ModelConfig& c = model.config();
+  o.validate();
   if (prompts.empty()) throw Error("generate: no prompt");
   const size_t B = prompts.size();
   int64_t longest = 0;

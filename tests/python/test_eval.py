@@ -82,3 +82,22 @@ def test_bad_input(tmp_path):
     assert r.returncode == 1 and "exceeds the model's max_position_embeddings 64" in r.stderr
     r = run_cli("eval", "ppl", "--model", tmp_path / "m", "--data", tmp_path / "nope.txt", check=False)
     assert r.returncode == 1 and "nope.txt" in r.stderr
+    for context in (1, -3):
+        r = run_cli("eval", "ppl", "--model", tmp_path / "m", "--data", tmp_path / "a.txt", "--context", context, check=False)
+        assert r.returncode == 1 and "--context must be at least 2" in r.stderr, r.stderr
+    r = run_cli("eval", "ppl", "--model", tmp_path / "m", "--data", tmp_path / "a.txt", "--out", tmp_path / "no" / "x.json", check=False)
+    assert r.returncode == 1 and "--out" in r.stderr and "not a writable directory" in r.stderr, r.stderr
+
+
+def test_a_failed_evaluation_keeps_an_earlier_result(tmp_path):
+    """--out is replaced only by a complete result: a run that fails leaves the previous file as it was."""
+    save_random_olmo3(tiny_olmo3_config(vocab_size=100278, max_position_embeddings=64), tmp_path / "m")
+    shutil.copy(DOLMA2, tmp_path / "m" / "tokenizer.json")
+    (tmp_path / "a.txt").write_text(TEXT)
+    run_cli("eval", "ppl", "--model", tmp_path / "m", "--data", tmp_path / "a.txt", "--context", 32, "--out", tmp_path / "r.json")
+    before = (tmp_path / "r.json").read_text()
+    assert json.loads(before)["context"] == 32
+    r = run_cli("eval", "ppl", "--model", tmp_path / "m", "--data", tmp_path / "a.txt", "--context", 128,
+                "--out", tmp_path / "r.json", check=False)
+    assert r.returncode == 1 and (tmp_path / "r.json").read_text() == before
+    assert not (tmp_path / "r.json.tmp").exists()

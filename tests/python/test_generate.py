@@ -78,6 +78,26 @@ def test_bad_input(tmp_path):
     expect_error(["generate", "--model", tmp_path / "m", "--prompt-tokens", "5 100278"], "token id 100278 is out of range")
 
 
+@pytest.mark.parametrize("flags,fragment", [
+    (["--max-new-tokens", "-1"], "--max-new-tokens must be at least 1"),
+    (["--max-new-tokens", "0"], "--max-new-tokens must be at least 1"),
+    (["--temperature", "-0.5"], "--temperature must be a finite number >= 0"),
+    (["--temperature", "nan"], "--temperature must be a finite number >= 0"),
+    (["--top-p", "2"], "--top-p must be in (0, 1]"),
+    (["--top-p", "0"], "--top-p must be in (0, 1]"),
+    (["--top-p", "nan"], "--top-p must be in (0, 1]"),
+    (["--top-k", "-5"], "--top-k must be >= 0"),
+    (["--stop", ""], "--stop: an empty string"),
+    (["--prompt-tokens", "5 6"], "--prompt-tokens: give the prompt as ids only"),
+])
+def test_bad_sampling_flags_are_refused(flags, fragment, tmp_path):
+    """Each out-of-range flag is an error naming it and its range (they used to act as 'off' or as greedy,
+    or end in a LibTorch error)."""
+    save_random_olmo3(tiny_olmo3_config(vocab_size=100278), tmp_path / "m")
+    shutil.copy(DOLMA2, tmp_path / "m" / "tokenizer.json")
+    expect_error(["generate", "--model", tmp_path / "m", "--prompt", "hi", *flags], fragment)
+
+
 @pytest.mark.parametrize("variant", ["base", "siamese_depth"])
 def test_batch_of_different_lengths_equals_each_prompt_alone(variant, tmp_path):
     """Four prompts of 3 to 19 tokens (window 6) decode as one left-padded batch; each row's greedy tokens

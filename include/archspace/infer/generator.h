@@ -27,6 +27,10 @@ struct GenerateOptions {
   std::vector<uint32_t> stop_ids;         // generation ends after any of these (not printed)
   std::vector<std::string> stop_strings;  // or when the text contains one (cut before it)
   int64_t prefill_chunk = 1024;
+
+  // Throws naming the flag and its valid range: max_new_tokens >= 1, temperature finite >= 0, top_k >= 0,
+  // top_p in (0, 1], no empty stop string.
+  void validate() const;
 };
 
 struct Completion {
