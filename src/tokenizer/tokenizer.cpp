@@ -327,13 +327,29 @@ std::shared_ptr<const Tokenizer> Tokenizer::load(const std::string& spec) {
   std::unordered_map<std::string, uint8_t> u2b;
   for (int b = 0; b < 256; ++b) u2b[b2u[b]] = static_cast<uint8_t>(b);
   if (!model.contains("vocab") || !model["vocab"].is_object()) throw fail("field 'model.vocab' is missing");
+  // Ids index tables of vocab_size entries: bound them so that a corrupt id is an error, not an allocation.
+  constexpr int64_t kMaxTokenId = (1 << 24) - 1;
   int64_t max_id = -1;
   for (auto it = model["vocab"].begin(); it != model["vocab"].end(); ++it) {
-    if (!it.value().is_number_unsigned()) throw fail("model.vocab['" + it.key() + "'] is not a token id");
+    if (!it.value().is_number_unsigned() || it.value().get<uint64_t>() > kMaxTokenId) {
+      throw fail("model.vocab['" + it.key() + "'] is not a token id in [0, " + std::to_string(kMaxTokenId) + "]");
+    }
     max_id = std::max<int64_t>(max_id, it.value().get<int64_t>());
   }
+  if (j.contains("added_tokens") && !j["added_tokens"].is_array()) throw fail("field 'added_tokens' must be a list");
   const json& added = j.value("added_tokens", json::array());
-  for (const json& a : added) max_id = std::max<int64_t>(max_id, a.value("id", int64_t(-1)));
+  for (size_t i = 0; i < added.size(); ++i) {
+    const json& a = added[i];
+    const std::string where = "added_tokens[" + std::to_string(i) + "]";
+    if (!a.is_object() || !a.contains("content") || !a["content"].is_string())
+      throw fail(where + " needs a string 'content'");
+    if (!a.contains("id") || !a["id"].is_number_unsigned() || a["id"].get<uint64_t>() > kMaxTokenId) {
+      throw fail(where + " ('" + a["content"].get<std::string>() + "'): 'id' must be a token id in [0, " +
+                 std::to_string(kMaxTokenId) + "], got " + (a.contains("id") ? a["id"].dump() : std::string("none")));
+    }
+    if (a.contains("special") && !a["special"].is_boolean()) throw fail(where + ": 'special' must be true or false");
+    max_id = std::max<int64_t>(max_id, a["id"].get<int64_t>());
+  }
   t->vocab_size_ = max_id + 1;
   t->id_to_bytes_.assign(t->vocab_size_, "");
   t->is_special_.assign(t->vocab_size_, false);
@@ -361,7 +377,7 @@ std::shared_ptr<const Tokenizer> Tokenizer::load(const std::string& spec) {
       if (space == std::string::npos) throw fail("merge '" + s + "' is not 'left right'");
       left = s.substr(0, space);
       right = s.substr(space + 1);
-    } else if (m.is_array() && m.size() == 2) {
+    } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
       left = m[0].get<std::string>();
       right = m[1].get<std::string>();
     } else {

@@ -136,6 +136,23 @@ def test_invalid_utf8_policy(tmp_path, reference):
     assert ids.tolist() == reference.encode(raw.decode("utf-8", errors="replace")).ids + [100257]
 
 
+@pytest.mark.parametrize("bad_id", [-5, -1, -100, 2**40, "7"])
+def test_added_token_with_a_bad_id_is_an_error_not_a_crash(bad_id, tmp_path):
+    """A negative id crashed the engine (SIGSEGV) and 2^40 exhausted memory; both are errors naming the entry."""
+    spec = json.loads(DOLMA2.read_text())
+    spec["added_tokens"][0]["id"] = bad_id
+    (tmp_path / "tokenizer.json").write_text(json.dumps(spec))
+    expect_error(["encode", "--tokenizer", tmp_path / "tokenizer.json", "--text", "hi"], "tokenizer.json",
+                 "added_tokens[0]", "'id' must be a token id")
+
+
+def test_merge_of_numbers_is_an_error(tmp_path):
+    spec = json.loads(DOLMA2.read_text())
+    spec["model"]["merges"][0] = [1, 2]
+    (tmp_path / "tokenizer.json").write_text(json.dumps(spec))
+    expect_error(["encode", "--tokenizer", tmp_path / "tokenizer.json", "--text", "hi"], "tokenizer.json", "a merge is neither")
+
+
 def test_bad_jsonl(tmp_path):
     (tmp_path / "x.jsonl").write_text('{"text": "ok"}\n{"body": "no text field"}\n')
     expect_error(["tokenize", "--tokenizer", DOLMA2, "--out", tmp_path / "o", tmp_path / "x.jsonl"], "x.jsonl:2", "'text'")
