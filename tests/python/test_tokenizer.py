@@ -100,6 +100,17 @@ def test_encode_cli_matches(reference):
     assert list(map(int, got)) == reference.encode(text).ids
 
 
+def test_very_long_words_equal_the_reference(reference, tmp_path):
+    """Byte-level BPE on one pre-token of 256 KB (a repeated word) and 64 KB (random letters: many rank ties and
+    stale merge candidates) gives tokenizers' ids. The old pairwise scan needed ~90 s for the first; the heap
+    merge takes about a second (bench/ times it)."""
+    rng = np.random.default_rng(1)
+    for text in (("return" * 50000)[:256 * 1024], "".join(rng.choice(list("aabcdeeinrst"), 64 * 1024))):
+        (tmp_path / "word.txt").write_text(text)
+        got = run_cli("encode", "--tokenizer", DOLMA2, "--file", tmp_path / "word.txt").stdout.split()
+        assert list(map(int, got)) == reference.encode(text).ids
+
+
 # ---- bad input ------------------------------------------------------------------------------------
 
 
