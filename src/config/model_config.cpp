@@ -1,6 +1,8 @@
 #include "archspace/config/model_config.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -26,6 +28,9 @@ std::vector<LayerType> default_layer_types(int64_t num_layers) {
 
 namespace {
 
+// Bounds far above any real model, so that a corrupt value is an error rather than hours of work or memory.
+constexpr int64_t kMaxLayers = 4096, kMaxWidth = 1 << 20, kMaxVocab = 1 << 24, kMaxPositions = 1 << 24;
+
 // Reads config.json fields with errors that name the file and the field.
 class FieldReader {
  public:
@@ -35,7 +40,25 @@ class FieldReader {
     throw Error(source_ + ": field '" + field + "' " + what);
   }
 
-  bool has(const std::string& field) const { return j_.contains(field) && !j_.at(field).is_null(); }
+  bool has(const std::string& field) const {
+    asked_.insert(field);
+    return j_.contains(field) && !j_.at(field).is_null();
+  }
+
+  // HF configs carry many keys the maths does not use, so unknown keys are fine; but one a typo away from a
+  // key we read (sliding_windw) silently leaves that key at its default: say so.
+  void warn_near_misses() const {
+    for (auto it = j_.begin(); it != j_.end(); ++it) {
+      if (asked_.count(it.key()) || it.key().size() < 5) continue;
+      for (const auto& known : asked_) {
+        if (edit_distance(it.key(), known) <= 2) {
+          std::fprintf(stderr, "warning: %s: unknown key '%s' (did you mean '%s'? it keeps its default)\n",
+                       source_.c_str(), it.key().c_str(), known.c_str());
+          break;
+        }
+      }
+    }
+  }
 
   int64_t integer(const std::string& field) const {
     if (!has(field)) fail(field, "is missing (required)");
@@ -84,10 +107,12 @@ class FieldReader {
 
  private:
   int64_t as_integer(const json& v, const std::string& field) const {
+    if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
+      fail(field, "is too large: " + v.dump());
     if (v.is_number_integer() || v.is_number_unsigned()) return v.get<int64_t>();
     if (v.is_number_float()) {
       double d = v.get<double>();
-      if (std::floor(d) == d) return static_cast<int64_t>(d);
+      if (std::floor(d) == d && std::abs(d) < 9007199254740992.0) return static_cast<int64_t>(d);  // exact below 2^53
     }
     fail(field, "must be an integer, got " + v.dump());
   }
@@ -96,8 +121,24 @@ class FieldReader {
     return v.get<double>();
   }
 
+  static size_t edit_distance(const std::string& a, const std::string& b) {
+    std::vector<size_t> row(b.size() + 1);
+    for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+    for (size_t i = 1; i <= a.size(); ++i) {
+      size_t diagonal = row[0];
+      row[0] = i;
+      for (size_t j = 1; j <= b.size(); ++j) {
+        const size_t above = row[j];
+        row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] != b[j - 1])});
+        diagonal = above;
+      }
+    }
+    return row[b.size()];
+  }
+
   const json& j_;
   std::string source_;
+  mutable std::set<std::string> asked_;  // every key looked up, present or not
 };
 
 // Parses a rope dict: transformers 4.x `rope_scaling`, or 5.x `rope_parameters` (which also carries
@@ -193,6 +234,9 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
       }
     }
   } else {
+    if (c.num_hidden_layers > kMaxLayers)
+      r.fail("num_hidden_layers",
+             "is " + std::to_string(c.num_hidden_layers) + "; at most " + std::to_string(kMaxLayers));
     c.layer_types = default_layer_types(c.num_hidden_layers);
   }
   c.sliding_window = r.integer("sliding_window", 4096);
@@ -248,6 +292,7 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
   }
 
   c.validate(source);
+  r.warn_near_misses();
   return c;
 }
 
@@ -258,6 +303,17 @@ void ModelConfig::validate(const std::string& source) const {
   auto positive = [&](const std::string& field, int64_t v) {
     if (v <= 0) fail(field, "must be positive, got " + std::to_string(v));
   };
+  auto at_most = [&](const std::string& field, int64_t v, int64_t bound) {
+    if (v > bound) fail(field, "is " + std::to_string(v) + "; at most " + std::to_string(bound) + " is plausible");
+  };
+  at_most("vocab_size", vocab_size, kMaxVocab);
+  at_most("hidden_size", hidden_size, kMaxWidth);
+  at_most("intermediate_size", intermediate_size, kMaxWidth);
+  at_most("num_hidden_layers", num_hidden_layers, kMaxLayers);
+  at_most("num_attention_heads", num_attention_heads, kMaxWidth);
+  at_most("num_key_value_heads", num_key_value_heads, kMaxWidth);
+  at_most("head_dim", head_dim, kMaxWidth);
+  at_most("max_position_embeddings", max_position_embeddings, kMaxPositions);
   positive("vocab_size", vocab_size);
   positive("hidden_size", hidden_size);
   positive("intermediate_size", intermediate_size);
@@ -281,8 +337,34 @@ void ModelConfig::validate(const std::string& source) const {
   for (LayerType t : layer_types) {
     if (t == LayerType::kSliding) positive("sliding_window", sliding_window);
   }
-  if (!(rope_theta > 1.0)) fail("rope_theta", "must be > 1, got " + nlohmann::json(rope_theta).dump());
-  if (!(rms_norm_eps > 0.0)) fail("rms_norm_eps", "must be > 0, got " + nlohmann::json(rms_norm_eps).dump());
+  if (!(rope_theta > 1.0 && std::isfinite(rope_theta)))
+    fail("rope_theta", "must be a finite number > 1, got " + nlohmann::json(rope_theta).dump());
+  if (!(rms_norm_eps > 0.0 && rms_norm_eps <= 0.1))
+    fail("rms_norm_eps", "must be in (0, 0.1], got " + nlohmann::json(rms_norm_eps).dump());
+  if (rope_scaling) {
+    const YarnScaling& y = *rope_scaling;
+    const std::string field = "rope_scaling";
+    if (!(y.factor > 1.0 && y.factor <= 1024))
+      fail(field + ".factor", "must be in (1, 1024], got " + nlohmann::json(y.factor).dump());
+    if (!(y.beta_slow > 0 && y.beta_fast > y.beta_slow && std::isfinite(y.beta_fast))) {
+      fail(field + ".beta_fast", "must be finite and greater than beta_slow > 0, got beta_fast " +
+                                     nlohmann::json(y.beta_fast).dump() + ", beta_slow " +
+                                     nlohmann::json(y.beta_slow).dump());
+    }
+    if (y.attention_factor && !(*y.attention_factor > 0 && *y.attention_factor <= 10)) {
+      fail(field + ".attention_factor", "must be in (0, 10], got " + nlohmann::json(*y.attention_factor).dump());
+    }
+    if (y.original_max_position_embeddings <= 0) {
+      fail(field + ".original_max_position_embeddings",
+           "must be positive, got " + std::to_string(y.original_max_position_embeddings));
+    }
+  }
+  for (const auto& [field, id] : {std::pair<const char*, const std::optional<int64_t>&>{"eos_token_id", eos_token_id},
+                                  {"pad_token_id", pad_token_id},
+                                  {"bos_token_id", bos_token_id}}) {
+    if (id && (*id < 0 || *id >= vocab_size))
+      fail(field, "is " + std::to_string(*id) + ", outside the vocabulary [0, " + std::to_string(vocab_size) + ")");
+  }
   positive("max_position_embeddings", max_position_embeddings);
   if (tie_word_embeddings) fail("tie_word_embeddings", "must be false (OLMo 3 has an untied output head)");
   if (padded_vocab_size != 0 && padded_vocab_size < vocab_size) {

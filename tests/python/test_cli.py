@@ -221,3 +221,35 @@ def test_bad_variant_for_init(tmp_path):
     expect_error(["init", "--preset", "tiny", "--depth-stride", "2", "--out", tmp_path / "m"],
                  "switches need the siamese_depth variant")
     assert not (tmp_path / "m").exists()
+
+
+@pytest.mark.parametrize("edit,fragment", [
+    ({"rms_norm_eps": 1e300}, "'rms_norm_eps' must be in (0, 0.1]"),
+    ({"rms_norm_eps": 0}, "'rms_norm_eps' must be in (0, 0.1]"),
+    ({"eos_token_id": 96}, "'eos_token_id' is 96, outside the vocabulary [0, 96)"),
+    ({"pad_token_id": -1}, "'pad_token_id' is -1, outside the vocabulary"),
+    ({"num_hidden_layers": 10000000, "layer_types": None}, "'num_hidden_layers' is 10000000; at most 4096"),
+    ({"hidden_size": 1e300}, "'hidden_size' must be an integer"),
+    ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 500000.0, "factor": 4.0, "original_max_position_embeddings": 16,
+                          "attention_factor": 1e300}}, "'rope_scaling.attention_factor' must be in (0, 10]"),
+    ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 500000.0, "factor": 4.0, "original_max_position_embeddings": 16,
+                          "attention_factor": 0}}, "'rope_scaling.attention_factor' must be in (0, 10]"),
+    ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 500000.0, "factor": 4.0, "original_max_position_embeddings": 16,
+                          "beta_fast": 1.0, "beta_slow": 32.0}}, "'rope_scaling.beta_fast' must be finite and greater than beta_slow"),
+])
+def test_implausible_config_values_are_refused(model_dir, edit, fragment):
+    """Values that used to be accepted and then computed nonsense (or ran for minutes) name the field and range."""
+    cfg = json.loads((model_dir / "config.json").read_text())
+    cfg.update(edit)
+    (model_dir / "config.json").write_text(json.dumps(cfg))
+    expect_error(["info", model_dir], model_dir / "config.json", fragment)
+
+
+def test_a_misspelled_config_key_warns(model_dir):
+    cfg = json.loads((model_dir / "config.json").read_text())
+    cfg["sliding_windw"] = 3
+    cfg["some_hf_field_we_ignore"] = 1
+    (model_dir / "config.json").write_text(json.dumps(cfg))
+    err = run_cli("info", model_dir).stderr
+    assert "unknown key 'sliding_windw' (did you mean 'sliding_window'?" in err
+    assert "some_hf_field_we_ignore" not in err
