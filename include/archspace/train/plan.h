@@ -1,0 +1,65 @@
+// Memory plan of one training rank: what `archspace plan` prints. Pure arithmetic from a ModelConfig and
+// the run's shape; nothing is allocated. Every figure is in bytes, per rank.
+//
+// Weights, gradients and AdamW's two moments are fp32 (the engine keeps fp32 master weights; bf16 is
+// autocast). ZeRO-1 (`shard_optimizer`) divides only the optimizer state by the world size.
+//
+// Activations are what autograd keeps alive after one micro-batch's forward and loss, before its
+// backward: the tensors each op of THIS engine's forward saves (src/model/causal_lm.cpp, layers.cpp,
+// depth_attention.cpp, rope.cpp, train/loss.cpp), counted once per storage. The per-op account is in
+// src/train/plan.cpp; tests/unit/test_plan.cpp measures the real figure with a counting CPU allocator.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "archspace/config/choices.h"
+#include "archspace/config/model_config.h"
+
+namespace archspace {
+
+struct PlanOptions {
+  int64_t world = 1;            // data-parallel ranks
+  int64_t sequence_length = 0;  // tokens per instance
+  int64_t micro_batch = 1;      // instances per micro-batch
+  int64_t grad_accum = 1;       // micro-batches per optimizer step
+  DType dtype = DType::kBf16;   // fp32, or bf16 autocast over fp32 master weights
+  bool shard_optimizer = false;
+  bool activation_checkpointing = false;  // a what-if: the engine does not checkpoint blocks yet
+
+  // Throws archspace::Error naming the flag (`--world`, ...) of the first value out of range.
+  void validate() const;
+};
+
+struct MemoryPlan {
+  int64_t parameter_count = 0;
+  int64_t tokens_per_step = 0;  // micro_batch x grad_accum x world x sequence_length
+
+  int64_t parameters = 0;        // fp32 master weights
+  int64_t gradients = 0;         // fp32, one per parameter
+  int64_t optimizer_state = 0;   // AdamW exp_avg + exp_avg_sq, fp32 (divided by world when sharded)
+  int64_t autocast_weights = 0;  // bf16 copies of the matmul weights autocast makes for the forward
+  int64_t activations = 0;       // sum of the parts below
+
+  // The parts of `activations`.
+  int64_t layer_activations = 0;  // all blocks (with checkpointing: block inputs + one block's internals)
+  int64_t attention_masks = 0;    // sliding-window masks built when T > window (O(T^2) for T <= 2 window)
+  int64_t depth_attention = 0;    // Depth-Attention's stacked keys/values and weights (in layer_activations)
+  int64_t head_and_loss = 0;      // final norm(s), LM-head input, logits [B, T, V] and the loss's tensors
+  int64_t rope_tables = 0;        // cos/sin tables, sliding and full
+
+  int64_t total() const { return parameters + gradients + optimizer_state + autocast_weights + activations; }
+  nlohmann::json to_json() const;
+};
+
+MemoryPlan plan_memory(const ModelConfig& config, const PlanOptions& options);
+
+// Bytes autograd keeps for layer `layer` of one micro-batch (no checkpointing); masks included.
+int64_t layer_activation_bytes(const ModelConfig& config, const PlanOptions& options, int64_t layer);
+
+// "1.23 GiB".
+std::string human_bytes(int64_t bytes);
+
+}  // namespace archspace

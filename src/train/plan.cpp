@@ -1,0 +1,241 @@
+#include "archspace/train/plan.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "archspace/model/depth_attention.h"
+#include "archspace/model/parameters.h"
+#include "archspace/util/error.h"
+
+namespace archspace {
+
+// How the account below reads the engine's forward (one micro-batch, N = B * T tokens):
+//
+// - An op saves what its backward needs: a linear its input and weight; rms_norm (layers.cpp) its fp32
+//   input, the normalised product and the [N, 1] rsqrt; pow its input; softmax its result; a mul of two
+//   tensors that need gradients both, a mul by a constant (cos, sin, a mask, a double) only the constant;
+//   add, cat, stack, mean, narrow, neg and casts nothing. A tensor nothing saves is freed when its last
+//   use ends; a tensor saved by several ops is one storage and counted once.
+// - fp32: the residual stream is kept by the linears that read it; a linear's output is 4 bytes/element.
+// - bf16 autocast: a linear casts its input to bf16, and each cast of a non-leaf tensor is a fresh copy
+//   (autocast caches casts of weights only), so q/k/v keep three bf16 copies of their input and gate/up
+//   two; the fp32 residual itself is freed. Linear outputs are bf16; rms_norm makes an fp32 copy of a
+//   bf16 input; Depth-Attention's sums run in fp32 (autocast's sum policy); SDPA gets bf16 q, k, v.
+// - Attention through SDPA (flash on CUDA, the flash CPU kernel) keeps q, k, v, the output and a
+//   [B, H, T] fp32 logsumexp: O(T), no scores. A sliding layer with window < T builds a boolean mask that
+//   SDPA turns into an additive mask in the query's dtype and keeps: [T, T] when T <= 2 window, else one
+//   [window, <= 2 window] mask per query block (layers.cpp). The reference attention path (tests only)
+//   keeps [B, H, T, T] scores and is not planned for.
+namespace {
+
+struct Widths {
+  int64_t d, qw, kw, inter, vocab, heads, kv_heads, head_dim;
+};
+
+Widths widths(const ModelConfig& c) {
+  return {c.hidden_size,
+          c.num_attention_heads * c.head_dim,
+          c.num_key_value_heads * c.head_dim,
+          c.intermediate_size,
+          c.vocab_size,
+          c.num_attention_heads,
+          c.num_key_value_heads,
+          c.head_dim};
+}
+
+bool siamese(const ModelConfig& c) { return c.variant == Variant::kSiameseDepth && c.use_siamese_norm; }
+bool depth(const ModelConfig& c) { return c.variant == Variant::kSiameseDepth && c.use_depth_attention; }
+
+// Per-token bytes of what the op sequences keep, by mode.
+struct Bytes {
+  bool bf16;
+  int64_t act() const { return bf16 ? 2 : 4; }  // a linear's output, SDPA's tensors
+  // An fp32 tensor read by `readers` linears: itself in fp32, a bf16 copy per reader under autocast.
+  int64_t linear_input(int64_t readers) const { return bf16 ? 2 * readers : 4; }
+};
+
+// rms_norm of a [N, w] input: its fp32 input (the input itself, or an fp32 copy of a bf16 one), the
+// normalised product, the [N, 1] rsqrt. Per token.
+int64_t rms_norm_saved(int64_t w) { return 4 * w + 4 * w + 4; }
+
+// Attention from its (separately counted) input to o_proj's input: q/k norms, RoPE outputs, v, SDPA's
+// output and logsumexp, the reshaped output o_proj reads. Per token; masks and Depth-Attention apart.
+int64_t attention_core(const Widths& w, const Bytes& b) {
+  // q and k: the linear output (fp32: rms_norm keeps it; bf16: rms_norm keeps an fp32 copy), the
+  // normalised product, the RoPE output in the activation dtype (the norm's output is freed: RoPE's muls
+  // keep only cos/sin).
+  const int64_t q = 4 * w.qw + 4 * w.qw + b.act() * w.qw + 4;
+  const int64_t k = 4 * w.kw + 4 * w.kw + b.act() * w.kw + 4;
+  const int64_t v = b.act() * w.kw;
+  // SDPA's output is laid out [B, T, H, h], so o_proj reads it through a view (the blocked path's cat
+  // is the exception: see blocked_copy_bytes).
+  const int64_t sdpa = b.act() * w.qw /*output*/ + 4 * w.heads /*logsumexp*/;
+  return q + k + v + sdpa;
+}
+
+// SwiGLU from its input (counted apart): gate output (silu keeps it), silu output, up output, product.
+int64_t mlp_core(const Widths& w, const Bytes& b) { return 4 * b.act() * w.inter; }
+
+// Depth-Attention at a layer with `sources` earlier sources: the mean query, the stacked keys and values
+// [.., S + 1, h], the fp32 softmax (and its bf16 copy under autocast). Per token.
+int64_t depth_saved(const Widths& w, const Bytes& b, int64_t sources) {
+  const int64_t n = sources + 1;
+  return b.act() * w.kw * (1 + 2 * n) + 4 * n * w.kv_heads + (b.bf16 ? 2 * n * w.kv_heads : 0);
+}
+
+// The additive masks a sliding layer keeps (bytes, not per token): see causal_attention in layers.cpp.
+int64_t mask_bytes(int64_t T, int64_t window, const Bytes& b) {
+  if (window <= 0 || window >= T) return 0;  // plain causal: no mask
+  if (T <= 2 * window) return b.act() * T * T;
+  int64_t bytes = 0;
+  for (int64_t s = 0; s < T; s += window) {
+    const int64_t e = std::min(T, s + window);
+    const int64_t k0 = std::max<int64_t>(0, s - (window - 1)), k1 = std::min(T, e);
+    bytes += b.act() * (e - s) * (k1 - k0);
+  }
+  return bytes;
+}
+
+// Sliding layers attended block by block (T > 2 window) concatenate the blocks' outputs in [B, H, T, h]
+// order, so o_proj's input is a copy of its own.
+int64_t blocked_copy_bytes(int64_t T, int64_t window, int64_t N, const Widths& w, const Bytes& b) {
+  return window > 0 && T > 2 * window ? b.act() * w.qw * N : 0;
+}
+
+int64_t sources_of(const ModelConfig& c, int64_t layer) {
+  return static_cast<int64_t>(depth_sources(layer, c.depth_attention_stride, c.depth_attention_recent_window).size());
+}
+
+// Per-token bytes of layer `layer` without masks (and Depth-Attention separately).
+int64_t layer_per_token(const ModelConfig& c, const Bytes& b, int64_t layer) {
+  const Widths w = widths(c);
+  int64_t bytes = attention_core(w, b) + mlp_core(w, b);
+  if (siamese(c)) {
+    // Inputs X and Y (one tensor at layer 0: the embedding), kept by scale * X and rms_norm(Y); the
+    // attention input read by q/k/v; rms_norm of X after attention, of Y, of X + RMS(Y); the MLP input.
+    bytes += (layer == 0 ? 4 : 8) * w.d + (rms_norm_saved(w.d) - 4 * w.d) + b.linear_input(3) * w.d;
+    bytes += 3 * rms_norm_saved(w.d) + b.linear_input(2) * w.d;
+  } else {
+    // The input read by q/k/v; post-attention norm of the attention output; h read by gate/up;
+    // post-feedforward norm of the MLP output.
+    bytes += b.linear_input(3) * w.d + rms_norm_saved(w.d) + b.linear_input(2) * w.d + rms_norm_saved(w.d);
+  }
+  return bytes;
+}
+
+}  // namespace
+
+void PlanOptions::validate() const {
+  auto positive = [](int64_t v, const char* flag) {
+    if (v <= 0) throw Error(std::string(flag) + " must be a positive integer, got " + std::to_string(v));
+  };
+  positive(world, "--world");
+  positive(sequence_length, "--sequence-length");
+  positive(micro_batch, "--micro-batch");
+  positive(grad_accum, "--grad-accum");
+}
+
+int64_t layer_activation_bytes(const ModelConfig& c, const PlanOptions& o, int64_t layer) {
+  const Bytes b{o.dtype == DType::kBf16};
+  const int64_t N = o.micro_batch * o.sequence_length;
+  int64_t bytes = layer_per_token(c, b, layer) * N;
+  if (depth(c)) bytes += depth_saved(widths(c), b, sources_of(c, layer)) * N;
+  const int64_t window = c.layer_types[layer] == LayerType::kSliding ? c.sliding_window : 0;
+  return bytes + mask_bytes(o.sequence_length, window, b) +
+         blocked_copy_bytes(o.sequence_length, window, N, widths(c), b);
+}
+
+MemoryPlan plan_memory(const ModelConfig& c, const PlanOptions& o) {
+  o.validate();
+  c.validate("plan");
+  const Bytes b{o.dtype == DType::kBf16};
+  const Widths w = widths(c);
+  const int64_t T = o.sequence_length, N = o.micro_batch * T, L = c.num_hidden_layers;
+
+  MemoryPlan p;
+  p.parameter_count = parameter_count(c);
+  p.tokens_per_step = o.micro_batch * o.grad_accum * o.world * T;
+  p.parameters = 4 * p.parameter_count;
+  p.gradients = 4 * p.parameter_count;
+  const int64_t adam = 2 * 4 * p.parameter_count;
+  p.optimizer_state = o.shard_optimizer ? (adam + o.world - 1) / o.world : adam;
+  if (b.bf16) {
+    for (const auto& spec : parameter_specs(c)) {
+      if (spec.kind != ParamKind::kLinear) continue;  // the embedding lookup and norms stay fp32
+      int64_t numel = 1;
+      for (int64_t dim : spec.shape) numel *= dim;
+      p.autocast_weights += 2 * numel;
+    }
+  }
+
+  for (int64_t l = 0; l < L; ++l) {
+    const int64_t window = c.layer_types[l] == LayerType::kSliding ? c.sliding_window : 0;
+    p.attention_masks += mask_bytes(T, window, b);
+    if (depth(c)) p.depth_attention += depth_saved(w, b, sources_of(c, l)) * N;
+  }
+  if (o.activation_checkpointing) {
+    // Each block's fp32 input(s) are kept; one block's internals exist at a time (its recomputation in
+    // backward). Depth-Attention's source keys and mixed values cross blocks and stay.
+    int64_t largest = 0;
+    for (int64_t l = 0; l < L; ++l) largest = std::max(largest, layer_activation_bytes(c, o, l));
+    int64_t inputs = 0;
+    for (int64_t l = 0; l < L; ++l) inputs += (siamese(c) && l > 0 ? 8 : 4) * w.d * N;
+    int64_t crossing = 0;
+    if (depth(c)) {
+      std::vector<bool> is_source(L);
+      for (int64_t l = 1; l < L; ++l)
+        for (int64_t j : depth_sources(l, c.depth_attention_stride, c.depth_attention_recent_window))
+          is_source[j] = true;
+      for (int64_t l = 0; l < L; ++l)
+        if (is_source[l]) crossing += 2 * b.act() * w.kw * N;  // its key and mixed value
+    }
+    p.layer_activations = inputs + largest + crossing;
+    p.attention_masks = 0;  // inside the one block's internals
+    p.depth_attention = crossing;
+  } else {
+    for (int64_t l = 0; l < L; ++l) p.layer_activations += layer_activation_bytes(c, o, l);
+  }
+
+  // Final norm(s), the LM head's input, the logits, the loss (loss.cpp): logits in fp32 (the bf16 logits
+  // stay alive in the trainer too), logsumexp [N], the gather index (int64) and the label mask.
+  int64_t head = (siamese(c) ? 3 : 1) * rms_norm_saved(w.d) + b.linear_input(1) * w.d;
+  head += (b.bf16 ? 2 + 4 : 4) * w.vocab + 4 + 8 + 4;
+  p.head_and_loss = head * N;
+  p.rope_tables = 4 * 4 * T * w.head_dim;  // cos and sin, sliding and full, [T, head_dim] fp32
+
+  p.activations = p.layer_activations + p.head_and_loss + p.rope_tables;
+  return p;
+}
+
+nlohmann::json MemoryPlan::to_json() const {
+  return {{"parameter_count", parameter_count},
+          {"tokens_per_step", tokens_per_step},
+          {"bytes",
+           {{"parameters", parameters},
+            {"gradients", gradients},
+            {"optimizer_state", optimizer_state},
+            {"autocast_weights", autocast_weights},
+            {"activations", activations},
+            {"total", total()}}},
+          {"activation_bytes",
+           {{"layers", layer_activations},
+            {"attention_masks", attention_masks},
+            {"depth_attention", depth_attention},
+            {"head_and_loss", head_and_loss},
+            {"rope_tables", rope_tables}}}};
+}
+
+std::string human_bytes(int64_t bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(bytes);
+  int u = 0;
+  while (v >= 1024 && u < 4) {
+    v /= 1024;
+    ++u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.2f %s", v, units[u]);
+  return buf;
+}
+
+}  // namespace archspace

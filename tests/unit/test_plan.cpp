@@ -1,0 +1,164 @@
+// The memory plan (archspace plan): exact weight/gradient/optimizer arithmetic, and the activation
+// estimate against what autograd really keeps on CPU, measured with a counting CPU allocator.
+#include <ATen/core/grad_mode.h>
+#include <c10/core/CPUAllocator.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstdio>
+
+#include "archspace/model/causal_lm.h"
+#include "archspace/model/parameters.h"
+#include "archspace/train/loss.h"
+#include "archspace/train/plan.h"
+#include "expect_error.h"
+
+namespace archspace {
+namespace {
+
+PlanOptions options(int64_t world, int64_t T, int64_t B, DType dtype = DType::kBf16) {
+  PlanOptions o;
+  o.world = world;
+  o.sequence_length = T;
+  o.micro_batch = B;
+  o.dtype = dtype;
+  return o;
+}
+
+TEST(Plan, WeightsGradientsOptimizerFromParameterCount) {
+  for (const char* name : {"tiny", "1B", "7B"}) {
+    for (Variant v : {Variant::kBase, Variant::kSiameseDepth}) {
+      const ModelConfig c = preset(name, v);
+      const int64_t P = parameter_count(c);
+      PlanOptions o = options(64, 8192, 1);
+      o.grad_accum = 2;
+      MemoryPlan p = plan_memory(c, o);
+      EXPECT_EQ(p.parameter_count, P);
+      EXPECT_EQ(p.parameters, 4 * P);
+      EXPECT_EQ(p.gradients, 4 * P);
+      EXPECT_EQ(p.optimizer_state, 8 * P);
+      EXPECT_EQ(p.tokens_per_step, 1 * 2 * 64 * 8192);
+      // bf16 copies of every matmul weight: all but the embedding and the norm/scale vectors.
+      int64_t vectors = 0;
+      for (const auto& s : parameter_specs(c))
+        if (s.shape.size() == 1) vectors += s.shape[0];
+      EXPECT_EQ(p.autocast_weights, 2 * (P - c.vocab_size * c.hidden_size - vectors)) << name;
+      EXPECT_EQ(p.total(), p.parameters + p.gradients + p.optimizer_state + p.autocast_weights + p.activations);
+
+      o.shard_optimizer = true;
+      MemoryPlan sharded = plan_memory(c, o);
+      EXPECT_EQ(sharded.optimizer_state, (8 * P + 63) / 64);
+      EXPECT_EQ(sharded.parameters, p.parameters);
+      EXPECT_EQ(sharded.activations, p.activations);
+
+      o.dtype = DType::kFp32;
+      EXPECT_EQ(plan_memory(c, o).autocast_weights, 0);
+    }
+  }
+}
+
+TEST(Plan, ValuesOutOfRangeNameTheFlag) {
+  const ModelConfig c = preset("tiny");
+  using testing::expect_error;
+  expect_error([&] { plan_memory(c, options(0, 16, 1)); }, {"--world", "0"});
+  expect_error([&] { plan_memory(c, options(1, 0, 1)); }, {"--sequence-length"});
+  expect_error([&] { plan_memory(c, options(1, 16, -1)); }, {"--micro-batch"});
+  PlanOptions o = options(1, 16, 1);
+  o.grad_accum = 0;
+  expect_error([&] { plan_memory(c, o); }, {"--grad-accum"});
+}
+
+TEST(Plan, CheckpointingKeepsLessThanTheFullForward) {
+  for (Variant v : {Variant::kBase, Variant::kSiameseDepth}) {
+    PlanOptions o = options(8, 8192, 1);
+    const MemoryPlan full = plan_memory(preset("1B", v), o);
+    o.activation_checkpointing = true;
+    const MemoryPlan ckpt = plan_memory(preset("1B", v), o);
+    EXPECT_LT(ckpt.layer_activations, full.layer_activations / 4);
+    EXPECT_EQ(ckpt.head_and_loss, full.head_and_loss);
+  }
+}
+
+// Wraps the CPU allocator and counts the bytes of live allocations made while it is installed.
+class CountingAllocator final : public c10::Allocator {
+ public:
+  explicit CountingAllocator(c10::Allocator* inner) : inner_(inner) {}
+  c10::DataPtr allocate(size_t n) override {
+    c10::DataPtr d = inner_->allocate(n);
+    void* data = d.get();
+    const c10::Device device = d.device();
+    live_ += static_cast<int64_t>(n);
+    return {data, new Context{std::move(d), static_cast<int64_t>(n), this}, &release, device};
+  }
+  void copy_data(void* dest, const void* src, std::size_t count) const override { default_copy_data(dest, src, count); }
+  int64_t live() const { return live_; }
+
+ private:
+  struct Context {
+    c10::DataPtr inner;
+    int64_t bytes;
+    CountingAllocator* owner;
+  };
+  static void release(void* p) {
+    auto* c = static_cast<Context*>(p);
+    c->owner->live_ -= c->bytes;
+    delete c;
+  }
+  c10::Allocator* inner_;
+  std::atomic<int64_t> live_{0};
+};
+
+// Bytes alive after one training forward and the loss (what the trainer holds until backward), minus
+// what was alive before: the activations autograd keeps, plus the logits.
+int64_t measured_activations(const ModelConfig& c, int64_t B, int64_t T) {
+  CausalLM model = CausalLM::random_init(c, 1);
+  for (const auto& [name, p] : model.parameters()) p.requires_grad_(true);
+  at::Tensor ids = at::randint(c.vocab_size, {B, T}, at::kLong);
+  at::Tensor labels = at::randint(c.vocab_size, {B, T}, at::kLong);
+  static CountingAllocator counter(c10::GetCPUAllocator());
+  c10::Allocator* previous = c10::GetCPUAllocator();
+  c10::SetCPUAllocator(&counter, /*priority=*/255);
+  const int64_t before = counter.live();
+  int64_t kept = 0;
+  {
+    at::Tensor logits = model.forward(ids);
+    LossSums sums = next_token_loss(logits, labels, c.vocab_z_loss_coeff);
+    at::Tensor loss = sums.ce_sum + sums.z_sum;
+    kept = counter.live() - before;
+    loss.backward();  // the graph is whole: backward runs
+  }
+  c10::SetCPUAllocator(previous, 255);
+  return kept;
+}
+
+// A small MHA model (the OLMo-core presets are MHA; CPU SDPA's flash kernel handles GQA by expanding
+// k/v, which the plan does not model) with window 8, so T = 6, 12 and 40 take the three attention paths
+// of causal_attention: plain causal, one [T, T] mask, masks per query block.
+ModelConfig small_mha(Variant v) {
+  ModelConfig c = preset("tiny", v);
+  c.num_key_value_heads = c.num_attention_heads;
+  c.depth_attention_stride = 2;
+  return c;
+}
+
+// The plan counts every tensor the fp32 forward keeps, so it should agree to the byte apart from the
+// three scalar losses the measurement also holds (12 bytes; with torch 2.11 it does). The 1% band leaves
+// room for a LibTorch version that saves an extra small tensor, and still fails on any missed or
+// double-counted [N, d] tensor (>= 2% of these totals). bf16 autocast and the CUDA kernels are not
+// measured here (no GPU in the unit tests): their figures rest on the same account (plan.cpp).
+TEST(Plan, ActivationEstimateMatchesWhatAutogradKeeps) {
+  for (Variant v : {Variant::kBase, Variant::kSiameseDepth}) {
+    for (int64_t T : {6, 12, 40}) {
+      const ModelConfig c = small_mha(v);
+      const int64_t B = 2;
+      const int64_t measured = measured_activations(c, B, T);
+      const MemoryPlan p = plan_memory(c, options(1, T, B, DType::kFp32));
+      std::printf("%s T=%ld: estimated %ld measured %ld (%+.2f%%)\n", variant_name(v), long(T), long(p.activations),
+                  long(measured), 100.0 * (p.activations - measured) / measured);
+      EXPECT_NEAR(static_cast<double>(p.activations) / measured, 1.0, 0.01) << variant_name(v) << " T=" << T;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace archspace

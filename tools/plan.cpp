@@ -1,0 +1,102 @@
+// archspace plan: per-rank training memory (weights, gradients, AdamW state, activations) of a preset or
+// a config.json at a given run shape. The arithmetic lives in the library (archspace/train/plan.h).
+#include "archspace/train/plan.h"
+
+#include <iomanip>
+#include <iostream>
+
+#include "archspace/model/parameters.h"
+#include "archspace/util/error.h"
+#include "command.h"
+
+namespace archspace::cli {
+namespace {
+
+struct PlanArgs {
+  std::string preset, config, variant = "base", dtype = "bf16";
+  int64_t world = 1, sequence_length = 0, micro_batch = 1, grad_accum = 1;
+  bool shard_optimizer = false, activation_checkpointing = false, json = false;
+};
+
+void print_plan(const ModelConfig& c, const PlanOptions& o, const MemoryPlan& p) {
+  auto row = [](const std::string& name, int64_t bytes, const std::string& note = "") {
+    std::cout << "  " << std::left << std::setw(22) << name << std::right << std::setw(12) << human_bytes(bytes)
+              << std::setw(18) << bytes << " B" << (note.empty() ? "" : "  " + note) << "\n";
+  };
+  std::cout << "model:              " << variant_name(c.variant) << ", " << c.num_hidden_layers << " layers, d "
+            << c.hidden_size << ", vocabulary " << c.vocab_size << "\n"
+            << "parameters:         " << p.parameter_count << " (" << human_count(p.parameter_count) << ")\n"
+            << "run:                world " << o.world << ", sequence " << o.sequence_length << ", micro-batch "
+            << o.micro_batch << ", grad-accum " << o.grad_accum << ", " << dtype_name(o.dtype)
+            << (o.dtype == DType::kBf16 ? " autocast" : "") << (o.shard_optimizer ? ", ZeRO-1" : "")
+            << (o.activation_checkpointing ? ", activation checkpointing (what-if: not in the engine yet)" : "") << "\n"
+            << "tokens per step:    " << p.tokens_per_step << " (" << human_count(p.tokens_per_step) << ")\n"
+            << "memory per rank:\n";
+  row("parameters", p.parameters, "fp32 master weights");
+  row("gradients", p.gradients, "fp32");
+  row("optimizer state", p.optimizer_state,
+      o.shard_optimizer ? "AdamW, 2 fp32 moments / " + std::to_string(o.world) + " ranks" : "AdamW, 2 fp32 moments");
+  row("autocast weights", p.autocast_weights, "bf16 copies of the matmul weights");
+  row("activations", p.activations, "one micro-batch, kept for backward");
+  row("  layers", p.layer_activations,
+      "of which masks " + human_bytes(p.attention_masks) + ", Depth-Attention " + human_bytes(p.depth_attention));
+  row("  head and loss", p.head_and_loss, "final norm, logits [B, T, V], loss");
+  row("  rope tables", p.rope_tables);
+  row("total", p.total());
+}
+
+int run(const PlanArgs& a) {
+  if (a.preset.empty() == a.config.empty()) throw Error("plan: give --preset NAME or --config FILE");
+  const ModelConfig config =
+      !a.config.empty() ? ModelConfig::load(a.config) : preset(a.preset, parse_variant(a.variant, "--variant"));
+  PlanOptions o;
+  o.world = a.world;
+  o.sequence_length = a.sequence_length;
+  o.micro_batch = a.micro_batch;
+  o.grad_accum = a.grad_accum;
+  o.dtype = parse_dtype(a.dtype, "--dtype");
+  o.shard_optimizer = a.shard_optimizer;
+  o.activation_checkpointing = a.activation_checkpointing;
+  const MemoryPlan p = plan_memory(config, o);
+  if (a.json) {
+    nlohmann::json j = p.to_json();
+    j["variant"] = variant_name(config.variant);
+    j["options"] = {{"world", o.world},
+                    {"sequence_length", o.sequence_length},
+                    {"micro_batch", o.micro_batch},
+                    {"grad_accum", o.grad_accum},
+                    {"dtype", dtype_name(o.dtype)},
+                    {"shard_optimizer", o.shard_optimizer},
+                    {"activation_checkpointing", o.activation_checkpointing}};
+    std::cout << j.dump(2) << "\n";
+  } else {
+    print_plan(config, o, p);
+  }
+  return 0;
+}
+
+Command add(CLI::App& parent) {
+  auto a = std::make_shared<PlanArgs>();
+  auto* app = parent.add_subcommand(
+      "plan", "Per-rank training memory of a preset or config: weights, gradients, AdamW state, activations");
+  auto* preset_opt = app->add_option("--preset", a->preset, "preset name")->check(CLI::IsMember(preset_names()));
+  app->add_option("--config", a->config, "or a config.json")->excludes(preset_opt);
+  app->add_option("--variant", a->variant, "model variant (with --preset)")
+      ->check(CLI::IsMember(variant_choices()))
+      ->capture_default_str();
+  // Ranges are checked by the library (PlanOptions::validate), whose errors name the flag.
+  app->add_option("--world", a->world, "data-parallel ranks")->capture_default_str();
+  app->add_option("--sequence-length", a->sequence_length, "tokens per instance")->required();
+  app->add_option("--micro-batch", a->micro_batch, "instances per micro-batch")->capture_default_str();
+  app->add_option("--grad-accum", a->grad_accum, "micro-batches per optimizer step")->capture_default_str();
+  add_dtype_option(app, a->dtype, "training precision: fp32, or bf16 autocast over fp32 master weights");
+  app->add_flag("--shard-optimizer", a->shard_optimizer, "ZeRO-1: AdamW state divided over the ranks");
+  app->add_flag("--activation-checkpointing", a->activation_checkpointing,
+                "what-if: keep only block inputs plus one block's internals");
+  app->add_flag("--json", a->json, "print the figures as JSON");
+  return {app, [a] { return run(*a); }};
+}
+
+}  // namespace
+ARCHSPACE_COMMAND(65, add);
+}  // namespace archspace::cli
