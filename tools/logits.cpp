@@ -14,12 +14,13 @@ namespace {
 struct LogitsArgs {
   std::string model, tokens, out, dtype = "fp32", device = "cpu", attention = "sdpa";
   int repeat = 1;  // >1: run the forward again and report each run's time (for bench/)
+  bool allow_nonfinite = false;
 };
 
 int run(const LogitsArgs& a) {
   const at::Device device = parse_device(a.device, "--device").device();
   const AttentionImpl impl = a.attention == "reference" ? AttentionImpl::kReference : AttentionImpl::kSdpa;
-  CausalLM model = load_model(a.model, {scalar_type(parse_dtype(a.dtype, "--dtype")), device});
+  CausalLM model = load_model(a.model, {scalar_type(parse_dtype(a.dtype, "--dtype")), device, a.allow_nonfinite});
   const std::vector<int64_t> ids = parse_token_ids(a.tokens, model.config().vocab_size, "--tokens");
   const at::Tensor input = at::tensor(ids, at::kLong).unsqueeze(0);
   at::Tensor logits;
@@ -54,6 +55,8 @@ Command add(CLI::App& parent) {
                   "sdpa (fused kernels) or reference (the plain fp32 path tests compare against)")
       ->check(CLI::IsMember({"sdpa", "reference"}))
       ->capture_default_str();
+  app->add_flag("--allow-nonfinite", a->allow_nonfinite,
+                "load NaN/Inf weights anyway (inspecting a diverged checkpoint)");
   app->add_option("--repeat", a->repeat, "run the forward N times and print each run's seconds (benchmarks)")
       ->check(CLI::PositiveNumber);
   return {app, [a] { return run(*a); }};

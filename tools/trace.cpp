@@ -14,11 +14,13 @@ namespace {
 
 struct TraceArgs {
   std::string model, tokens, out, attention = "sdpa", dtype = "fp32", device = "cpu";
+  bool allow_nonfinite = false;
 };
 
 int run(const TraceArgs& a) {
-  CausalLM model = load_model(resolve_model_dir(a.model), {scalar_type(parse_dtype(a.dtype, "--dtype")),
-                                                           parse_device(a.device, "--device").device()});
+  CausalLM model = load_model(
+      resolve_model_dir(a.model),
+      {scalar_type(parse_dtype(a.dtype, "--dtype")), parse_device(a.device, "--device").device(), a.allow_nonfinite});
   const at::Tensor ids =
       at::tensor(parse_token_ids(a.tokens, model.config().vocab_size, "--tokens"), at::kLong).unsqueeze(0);
   const NamedTensors trace =
@@ -39,6 +41,8 @@ Command add(CLI::App& parent) {
   app->add_option("--attention", a->attention, "sdpa (fused kernels) or reference (plain fp32 path)")
       ->check(CLI::IsMember({"sdpa", "reference"}))
       ->capture_default_str();
+  app->add_flag("--allow-nonfinite", a->allow_nonfinite,
+                "load NaN/Inf weights anyway (finding where a diverged model breaks)");
   add_dtype_option(app, a->dtype, "compute dtype (the file is always fp32)");
   add_device_option(app, a->device);
   return {app, [a] { return run(*a); }};

@@ -60,6 +60,13 @@ CausalLM load_model(const std::string& dir, const LoadOptions& options) {
   for (const auto& spec : parameter_specs(config)) {
     // copy=true: never keep a view of the read-only mapping as a parameter.
     params.emplace_back(spec.name, store.tensor(spec.name).to(options.device, options.dtype, false, /*copy=*/true));
+    if (!options.allow_nonfinite && !at::isfinite(params.back().second).all().item<bool>()) {
+      const at::Tensor& t = params.back().second;
+      const int64_t nan = at::isnan(t).sum().item<int64_t>(), inf = at::isinf(t).sum().item<int64_t>();
+      throw Error(store.file_of(spec.name) + ": tensor '" + spec.name + "' holds " + std::to_string(nan) + " NaN and " +
+                  std::to_string(inf) +
+                  " infinite values (a diverged or corrupt checkpoint; --allow-nonfinite loads it anyway)");
+    }
   }
   return CausalLM(std::move(config), std::move(params));
 }

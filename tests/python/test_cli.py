@@ -254,3 +254,17 @@ def test_a_misspelled_config_key_warns(model_dir):
     err = run_cli("info", model_dir).stderr
     assert "unknown key 'sliding_windw' (did you mean 'sliding_window'?" in err
     assert "some_hf_field_we_ignore" not in err
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_nonfinite_weights_are_refused_naming_the_tensor(model_dir, tmp_path, value):
+    """A NaN or Inf weight used to load silently (generate then printed nothing and exited 0)."""
+    from safetensors.numpy import load_file, save_file
+
+    weights = load_file(str(model_dir / "model.safetensors"))
+    weights["model.layers.2.mlp.up_proj.weight"][3, 5] = value
+    save_file(weights, str(model_dir / "model.safetensors"), metadata={"format": "pt"})
+    expect_error(["logits", "--model", model_dir, "--tokens", "1 2", "--out", tmp_path / "x"],
+                 "model.safetensors", "'model.layers.2.mlp.up_proj.weight'", "--allow-nonfinite")
+    run_cli("logits", "--model", model_dir, "--tokens", "1 2", "--out", tmp_path / "x", "--allow-nonfinite")
+    assert not np.isfinite(load_file(str(tmp_path / "x"))["logits"]).all()

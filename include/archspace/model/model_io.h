@@ -13,6 +13,9 @@ namespace archspace {
 struct LoadOptions {
   at::ScalarType dtype = at::kFloat;
   at::Device device = at::kCPU;
+  // NaN/Inf weights make every output NaN (generate then prints nothing): refused, naming the tensor,
+  // unless a caller inspecting a broken checkpoint asks for them.
+  bool allow_nonfinite = false;
 };
 
 // Reads DIR/config.json. Errors name the file and the field.
