@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "archspace/util/error.h"
+#include "archspace/util/files.h"
 
 namespace archspace {
 
@@ -335,9 +336,7 @@ void validate(TrainConfig& c, const ChoiceTexts& choices, const std::string& pat
 }  // namespace
 
 TrainConfig TrainConfig::load(const std::string& path, const std::vector<std::string>& overrides) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(path + ": cannot open");
-  const std::string file_text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string file_text = read_text_file(path);
   toml::table root;
   try {
     root = toml::parse(file_text, path);

@@ -11,6 +11,7 @@
 #include <queue>
 
 #include "archspace/util/error.h"
+#include "archspace/util/files.h"
 #include "archspace/util/json_file.h"
 #include "archspace/util/sha256.h"
 
@@ -231,9 +232,7 @@ std::shared_ptr<const Tokenizer> model_tokenizer(const std::string& model_dir, c
 }
 
 std::vector<uint32_t> encode_text_file(const Tokenizer& tokenizer, const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(path + ": cannot open");
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string text = read_text_file(path);
   try {
     return tokenizer.encode(text);
   } catch (const Error& e) {
@@ -249,9 +248,7 @@ std::shared_ptr<const Tokenizer> Tokenizer::load(const std::string& spec) {
   t->path_ = path;
   auto fail = [&](const std::string& what) -> Error { return Error(path + ": " + what); };
 
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw fail("cannot open");
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string text = read_text_file(path);
   t->sha256_ = sha256_bytes(text.data(), text.size());
   const json j = parse_json_text(text, path);
   if (!j.is_object() || !j.contains("model") || !j["model"].is_object()) throw fail("field 'model' is missing");

@@ -3,15 +3,11 @@
 #include <fstream>
 
 #include "archspace/util/error.h"
+#include "archspace/util/files.h"
 
 namespace archspace {
 
-nlohmann::json read_json_file(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw Error(path + ": cannot open");
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  return parse_json_text(text, path);
-}
+nlohmann::json read_json_file(const std::string& path) { return parse_json_text(read_text_file(path), path); }
 
 nlohmann::json parse_json_text(const std::string& text, const std::string& where) {
   try {

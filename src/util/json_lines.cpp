@@ -3,6 +3,7 @@
 #include <fstream>
 
 #include "archspace/util/error.h"
+#include "archspace/util/files.h"
 
 namespace archspace {
 
@@ -17,8 +18,8 @@ std::optional<nlohmann::json> parse_json_line(const std::string& line, const std
 
 int64_t for_each_json_line(const std::string& path,
                            const std::function<void(const nlohmann::json&, const std::string&)>& fn) {
+  check_readable_file(path);
   std::ifstream in(path);
-  if (!in) throw Error(path + ": cannot open");
   int64_t count = 0;
   std::string line;
   for (int64_t number = 1; std::getline(in, line); ++number) {

@@ -268,3 +268,15 @@ def test_nonfinite_weights_are_refused_naming_the_tensor(model_dir, tmp_path, va
                  "model.safetensors", "'model.layers.2.mlp.up_proj.weight'", "--allow-nonfinite")
     run_cli("logits", "--model", model_dir, "--tokens", "1 2", "--out", tmp_path / "x", "--allow-nonfinite")
     assert not np.isfinite(load_file(str(tmp_path / "x"))["logits"]).all()
+
+
+@pytest.mark.parametrize("args", [
+    ["encode", "--file", "{d}"],
+    ["train", "--config", "{d}"],
+    ["encode", "--tokenizer", "dolma2", "--messages", "{d}"],
+])
+def test_a_directory_given_as_a_file_is_named(tmp_path, args):
+    """A directory where a file belongs used to end in iostream's 'basic_filebuf::underflow'."""
+    (tmp_path / "x.jsonl").mkdir()
+    err = expect_error([a.format(d=tmp_path / "x.jsonl") for a in args], "is a directory")
+    assert "basic_filebuf" not in err

@@ -1,0 +1,29 @@
+#include "archspace/util/files.h"
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "archspace/util/error.h"
+
+namespace archspace {
+
+void check_readable_file(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) throw Error(path + ": is a directory, not a file");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(path + ": cannot open (" + std::strerror(errno) + ")");
+}
+
+std::string read_text_file(const std::string& path) {
+  check_readable_file(path);
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) throw Error(path + ": read failed");
+  return text.str();
+}
+
+}  // namespace archspace
