@@ -241,6 +241,33 @@ void TokenShards::verify() const {
   }
 }
 
+bool TokenShards::verify_cached() const {
+  const fs::path stamp = fs::path(dir_) / ".verified.json";
+  json state = {{"manifest_sha256", sha256_file((fs::path(dir_) / "manifest.json").string())},
+                {"shards", json::array()}};
+  for (const auto& entry : manifest_.shards) {
+    const fs::path path = fs::path(dir_) / entry.file;
+    state["shards"].push_back({{"file", entry.file},
+                               {"bytes", fs::file_size(path)},
+                               {"mtime", fs::last_write_time(path).time_since_epoch().count()}});
+  }
+  std::error_code ec;
+  if (fs::exists(stamp, ec)) {
+    std::ifstream in(stamp);
+    const json recorded = json::parse(in, nullptr, /*allow_exceptions=*/false);
+    if (recorded == state) return false;
+  }
+  verify();
+  std::ofstream out(stamp.string() + ".tmp");
+  out << state.dump() << "\n";
+  out.close();
+  if (out)
+    fs::rename(stamp.string() + ".tmp", stamp, ec);  // best effort: a read-only directory checks each time
+  else
+    fs::remove(stamp.string() + ".tmp", ec);
+  return true;
+}
+
 std::vector<int64_t> TokenShards::read_all() const {
   std::vector<int64_t> tokens;
   for (size_t s = 0; s < num_shards(); ++s) {

@@ -1,5 +1,9 @@
 #include "archspace/io/run_dir.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
 #include <filesystem>
 #include <fstream>
 
@@ -67,6 +71,30 @@ std::string checkpoint_of_model_dir(const std::string& model_dir) {
   if (dir.filename().empty()) dir = dir.parent_path();  // "ckpt/model/"
   const fs::path checkpoint = dir.parent_path();
   return fs::exists(checkpoint / "checksums.json") ? checkpoint.string() : "";
+}
+
+RunDirLock::RunDirLock(const std::string& run_dir) {
+  fs::create_directories(run_dir);
+  const std::string path = (fs::path(run_dir) / ".lock").string();
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd_ < 0) throw Error(path + ": cannot open the run directory's lock file");
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    char buf[32] = {};
+    const ssize_t n = ::pread(fd_, buf, sizeof(buf) - 1, 0);
+    ::close(fd_);
+    fd_ = -1;
+    const std::string holder = n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string("?");
+    throw Error(run_dir + ": another process (pid " + holder.substr(0, holder.find('\n')) +
+                ") is training in this run directory; wait for it or choose another train.run_dir");
+  }
+  const std::string pid = std::to_string(::getpid()) + "\n";
+  if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, pid.data(), pid.size(), 0) != static_cast<ssize_t>(pid.size())) {
+    // The lock holds without the pid; only the message of a second process would lack it.
+  }
+}
+
+RunDirLock::~RunDirLock() {
+  if (fd_ >= 0) ::close(fd_);  // closing releases the lock
 }
 
 }  // namespace archspace

@@ -28,6 +28,10 @@ MetricsLog::MetricsLog(const std::string& path, int64_t resume_step) : path_(pat
   if (!out_) throw Error(path + ": cannot open for appending");
 }
 
-void MetricsLog::write(const json& line) { out_ << line.dump() << "\n" << std::flush; }
+void MetricsLog::write(const json& line) {
+  out_ << line.dump() << "\n" << std::flush;
+  // A full disk must stop the run with a message, not leave a curve that silently ends.
+  if (!out_) throw Error(path_ + ": write failed (disk full?); the metrics of this step are lost");
+}
 
 }  // namespace archspace

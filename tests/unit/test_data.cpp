@@ -2,6 +2,7 @@
 // rank splits, and errors for damaged shards and manifests.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <numeric>
@@ -148,6 +149,28 @@ TEST(ShardErrors, IdsOutsideTheVocabulary) {
   expect_error([&] { shards->read(0, 0, 10, buf.data()); },
                {"part-00000.npy", "token 5 is id 5000", "vocabulary size 1000"});
   expect_error([&] { shards->verify(); }, {"part-00000.npy", "SHA-256"});
+}
+
+TEST(ShardVerification, CachedUntilTheShardsOrManifestChange) {
+  std::string dir = make_shards("verify_cache", 3, 10, 1000);
+  EXPECT_TRUE(TokenShards::open(dir)->verify_cached());   // the full check runs and is recorded
+  EXPECT_FALSE(TokenShards::open(dir)->verify_cached());  // unchanged: skipped
+  {
+    // Same size, other bytes, a later modification time: checked again, and the damage found.
+    std::fstream f(fs::path(dir) / "part-00000.npy", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(2 * 4);
+    const uint32_t other = 17;
+    f.write(reinterpret_cast<const char*>(&other), 4);
+  }
+  fs::last_write_time(fs::path(dir) / "part-00000.npy", fs::file_time_type::clock::now() + std::chrono::seconds(5));
+  expect_error([&] { TokenShards::open(dir)->verify_cached(); }, {"part-00000.npy", "SHA-256", "does not match"});
+  // A manifest whose checksum was edited is a changed manifest: checked again, and refused.
+  std::string dir2 = make_shards("verify_cache_manifest", 3, 10, 1000);
+  EXPECT_TRUE(TokenShards::open(dir2)->verify_cached());
+  auto json = ShardManifest::load(dir2).to_json();
+  json["shards"][0]["sha256"] = std::string(64, 'a');
+  std::ofstream(fs::path(dir2) / "manifest.json") << json.dump();
+  expect_error([&] { TokenShards::open(dir2)->verify_cached(); }, {"part-00000.npy", "does not match manifest.json"});
 }
 
 TEST(ShardErrors, ManifestDoesNotMatchShards) {

@@ -79,6 +79,11 @@ class TokenShards {
   std::vector<int64_t> read_all() const;
   // Full check: SHA-256 of each shard against the manifest and every id below vocab_size.
   void verify() const;
+  // verify() once per content: after a full check, SHARD_DIR/.verified.json records the manifest's SHA-256
+  // and each shard's size and modification time; later calls skip the check while those are unchanged
+  // (training calls it at start-up). Returns true when the full check ran. A read-only directory just
+  // checks every time.
+  bool verify_cached() const;
 
  private:
   std::string dir_;

@@ -17,6 +17,19 @@ void verify_checkpoint(const std::string& checkpoint_dir);
 // Face model directory itself.
 std::string resolve_model_dir(const std::string& path);
 
+// One training process per run directory: an OS lock on RUN_DIR/.lock (released when the process dies, however
+// it dies). A second process fails at once, naming the holder's pid.
+class RunDirLock {
+ public:
+  explicit RunDirLock(const std::string& run_dir);
+  ~RunDirLock();
+  RunDirLock(const RunDirLock&) = delete;
+  RunDirLock& operator=(const RunDirLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
 // The checkpoint directory holding `model_dir` (a checkpoint's model/), or "" for a plain model directory.
 std::string checkpoint_of_model_dir(const std::string& model_dir);
 
