@@ -4,6 +4,7 @@
 
 #include <cctype>
 #include <charconv>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -325,6 +326,19 @@ void validate(TrainConfig& c, const ChoiceTexts& choices, const std::string& pat
           "must be in [0, train.max_steps]");
   require(c.final_lr_factor >= 0 && c.final_lr_factor <= 1, "optim.final_lr_factor", "must be in [0, 1]");
   require(c.keep_last >= 1, "checkpoint.keep_last", "must be >= 1");
+  // Values that train to NaN, or run for ever, are refused before anything starts (nan fails every test).
+  auto finite = [](double v) { return std::isfinite(v); };
+  require(finite(c.lr) && c.lr <= 10, "optim.lr", "must be a finite number in (0, 10], got " + std::to_string(c.lr));
+  require(c.beta1 >= 0 && c.beta1 < 1, "optim.beta1", "must be in [0, 1), got " + std::to_string(c.beta1));
+  require(c.beta2 >= 0 && c.beta2 < 1, "optim.beta2", "must be in [0, 1), got " + std::to_string(c.beta2));
+  require(finite(c.eps) && c.eps > 0, "optim.eps", "must be a finite number > 0, got " + std::to_string(c.eps));
+  require(finite(c.weight_decay) && c.weight_decay >= 0, "optim.weight_decay", "must be a finite number >= 0");
+  require(finite(c.clip_grad_norm) && c.clip_grad_norm >= 0, "optim.clip_grad_norm",
+          "must be a finite number >= 0 (0: off)");
+  require(finite(c.z_loss) && c.z_loss >= 0, "optim.z_loss", "must be a finite number >= 0");
+  require(c.micro_batch <= (1 << 20) && c.grad_accum <= (1 << 20), "train.micro_batch",
+          "and train.grad_accum must be at most 1048576 each");
+  require(c.sequence_length <= (1 << 24), "train.sequence_length", "must be at most 16777216");
   const int sources = !c.preset.empty() + !c.model_config.empty();
   require(sources <= 1, "model.preset", "and model.config are exclusive");
   require(sources == 1 || !c.init_from.empty(), "model.preset", "(or model.config, or model.init_from) is required");

@@ -229,6 +229,28 @@ def test_unknown_toml_key(tmp_path):
     expect_error(["train", "--config", write_toml(tmp_path / "r.toml", s)], "r.toml", "unknown key 'optim.learning_rate'")
 
 
+@pytest.mark.parametrize("section,key,value,fragment", [
+    ("optim", "lr", "inf", "'optim.lr' must be a finite number"),
+    ("optim", "lr", "nan", "'optim.lr'"),
+    ("optim", "beta1", 1.0, "'optim.beta1' must be in [0, 1)"),
+    ("optim", "beta2", -1.0, "'optim.beta2' must be in [0, 1)"),
+    ("optim", "eps", 0.0, "'optim.eps' must be a finite number > 0"),
+    ("optim", "z_loss", "nan", "'optim.z_loss' must be a finite number >= 0"),
+    ("optim", "weight_decay", -0.1, "'optim.weight_decay'"),
+    ("train", "micro_batch", 2**40, "'train.micro_batch'"),
+])
+def test_hyperparameters_that_train_to_nan_are_refused(tmp_path, section, key, value, fragment):
+    """These used to train to the end with NaN losses and save NaN weights; now nothing starts."""
+    write_shards(tmp_path / "shards", synthetic_tokens(500))
+    s = base_sections(tmp_path, tmp_path / "init")
+    s[section][key] = value
+    toml = write_toml(tmp_path / "r.toml", s)
+    if isinstance(value, str):  # TOML spells them bare: lr = inf, not "inf"
+        toml.write_text(toml.read_text().replace(f'{key} = "{value}"', f"{key} = {value}"))
+    expect_error(["train", "--config", toml], "r.toml", fragment)
+    assert not (tmp_path / "run").exists()
+
+
 def test_missing_data(tmp_path):
     s = base_sections(tmp_path, tmp_path / "init")
     expect_error(["train", "--config", write_toml(tmp_path / "r.toml", s)], "data.train", "does not exist")
