@@ -51,10 +51,10 @@ def torchrun(*args, check=True):
     return result
 
 
-def assert_close_runs(expected, got, what):
-    """Same batches; losses and final weights within 1e-5 (see the module docstring). Returns the worst."""
+def assert_close_runs(expected, got, what, steps=STEPS):
+    """Same batches; losses, gradient norms and final weights within 1e-5 (see the module docstring)."""
     me, mg = metrics(expected), metrics(got)
-    assert [m["step"] for m in mg] == list(range(1, STEPS + 1)), what
+    assert [m["step"] for m in mg] == list(range(1, steps + 1)), what
     assert [m["batch_hash"] for m in me] == [m["batch_hash"] for m in mg], what
     le, lg = np.array([m["loss"] for m in me]), np.array([m["loss"] for m in mg])
     loss_rel = np.abs(lg - le).max() / np.abs(le).max()
@@ -67,7 +67,6 @@ def assert_close_runs(expected, got, what):
     weight_diff = max(np.abs(we[n] - wg[n]).max() for n in we)
     assert weight_diff <= 1e-5, f"{what}: final weights differ by {weight_diff:.3g}"
     print(f"{what}: loss relative difference {loss_rel:.3g}, final weights max difference {weight_diff:.3g}")
-    return loss_rel, weight_diff
 
 
 def test_two_ranks_equal_one_process_with_double_accumulation(setup):
@@ -90,6 +89,24 @@ def test_two_ranks_equal_one_process_with_double_accumulation(setup):
     # The weights moved: the comparison above is not between two untrained models.
     init = load_file(str(tmp / "init" / "model.safetensors"))
     assert max(np.abs(init[n] - final_weights(tmp / "ranks2")[n]).max() for n in init) > 1e-3
+
+
+def test_sft_two_ranks_equal_one_process(tmp_path):
+    """Chat data: the ranks' slices hold different numbers of assistant (labelled) tokens, so each rank must
+    normalise by the count of the whole global batch, not its own."""
+    run_cli("init", "--preset", "micro", "--out", tmp_path / "init", "--seed", "3")
+
+    def config(run, grad_accum):
+        s = {"model": {"init_from": str(tmp_path / "init")},
+             "data": {"format": "chat", "train": str(REPO / "reproduce" / "tiny" / "chat.jsonl"), "tokenizer": "dolma2"},
+             "train": {"run_dir": str(tmp_path / run), "sequence_length": 64, "micro_batch": 2,
+                       "grad_accum": grad_accum, "max_steps": 3, "threads": 1},
+             "optim": {"lr": 1e-3, "warmup_steps": 1}}
+        return write_toml(tmp_path / f"{run}.toml", s)
+
+    run_cli("train", "--config", config("single", 4))
+    torchrun("train", "--config", config("ranks2", 2))
+    assert_close_runs(tmp_path / "single", tmp_path / "ranks2", "SFT: 2 ranks vs 1 process", steps=3)
 
 
 @pytest.mark.parametrize("first, then", [(1, 2), (2, 1)])
