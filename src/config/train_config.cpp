@@ -184,6 +184,7 @@ ChoiceTexts read_keys(const toml::table& root, TrainConfig& c, const std::string
   train.get("dtype", choices.dtype);
   train.get("threads", c.threads);
   train.get("dist_timeout_s", c.dist_timeout_s);
+  train.get("shard_optimizer", c.shard_optimizer);
   train.check_unknown();
 
   Section optim(optim_t, "optim", path, schema);

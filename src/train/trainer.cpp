@@ -3,9 +3,11 @@
 #include <ATen/Parallel.h>
 #include <c10/core/GradMode.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
+#include <numeric>
 
 #include "archspace/io/run_dir.h"
 #include "archspace/model/model_io.h"
@@ -181,7 +183,50 @@ void Trainer::setup_optimizer() {
     std::vector<at::Tensor> params;
     for (const auto& g : params_) params.push_back(g.param);
     reducer_ = std::make_unique<GradientReducer>(*dist_, params);
+    if (cfg_.shard_optimizer) {
+      // Balanced by size: the largest parameters first, each to the rank holding the fewest elements.
+      std::vector<size_t> order(params.size());
+      std::iota(order.begin(), order.end(), size_t{0});
+      std::stable_sort(order.begin(), order.end(),
+                       [&](size_t a, size_t b) { return params[a].numel() > params[b].numel(); });
+      std::vector<int64_t> load(world_, 0);
+      owner_.assign(params.size(), 0);
+      for (size_t i : order) {
+        owner_[i] = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
+        load[owner_[i]] += params[i].numel();
+      }
+      std::vector<bool> owned(params.size());
+      for (size_t i = 0; i < params.size(); ++i) owned[i] = owner_[i] == rank_;
+      optimizer_->shard(owned);
+      std::string shares;
+      for (int r = 0; r < world_; ++r) shares += (r ? " / " : "") + std::to_string(load[r]);
+      progress_->note("ZeRO-1: the ranks keep the AdamW moments of " + shares + " parameter elements");
+    }
   }
+}
+
+// ZeRO-1: each parameter's owner updated it; every rank takes the new values from there.
+void Trainer::broadcast_updates() {
+  if (owner_.empty()) return;
+  c10::NoGradGuard no_grad;
+  for (size_t i = 0; i < params_.size(); ++i)
+    dist_->broadcast(params_[i].param, owner_[i], "broadcasting the update of " + params_[i].name);
+}
+
+// The whole optimizer state, whatever the sharding: checkpoints do not depend on the number of ranks.
+// Sharded, each owner broadcasts its moments (every rank takes part; rank 0 keeps them).
+NamedTensors Trainer::optimizer_state() {
+  if (owner_.empty()) return optimizer_->state();
+  NamedTensors full;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    auto [m, v] = optimizer_->moments(i);
+    for (auto [name, t] : {std::pair{"exp_avg.", m}, std::pair{"exp_avg_sq.", v}}) {
+      if (!t.defined()) t = at::empty_like(params_[i].param, at::MemoryFormat::Contiguous);
+      if (owner_[i] != 0) dist_->broadcast(t, owner_[i], std::string("gathering ") + name + params_[i].name);
+      full.emplace_back(name + params_[i].name, t);
+    }
+  }
+  return full;
 }
 
 // ---- resume ---------------------------------------------------------------------------------------
@@ -341,6 +386,7 @@ StepStats Trainer::train_step(int64_t step) {
   for (const auto& g : params_) params.push_back(g.param);
   stats.grad_norm = clip_grad_norm(params, cfg_.clip_grad_norm);
   optimizer_->step(stats.lr, cfg_.weight_decay);
+  broadcast_updates();
   for (const auto& g : params_) g.param.mutable_grad().reset();
 
   tokens_seen_ += G * cfg_.sequence_length;
@@ -379,6 +425,7 @@ double Trainer::evaluate() {
 // Rank 0 writes (all ranks hold the same weights and moments, so the checkpoint is the same whatever the
 // number of ranks); the others wait for it at a barrier, so none runs ahead of the last saved step.
 void Trainer::save(int64_t step, bool is_final) {
+  NamedTensors opt_state = optimizer_state();
   if (rank_ == 0) {
     const json state = {{"step", step},
                         {"tokens", tokens_seen_},
@@ -391,14 +438,14 @@ void Trainer::save(int64_t step, bool is_final) {
                         {"micro_batch", cfg_.micro_batch},
                         {"grad_accum", cfg_.grad_accum},
                         {"world_size", world_},
+                        {"shard_optimizer", !owner_.empty()},
                         {"threads", at::get_num_threads()}};
     std::string config_text = cfg_.text;
     if (world_ > 1 && !config_text.empty())
       config_text += "\n# trained on " + std::to_string(world_) + " data-parallel ranks (world_size " +
                      std::to_string(world_) + ", global batch " + std::to_string(global_batch()) + ")\n";
-    last_checkpoint_ =
-        save_checkpoint(cfg_.run_dir, step, {model_.get(), optimizer_->state(), state, config_text, tokenizer_file_},
-                        cfg_.keep_last, is_final);
+    last_checkpoint_ = save_checkpoint(
+        cfg_.run_dir, step, {model_.get(), opt_state, state, config_text, tokenizer_file_}, cfg_.keep_last, is_final);
   }
   // train.dist_timeout_s bounds this wait too: a hung rank 0 must not hold the others forever.
   if (dist_) dist_->barrier("the barrier after the checkpoint of step " + std::to_string(step), dist_->timeout());

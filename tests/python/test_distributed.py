@@ -132,6 +132,36 @@ def test_resume_with_another_global_batch_is_refused(setup):
     assert "global_batch 8" in result.stderr and "says 16 (micro_batch 2 x grad_accum 4 x 2 ranks)" in result.stderr
 
 
+def optimizer_state(run_dir, step):
+    return load_file(str(run_dir / "checkpoints" / f"step-{step:08d}" / "optimizer.safetensors"))
+
+
+def test_sharded_optimizer_equals_unsharded_and_resumes_on_other_rank_counts(setup):
+    """ZeRO-1 changes where the AdamW moments live and which rank computes each update, not the arithmetic:
+    the losses, weights and (gathered) optimizer state of unsharded 2 ranks, bit for bit."""
+    tmp = setup.tmp
+    torchrun("train", "--config", setup("zero-off", 2))
+    note = torchrun("train", "--config", setup("zero-on", 2, shard_optimizer=True)).stderr
+    shares = [int(x) for x in note.split("AdamW moments of ")[1].split(" parameter")[0].split(" / ")]
+    total = sum(a.size for a in final_weights(tmp / "single").values())
+    assert len(shares) == 2 and sum(shares) == total and min(shares) > 0.3 * total, shares  # both hold a share
+    assert [m["loss"] for m in metrics(tmp / "zero-on")] == [m["loss"] for m in metrics(tmp / "zero-off")]
+    wa, wb = final_weights(tmp / "zero-off"), final_weights(tmp / "zero-on")
+    assert all(np.array_equal(wa[n], wb[n]) for n in wa)
+    for step in (2, STEPS):
+        oa, ob = optimizer_state(tmp / "zero-off", step), optimizer_state(tmp / "zero-on", step)
+        assert set(oa) == set(ob) and all(np.array_equal(oa[n], ob[n]) for n in oa), f"step {step}"
+    assert_close_runs(tmp / "single", tmp / "zero-on", "ZeRO-1 2 ranks vs 1 process")
+    # The checkpoint holds the whole state: a sharded run resumes on 1 process, an unsharded one sharded.
+    for first, then in ((2, 1), (1, 2)):
+        run = f"zero-resume{first}to{then}"
+        cfg = setup(run, 4, shard_optimizer=True)
+        for ranks, extra in ((first, ["--stop-after", "3"]), (then, ["--resume"])):
+            args = ["train", "--config", cfg, "--set", f"train.grad_accum={4 // ranks}", *extra]
+            run_cli(*args) if ranks == 1 else torchrun(*args)
+        assert_close_runs(tmp / "single", tmp / run, f"ZeRO-1 resume {first} -> {then} ranks")
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -58,6 +58,8 @@ class Trainer {
   void setup_optimizer();
   void resume();
   void sync_ranks();
+  void broadcast_updates();
+  NamedTensors optimizer_state();
   int64_t global_batch() const { return cfg_.global_batch() * world_; }
 
   StepStats train_step(int64_t step);
@@ -77,6 +79,7 @@ class Trainer {
   int rank_ = 0, world_ = 1;
   std::unique_ptr<DistGroup> dist_;
   std::unique_ptr<GradientReducer> reducer_;
+  std::vector<int> owner_;  // ZeRO-1: the rank that updates each parameter; empty when not sharded
 
   std::unique_ptr<CausalLM> model_;
   std::unique_ptr<BatchSource> train_batches_;
