@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Checks that the library's modules include each other in one direction only (README, "Layout"):
 
-    util -> config -> io -> model -> tokenizer -> chat, data -> train, infer, eval, export -> tools
+    util -> config -> dist -> io -> model -> tokenizer -> chat, data -> train, infer, eval, export -> tools
 
 A file under include/archspace/<module>/ or src/<module>/ may include its own module and modules of
 lower layers; modules on the same layer (chat and data; train, infer, eval and export) do not include
@@ -12,7 +12,7 @@ import pathlib
 import re
 import sys
 
-LAYERS = [["util"], ["config"], ["io"], ["model"], ["tokenizer"], ["chat", "data"],
+LAYERS = [["util"], ["config"], ["dist"], ["io"], ["model"], ["tokenizer"], ["chat", "data"],
           ["train", "infer", "eval", "export"], ["tools"]]
 RANK = {module: rank for rank, modules in enumerate(LAYERS) for module in modules}
 INCLUDE = re.compile(r'^\s*#\s*include\s+"archspace/([a-z_]+)/')

@@ -185,6 +185,8 @@ ChoiceTexts read_keys(const toml::table& root, TrainConfig& c, const std::string
   train.get("device", choices.device);
   train.get("dtype", choices.dtype);
   train.get("threads", c.threads);
+  train.get("dist_timeout_s", c.dist_timeout_s);
+  train.get("shard_optimizer", c.shard_optimizer);
   train.check_unknown();
 
   Section optim(optim_t, "optim", path, schema);
@@ -320,6 +322,7 @@ void validate(TrainConfig& c, const ChoiceTexts& choices, const std::string& pat
   require(c.sequence_length >= 2, "train.sequence_length", "is required and must be >= 2");
   require(c.micro_batch >= 1, "train.micro_batch", "must be >= 1");
   require(c.grad_accum >= 1, "train.grad_accum", "must be >= 1");
+  require(c.dist_timeout_s >= 1, "train.dist_timeout_s", "must be >= 1");
   require(c.max_steps >= 1, "train.max_steps", "is required and must be >= 1");
   require(c.lr > 0, "optim.lr", "must be positive");
   require(c.warmup_steps >= 0 && c.warmup_steps <= c.max_steps, "optim.warmup_steps",

@@ -26,7 +26,7 @@ void AdamW::step(double lr, double weight_decay) {
   for (size_t i = 0; i < params_.size(); ++i) {
     at::Tensor p = params_[i].param;
     const at::Tensor& grad = p.grad();
-    if (!grad.defined()) continue;
+    if (!grad.defined() || !owns(i)) continue;
     if (params_[i].decay && weight_decay != 0) p.mul_(1 - lr * weight_decay);
     exp_avg_[i].lerp_(grad, 1 - o_.beta1);
     exp_avg_sq_[i].mul_(o_.beta2).addcmul_(grad, grad, 1 - o_.beta2);
@@ -38,6 +38,7 @@ void AdamW::step(double lr, double weight_decay) {
 NamedTensors AdamW::state() const {
   NamedTensors out;
   for (size_t i = 0; i < params_.size(); ++i) {
+    if (!owns(i)) continue;
     out.emplace_back("exp_avg." + params_[i].name, exp_avg_[i]);
     out.emplace_back("exp_avg_sq." + params_[i].name, exp_avg_sq_[i]);
   }
@@ -51,6 +52,7 @@ void AdamW::load_state(const NamedTensors& state, int64_t steps_taken, const std
     for (auto [prefix, dst] : {std::pair{"exp_avg.", &exp_avg_[i]}, std::pair{"exp_avg_sq.", &exp_avg_sq_[i]}}) {
       auto it = by_name.find(prefix + params_[i].name);
       if (it == by_name.end()) throw Error(source + ": optimizer state lacks '" + prefix + params_[i].name + "'");
+      if (!owns(i)) continue;
       if (it->second.sizes() != dst->sizes())
         throw Error(source + ": optimizer state '" + prefix + params_[i].name + "' has the wrong shape");
       dst->copy_(it->second);
@@ -59,6 +61,13 @@ void AdamW::load_state(const NamedTensors& state, int64_t steps_taken, const std
   if (by_name.size() != 2 * params_.size())
     throw Error(source + ": optimizer state has tensors for parameters the model lacks");
   step_ = steps_taken;
+}
+
+void AdamW::shard(const std::vector<bool>& owned) {
+  owned_ = owned;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!owns(i)) exp_avg_[i] = exp_avg_sq_[i] = at::Tensor();
+  }
 }
 
 double scheduled_lr(int64_t step, int64_t max_steps, int64_t warmup, double lr, double final_factor) {

@@ -3,9 +3,11 @@
 #include <ATen/Parallel.h>
 #include <c10/core/GradMode.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
+#include <numeric>
 
 #include "archspace/io/run_dir.h"
 #include "archspace/model/model_io.h"
@@ -75,6 +77,7 @@ bool every(int64_t interval, int64_t step) { return interval > 0 && step % inter
 Trainer::Trainer(const TrainConfig& config, const TrainOptions& options)
     : cfg_(config), options_(options), progress_(std::make_unique<ProgressLine>("train", options.progress)) {
   setup_device();
+  setup_dist();
   setup_run_dir();
   model_ = std::make_unique<CausalLM>(build_stage_model(cfg_, device_));
   setup_data();
@@ -86,14 +89,34 @@ Trainer::~Trainer() = default;
 void Trainer::setup_device() {
   // A full disk or file-size limit must surface as a write error we can report, not a signal.
   std::signal(SIGXFSZ, SIG_IGN);
-  if (cfg_.threads > 0) at::set_num_threads(cfg_.threads);
+  dist_env_ = dist_env_from_environment();
+  if (cfg_.threads > 0) {
+    at::set_num_threads(cfg_.threads);
+  } else if (dist_env_.local_world_size > 1) {
+    // The default (the idle cores) is per machine: ranks sharing it share those cores.
+    at::set_num_threads(std::max(1, at::get_num_threads() / dist_env_.local_world_size));
+  }
   if (cfg_.device.kind == DeviceKind::kCuda && !at::hasCUDA()) {
     throw Error(cfg_.source + ": key 'train.device' is \"" + cfg_.device.name() + "\" but there is no CUDA device");
   }
   device_ = cfg_.device.device();
+  // torchrun starts one rank per GPU: "cuda" without an index means this rank's own one.
+  if (device_.is_cuda() && cfg_.device.index < 0 && dist_env_.world_size > 1)
+    device_ = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(dist_env_.local_rank));
   autocast_ = cfg_.dtype == DType::kBf16;
   if (autocast_ && !device_.is_cuda())
     throw Error(cfg_.source + ": key 'train.dtype' = \"bf16\" (autocast) needs a CUDA device; use fp32 on CPU");
+}
+
+void Trainer::setup_dist() {
+  if (dist_env_.world_size == 1) return;
+  rank_ = dist_env_.rank;
+  world_ = dist_env_.world_size;
+  progress_ = std::make_unique<ProgressLine>("train", options_.progress && rank_ == 0);  // rank 0 speaks for all
+  dist_ = std::make_unique<DistGroup>(dist_env_, device_, std::chrono::seconds(cfg_.dist_timeout_s));
+  progress_->note(std::to_string(world_) + " data-parallel ranks: global batch " + std::to_string(global_batch()) +
+                  " = micro_batch " + std::to_string(cfg_.micro_batch) + " x grad_accum " +
+                  std::to_string(cfg_.grad_accum) + " x " + std::to_string(world_) + " ranks");
 }
 
 void Trainer::setup_run_dir() {
@@ -156,6 +179,54 @@ void Trainer::setup_optimizer() {
     params_.push_back({specs[i].name, p, decay});
   }
   optimizer_ = std::make_unique<AdamW>(params_, AdamWOptions{cfg_.beta1, cfg_.beta2, cfg_.eps});
+  if (dist_) {
+    std::vector<at::Tensor> params;
+    for (const auto& g : params_) params.push_back(g.param);
+    reducer_ = std::make_unique<GradientReducer>(*dist_, params);
+    if (cfg_.shard_optimizer) {
+      // Balanced by size: the largest parameters first, each to the rank holding the fewest elements.
+      std::vector<size_t> order(params.size());
+      std::iota(order.begin(), order.end(), size_t{0});
+      std::stable_sort(order.begin(), order.end(),
+                       [&](size_t a, size_t b) { return params[a].numel() > params[b].numel(); });
+      std::vector<int64_t> load(world_, 0);
+      owner_.assign(params.size(), 0);
+      for (size_t i : order) {
+        owner_[i] = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
+        load[owner_[i]] += params[i].numel();
+      }
+      std::vector<bool> owned(params.size());
+      for (size_t i = 0; i < params.size(); ++i) owned[i] = owner_[i] == rank_;
+      optimizer_->shard(owned);
+      std::string shares;
+      for (int r = 0; r < world_; ++r) shares += (r ? " / " : "") + std::to_string(load[r]);
+      progress_->note("ZeRO-1: the ranks keep the AdamW moments of " + shares + " parameter elements");
+    }
+  }
+}
+
+// ZeRO-1: each parameter's owner updated it; every rank takes the new values from there.
+void Trainer::broadcast_updates() {
+  if (owner_.empty()) return;
+  c10::NoGradGuard no_grad;
+  for (size_t i = 0; i < params_.size(); ++i)
+    dist_->broadcast(params_[i].param, owner_[i], "broadcasting the update of " + params_[i].name);
+}
+
+// The whole optimizer state, whatever the sharding: checkpoints do not depend on the number of ranks.
+// Sharded, each owner broadcasts its moments (every rank takes part; rank 0 keeps them).
+NamedTensors Trainer::optimizer_state() {
+  if (owner_.empty()) return optimizer_->state();
+  NamedTensors full;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    auto [m, v] = optimizer_->moments(i);
+    for (auto [name, t] : {std::pair{"exp_avg.", m}, std::pair{"exp_avg_sq.", v}}) {
+      if (!t.defined()) t = at::empty_like(params_[i].param, at::MemoryFormat::Contiguous);
+      if (owner_[i] != 0) dist_->broadcast(t, owner_[i], std::string("gathering ") + name + params_[i].name);
+      full.emplace_back(name + params_[i].name, t);
+    }
+  }
+  return full;
 }
 
 // ---- resume ---------------------------------------------------------------------------------------
@@ -165,11 +236,15 @@ void Trainer::resume() {
   verify_checkpoint(resume_from_);
   const json state = read_trainer_state(resume_from_);
   // Resuming under other batch geometry would silently read other instances: refuse.
-  for (const auto& [key, value] : {std::pair<const char*, int64_t>{"sequence_length", cfg_.sequence_length},
-                                   {"global_batch", cfg_.global_batch()}}) {
+  // The global batch counts every rank: another split of the same global batch (ranks x grad_accum) is fine.
+  const std::string geometry = " (micro_batch " + std::to_string(cfg_.micro_batch) + " x grad_accum " +
+                               std::to_string(cfg_.grad_accum) + " x " + std::to_string(world_) + " ranks)";
+  for (const auto& [key, value] :
+       {std::pair<const char*, int64_t>{"sequence_length", cfg_.sequence_length}, {"global_batch", global_batch()}}) {
     if (state.at(key).get<int64_t>() != value) {
       throw Error(cfg_.source + ": cannot resume " + resume_from_ + ": it was trained with " + key + " " +
-                  state.at(key).dump() + ", this config says " + std::to_string(value));
+                  state.at(key).dump() + ", this config says " + std::to_string(value) +
+                  (std::string(key) == "global_batch" ? geometry : ""));
     }
   }
   CausalLM saved = load_model((fs::path(resume_from_) / "model").string(), {at::kFloat, device_});
@@ -193,12 +268,29 @@ void Trainer::resume() {
   progress_->note("resumed from " + resume_from_ + " at step " + std::to_string(start_step_));
 }
 
+// Every rank must start from the same step and weights: ranks that resumed different checkpoints (a run
+// directory not shared by all machines) are refused, and rank 0's parameters are broadcast. Ranks built
+// the same weights already (same seed or files); the broadcast makes that a guarantee, not an assumption.
+void Trainer::sync_ranks() {
+  if (!dist_) return;
+  const at::Tensor steps = dist_->all_gather(at::tensor({start_step_}, at::kLong), "agreeing on the start step");
+  if (!steps.eq(start_step_).all().item<bool>()) {
+    throw Error(dist_->who() + ": the ranks start from different steps (this one from " + std::to_string(start_step_) +
+                "): train.run_dir " + cfg_.run_dir + " must be one directory that all ranks share");
+  }
+  c10::NoGradGuard no_grad;
+  for (auto& g : params_) dist_->broadcast(g.param, 0, "broadcasting parameter " + g.name + " from rank 0");
+}
+
 // ---- the loop -------------------------------------------------------------------------------------
 
 TrainResult Trainer::run() {
   resume();
-  metrics_ = std::make_unique<MetricsLog>((fs::path(cfg_.run_dir) / "metrics.jsonl").string(), start_step_);
-  progress_ = std::make_unique<ProgressLine>("train", options_.progress);  // elapsed and ETA from the first step
+  sync_ranks();
+  if (rank_ == 0)
+    metrics_ = std::make_unique<MetricsLog>((fs::path(cfg_.run_dir) / "metrics.jsonl").string(), start_step_);
+  progress_ =
+      std::make_unique<ProgressLine>("train", options_.progress && rank_ == 0);  // elapsed and ETA from the first step
   started_ = std::chrono::steady_clock::now();
   TrainResult result;
   for (int64_t step = start_step_; step < cfg_.max_steps; ++step) {
@@ -211,8 +303,8 @@ TrainResult Trainer::run() {
 
     const bool last = step + 1 == cfg_.max_steps;
     if (valid_loader_ && (every(cfg_.eval_interval, step + 1) || last)) {
-      const double loss = evaluate();
-      metrics_->write({{"step", step + 1}, {"tokens", tokens_seen_}, {"valid_loss", loss}});
+      const double loss = evaluate();  // every rank evaluates the same batches: no rank waits on another
+      if (metrics_) metrics_->write({{"step", step + 1}, {"tokens", tokens_seen_}, {"valid_loss", loss}});
       char line[96];
       std::snprintf(line, sizeof(line), "step %lld | validation loss %.4f", static_cast<long long>(step + 1), loss);
       progress_->note(line);
@@ -229,46 +321,78 @@ TrainResult Trainer::run() {
 StepStats Trainer::train_step(int64_t step) {
   StepStats stats;
   stats.lr = scheduled_lr(step, cfg_.max_steps, cfg_.warmup_steps, cfg_.lr, cfg_.final_lr_factor);
-  const int64_t G = cfg_.global_batch(), B = cfg_.micro_batch;
+  const int64_t G = global_batch(), B = cfg_.micro_batch;
 
-  // The global batch is instances [step * G, (step + 1) * G); the loss is normalised by its labelled
-  // token count, so accumulating micro-batches gives the gradient of the whole batch.
+  // The global batch is instances [step * G, (step + 1) * G); rank r computes the r-th of its `world_`
+  // equal slices (the instances one process would see with grad_accum x world micro-batches). The loss
+  // is normalised by the labelled token count of the whole global batch, so accumulating micro-batches
+  // and summing over ranks gives the gradient of the whole batch.
+  const uint64_t first = static_cast<uint64_t>(step) * G + static_cast<uint64_t>(rank_ * cfg_.grad_accum * B);
   std::vector<Batch> micro;
   std::vector<at::Tensor> ids;
   int64_t labelled = 0;
   for (int64_t m = 0; m < cfg_.grad_accum; ++m) {
-    micro.push_back(train_batches_->batch(static_cast<uint64_t>(step) * G + m * B, B));
+    micro.push_back(train_batches_->batch(first + m * B, B));
     labelled += labelled_tokens(micro.back());
     ids.push_back(micro.back().input_ids);
+  }
+  if (dist_) {  // SFT slices differ in labelled tokens: normalise by the global count
+    at::Tensor count = at::tensor({labelled}, at::kLong);
+    dist_->all_reduce_sum(count, "summing the labelled tokens of step " + std::to_string(step + 1));
+    labelled = count.item<int64_t>();
   }
   if (labelled == 0)
     throw Error("step " + std::to_string(step) +
                 ": the batch has no labelled tokens (SFT examples without assistant tokens?)");
 
   double ce = 0, z = 0;
-  for (const Batch& b : micro) {
+  for (size_t m = 0; m < micro.size(); ++m) {
+    const Batch& b = micro[m];
     at::Tensor logits;
     {
       AutocastGuard autocast(autocast_);
       logits = model_->forward(b.input_ids.to(device_));
     }
     const LossSums sums = next_token_loss(logits, b.labels.to(device_), cfg_.z_loss);
-    ((sums.ce_sum + sums.z_sum) / static_cast<double>(labelled)).backward();
+    at::Tensor loss = (sums.ce_sum + sums.z_sum) / static_cast<double>(labelled);
+    if (!reducer_) {
+      loss.backward();
+    } else {
+      // The reducer averages over ranks; x world makes it the sum (exact for a power-of-two world).
+      loss = loss * static_cast<double>(world_);
+      if (m + 1 == micro.size()) {  // only the step's last backward all-reduces (the accumulated gradients)
+        reducer_->arm();
+        dist_->guard("the gradient all-reduce of step " + std::to_string(step + 1), [&] { loss.backward(); });
+      } else {
+        loss.backward();
+      }
+    }
     ce += sums.ce_sum.item<double>();
     z += sums.z_sum.item<double>();
   }
-  if (step < cfg_.dump_gradients_steps) dump_gradients(step);
+  std::string hash;
+  if (dist_) {  // report the global batch's values, as one process would
+    at::Tensor sums = at::tensor({ce, z}, at::kDouble);
+    dist_->all_reduce_sum(sums, "summing the losses of step " + std::to_string(step + 1));
+    ce = sums[0].item<double>();
+    z = sums[1].item<double>();
+    hash = batch_hash(dist_->all_gather(at::cat(ids), "gathering the batch of step " + std::to_string(step + 1)));
+  } else {
+    hash = batch_hash(at::cat(ids));
+  }
+  if (step < cfg_.dump_gradients_steps && rank_ == 0) dump_gradients(step);
 
   std::vector<at::Tensor> params;
   for (const auto& g : params_) params.push_back(g.param);
   stats.grad_norm = clip_grad_norm(params, cfg_.clip_grad_norm);
   optimizer_->step(stats.lr, cfg_.weight_decay);
+  broadcast_updates();
   for (const auto& g : params_) g.param.mutable_grad().reset();
 
   tokens_seen_ += G * cfg_.sequence_length;
   stats.loss = ce / labelled;
   stats.z_loss = z / labelled;
-  stats.batch_hash = batch_hash(at::cat(ids));
+  stats.batch_hash = hash;
   return stats;
 }
 
@@ -298,25 +422,40 @@ double Trainer::evaluate() {
   return loss / std::max<int64_t>(count, 1);
 }
 
+// Rank 0 writes (all ranks hold the same weights and moments, so the checkpoint is the same whatever the
+// number of ranks); the others wait for it at a barrier, so none runs ahead of the last saved step.
 void Trainer::save(int64_t step, bool is_final) {
-  const json state = {{"step", step},
-                      {"tokens", tokens_seen_},
-                      {"optimizer_steps", optimizer_->steps_taken()},
-                      {"next_instance", static_cast<uint64_t>(step) * cfg_.global_batch()},
-                      {"seed", cfg_.seed},
-                      {"variant", variant_name(model_->config().variant)},
-                      {"sequence_length", cfg_.sequence_length},
-                      {"global_batch", cfg_.global_batch()},
-                      {"threads", at::get_num_threads()}};
-  last_checkpoint_ =
-      save_checkpoint(cfg_.run_dir, step, {model_.get(), optimizer_->state(), state, cfg_.text, tokenizer_file_},
-                      cfg_.keep_last, is_final);
+  NamedTensors opt_state = optimizer_state();
+  if (rank_ == 0) {
+    const json state = {{"step", step},
+                        {"tokens", tokens_seen_},
+                        {"optimizer_steps", optimizer_->steps_taken()},
+                        {"next_instance", static_cast<uint64_t>(step) * global_batch()},
+                        {"seed", cfg_.seed},
+                        {"variant", variant_name(model_->config().variant)},
+                        {"sequence_length", cfg_.sequence_length},
+                        {"global_batch", global_batch()},
+                        {"micro_batch", cfg_.micro_batch},
+                        {"grad_accum", cfg_.grad_accum},
+                        {"world_size", world_},
+                        {"shard_optimizer", !owner_.empty()},
+                        {"threads", at::get_num_threads()}};
+    std::string config_text = cfg_.text;
+    if (world_ > 1 && !config_text.empty())
+      config_text += "\n# trained on " + std::to_string(world_) + " data-parallel ranks (world_size " +
+                     std::to_string(world_) + ", global batch " + std::to_string(global_batch()) + ")\n";
+    last_checkpoint_ = save_checkpoint(
+        cfg_.run_dir, step, {model_.get(), opt_state, state, config_text, tokenizer_file_}, cfg_.keep_last, is_final);
+  }
+  // train.dist_timeout_s bounds this wait too: a hung rank 0 must not hold the others forever.
+  if (dist_) dist_->barrier("the barrier after the checkpoint of step " + std::to_string(step), dist_->timeout());
 }
 
 // ---- what a step reports --------------------------------------------------------------------------
 
 void Trainer::log_step(int64_t step, const StepStats& s, double step_seconds) {
-  const double step_tokens = static_cast<double>(cfg_.global_batch() * cfg_.sequence_length);
+  if (!metrics_) return;  // rank 0 logs for all
+  const double step_tokens = static_cast<double>(global_batch() * cfg_.sequence_length);
   const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
   metrics_->write({{"step", step + 1},
                    {"tokens", tokens_seen_},
@@ -334,7 +473,7 @@ void Trainer::show_progress(int64_t step, const StepStats& s, double step_second
   char what[192];
   std::snprintf(what, sizeof(what), "step %lld/%lld | loss %.4f | lr %.2e | grad %.3f | %.0f tok/s",
                 static_cast<long long>(step + 1), static_cast<long long>(cfg_.max_steps), s.loss, s.lr, s.grad_norm,
-                static_cast<double>(cfg_.global_batch() * cfg_.sequence_length) / step_seconds);
+                static_cast<double>(global_batch() * cfg_.sequence_length) / step_seconds);
   progress_->update(what, static_cast<double>(done) / static_cast<double>(total), done == 1 || done == total);
 }
 

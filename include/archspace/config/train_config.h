@@ -44,6 +44,9 @@ struct TrainConfig {
   DeviceSpec device;
   DType dtype = DType::kFp32;  // bf16: autocast on CUDA (weights and optimizer stay fp32)
   int threads = 0;
+  bool shard_optimizer = false;  // data-parallel runs: ZeRO-1, each rank keeps the AdamW moments of its share
+  int64_t dist_timeout_s = 300;  // data-parallel runs: how long any wait on other ranks (a collective, rank 0's
+                                 // checkpoint write) may last before it fails
 
   // [optim]
   double lr = 1e-3;
@@ -67,6 +70,7 @@ struct TrainConfig {
   // [debug]
   int64_t dump_gradients_steps = 0;  // write the gradients of the first N steps (tests)
 
+  // Per process; a data-parallel run's global batch is this times the number of ranks.
   int64_t global_batch() const { return micro_batch * grad_accum; }
 
   // Reads the TOML at `path`, applies `overrides` ("section.key=value", e.g. "train.max_steps=100" or

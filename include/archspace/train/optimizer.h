@@ -29,12 +29,22 @@ class AdamW {
   void step(double lr, double weight_decay);
   int64_t steps_taken() const { return step_; }
 
-  NamedTensors state() const;  // "exp_avg.NAME", "exp_avg_sq.NAME"
+  NamedTensors state() const;  // "exp_avg.NAME", "exp_avg_sq.NAME" (of the owned parameters)
+  // Reads the moments of the owned parameters from a full state (every parameter's).
   void load_state(const NamedTensors& state, int64_t steps_taken, const std::string& source);
+
+  // ZeRO-1: this rank keeps the moments of, and updates, only the parameters marked owned; their owners
+  // update the others (the caller broadcasts them). Frees the moments of the others.
+  void shard(const std::vector<bool>& owned);
+  bool owns(size_t i) const { return owned_.empty() || owned_[i]; }
+  const std::vector<Group>& groups() const { return params_; }
+  // The moments of parameter i (exp_avg, exp_avg_sq); undefined tensors where not owned.
+  std::pair<at::Tensor, at::Tensor> moments(size_t i) const { return {exp_avg_[i], exp_avg_sq_[i]}; }
 
  private:
   std::vector<Group> params_;
   std::vector<at::Tensor> exp_avg_, exp_avg_sq_;
+  std::vector<bool> owned_;  // empty: all
   AdamWOptions o_;
   int64_t step_ = 0;
 };

@@ -1,8 +1,9 @@
 // The training loop of one pipeline stage, read top to bottom in Trainer::run(): set up (device, model,
 // data, optimizer), resume, then per step: the global batch in micro-batches (bf16 autocast on CUDA),
 // clipping, the AdamW step, one metrics line and one progress line, evaluation, checkpoints.
-// Written for one process; the data side is already rank-aware (InstanceLoader::rank_batch) so that a
-// data-parallel wrapper can split each global batch without changing what is computed.
+// Data-parallel under torchrun (WORLD_SIZE > 1): rank r computes its slice of each global batch, gradients
+// are all-reduced during the last micro-batch's backward, every rank takes the same optimizer step, and
+// rank 0 alone writes metrics, progress and checkpoints (which do not depend on the number of ranks).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "archspace/config/train_config.h"
+#include "archspace/dist/process_group.h"
 #include "archspace/model/causal_lm.h"
 #include "archspace/train/batches.h"
 #include "archspace/train/loss.h"
@@ -50,10 +52,15 @@ class Trainer {
 
  private:
   void setup_device();
+  void setup_dist();
   void setup_run_dir();
   void setup_data();
   void setup_optimizer();
   void resume();
+  void sync_ranks();
+  void broadcast_updates();
+  NamedTensors optimizer_state();
+  int64_t global_batch() const { return cfg_.global_batch() * world_; }
 
   StepStats train_step(int64_t step);
   void dump_gradients(int64_t step) const;
@@ -67,6 +74,12 @@ class Trainer {
   at::Device device_ = at::kCPU;
   bool autocast_ = false;
   std::string resume_from_;  // the checkpoint to resume, or ""
+
+  DistEnv dist_env_;  // world_size 1: one process, no communication
+  int rank_ = 0, world_ = 1;
+  std::unique_ptr<DistGroup> dist_;
+  std::unique_ptr<GradientReducer> reducer_;
+  std::vector<int> owner_;  // ZeRO-1: the rank that updates each parameter; empty when not sharded
 
   std::unique_ptr<CausalLM> model_;
   std::unique_ptr<BatchSource> train_batches_;

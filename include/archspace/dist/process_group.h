@@ -1,0 +1,85 @@
+// Data-parallel communication for training: a c10d process group built from torchrun's environment
+// (Gloo on CPU; NCCL on CUDA when the build found it), a few collectives that fail with an error naming
+// this rank instead of hanging, and the gradient reducer (c10d::Reducer, the engine under PyTorch's DDP).
+// One process (WORLD_SIZE unset or 1) builds none of this. The c10d headers stay inside the .cpp.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace archspace {
+
+// What torchrun (or a hand launch) puts in the environment of each worker.
+struct DistEnv {
+  int rank = 0, world_size = 1;
+  int local_rank = 0, local_world_size = 1;  // ranks on this machine
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+  bool agent_store = false;  // torchrun's agent serves the TCPStore: every rank connects as a client
+  std::string restart_count = "0";
+};
+
+// RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_USE_AGENT_STORE,
+// TORCHELASTIC_RESTART_COUNT; world_size 1 when WORLD_SIZE is unset. Throws naming the variable on bad values.
+DistEnv dist_env_from_environment();
+
+class DistGroup {
+ public:
+  // Connects to the other ranks (Gloo for CPU tensors, NCCL for CUDA ones); every collective, and the
+  // connection itself, gives up after `timeout`. Throws archspace::Error naming this rank and the store.
+  DistGroup(const DistEnv& env, at::Device device, std::chrono::milliseconds timeout);
+  ~DistGroup();
+
+  int rank() const { return env_.rank; }
+  int world_size() const { return env_.world_size; }
+  std::chrono::milliseconds timeout() const { return timeout_; }
+  // "rank R of W", for messages.
+  std::string who() const;
+
+  // Collectives (blocking). Each throws archspace::Error "rank R of W: WHAT failed: CAUSE" (a dead peer, a
+  // timeout). Tensors may live on any device; they travel on the group's device.
+  void all_reduce_sum(at::Tensor& t, const std::string& what);
+  void broadcast(at::Tensor& t, int root, const std::string& what);
+  at::Tensor all_gather(const at::Tensor& t, const std::string& what);  // concatenated along dim 0, rank order
+  void barrier(const std::string& what, std::chrono::milliseconds timeout);
+
+  // Runs `fn` (e.g. a backward whose hooks all-reduce), turning a communication failure into the error above.
+  template <typename Fn>
+  void guard(const std::string& what, Fn&& fn) {
+    try {
+      fn();
+    } catch (...) {
+      rethrow(what);
+    }
+  }
+
+ private:
+  friend class GradientReducer;
+  [[noreturn]] void rethrow(const std::string& what) const;
+
+  struct Impl;
+  DistEnv env_;
+  std::chrono::milliseconds timeout_;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Averages the gradients of `params` over the ranks, bucket by bucket while backward still runs. Only a
+// backward preceded by arm() is reduced: earlier micro-batches of a step accumulate locally (as DDP's
+// no_sync), and the last one reduces the accumulated sums.
+class GradientReducer {
+ public:
+  GradientReducer(DistGroup& group, const std::vector<at::Tensor>& params, int64_t bucket_bytes = 25 << 20);
+  ~GradientReducer();
+  void arm();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace archspace

@@ -1,0 +1,203 @@
+#include "archspace/dist/process_group.h"
+
+#include <torch/csrc/autograd/variable.h>
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/csrc/distributed/c10d/reducer.hpp>
+#ifdef ARCHSPACE_WITH_NCCL
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+
+#include <cstdlib>
+#include <numeric>
+
+#include "archspace/util/error.h"
+
+namespace archspace {
+
+namespace {
+
+std::string env_or(const char* name, const std::string& fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? v : fallback;
+}
+
+int env_int(const char* name, int fallback) {
+  const std::string v = env_or(name, "");
+  if (v.empty()) return fallback;
+  try {
+    size_t used = 0;
+    const int n = std::stoi(v, &used);
+    if (used == v.size()) return n;
+  } catch (const std::exception&) {
+  }
+  throw Error(std::string("environment variable ") + name + "='" + v + "' is not an integer");
+}
+
+// c10::Error's what() carries a C++ backtrace: users need the message alone.
+std::string cause_of(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const c10::Error& c) {
+    return c.what_without_backtrace();
+  } catch (const std::exception& s) {
+    return s.what();
+  } catch (...) {
+    return "unknown exception";
+  }
+}
+
+}  // namespace
+
+DistEnv dist_env_from_environment() {
+  DistEnv e;
+  e.world_size = env_int("WORLD_SIZE", 1);
+  e.rank = env_int("RANK", 0);
+  e.local_rank = env_int("LOCAL_RANK", e.rank);
+  e.local_world_size = env_int("LOCAL_WORLD_SIZE", e.world_size);
+  e.master_addr = env_or("MASTER_ADDR", e.master_addr);
+  e.master_port = env_int("MASTER_PORT", e.master_port);
+  e.agent_store = env_or("TORCHELASTIC_USE_AGENT_STORE", "") == "True";
+  e.restart_count = env_or("TORCHELASTIC_RESTART_COUNT", "0");
+  if (e.world_size < 1) throw Error("environment variable WORLD_SIZE must be >= 1");
+  if (e.rank < 0 || e.rank >= e.world_size)
+    throw Error("environment variable RANK=" + std::to_string(e.rank) +
+                " is outside [0, WORLD_SIZE=" + std::to_string(e.world_size) + ")");
+  if (e.master_port <= 0 || e.master_port > 65535) throw Error("environment variable MASTER_PORT is not a port");
+  return e;
+}
+
+struct DistGroup::Impl {
+  c10::intrusive_ptr<c10d::ProcessGroup> pg;
+  at::Device device = at::kCPU;  // where collectives' tensors live
+};
+
+DistGroup::DistGroup(const DistEnv& env, at::Device device, std::chrono::milliseconds timeout)
+    : env_(env), timeout_(timeout), impl_(std::make_unique<Impl>()) {
+  const std::string store_at = env.master_addr + ":" + std::to_string(env.master_port);
+  try {
+    c10d::TCPStoreOptions so;
+    so.port = static_cast<uint16_t>(env.master_port);
+    so.isServer = !env.agent_store && env.rank == 0;  // by hand, rank 0 serves the store
+    so.numWorkers = env.world_size;
+    so.waitWorkers = false;
+    so.timeout = timeout;
+    auto tcp = c10::make_intrusive<c10d::TCPStore>(env.master_addr, so);
+    // The prefix Python's init_process_group uses under torchrun: a restarted attempt gets fresh keys.
+    auto store = c10::make_intrusive<c10d::PrefixStore>("/worker/attempt_" + env.restart_count, tcp);
+    impl_->pg = c10::make_intrusive<c10d::ProcessGroup>(store, env.rank, env.world_size);
+    if (device.is_cuda()) {
+#ifdef ARCHSPACE_WITH_NCCL
+      auto opts = c10d::ProcessGroupNCCL::Options::create();
+      opts->timeout = timeout;
+      auto nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(c10::make_intrusive<c10d::PrefixStore>("nccl", store),
+                                                              env.rank, env.world_size, opts);
+      impl_->pg->setDefaultBackend(c10d::ProcessGroup::BackendType::NCCL);
+      impl_->pg->setBackend(c10::DeviceType::CUDA, c10d::ProcessGroup::BackendType::NCCL, nccl);
+      impl_->device = device;
+#else
+      throw Error("data-parallel training on CUDA needs NCCL, and this build has none (NCCL headers not found)");
+#endif
+    } else {
+      auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
+      // GLOO_SOCKET_IFNAME picks the network interface on multi-homed hosts, as in PyTorch.
+      const std::string ifname = env_or("GLOO_SOCKET_IFNAME", "");
+      opts->devices.push_back(ifname.empty() ? c10d::ProcessGroupGloo::createDefaultDevice()
+                                             : c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
+      auto gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(c10::make_intrusive<c10d::PrefixStore>("gloo", store),
+                                                              env.rank, env.world_size, opts);
+      impl_->pg->setDefaultBackend(c10d::ProcessGroup::BackendType::GLOO);
+      impl_->pg->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::GLOO, gloo);
+    }
+  } catch (const Error&) {
+    throw;
+  } catch (...) {
+    throw Error(who() + ": cannot join the process group (store " + store_at + ", " +
+                std::to_string(timeout.count() / 1000) + " s timeout): " + cause_of(std::current_exception()));
+  }
+}
+
+DistGroup::~DistGroup() = default;
+
+std::string DistGroup::who() const {
+  return "rank " + std::to_string(env_.rank) + " of " + std::to_string(env_.world_size);
+}
+
+void DistGroup::rethrow(const std::string& what) const {
+  const std::exception_ptr e = std::current_exception();
+  throw Error(who() + ": " + what + " failed (a peer rank died, or did not answer within " +
+              std::to_string(timeout_.count() / 1000) + " s): " + cause_of(e));
+}
+
+void DistGroup::all_reduce_sum(at::Tensor& t, const std::string& what) {
+  guard(what, [&] {
+    std::vector<at::Tensor> v{t.to(impl_->device)};
+    impl_->pg->allreduce(v)->wait();
+    t.copy_(v[0]);
+  });
+}
+
+void DistGroup::broadcast(at::Tensor& t, int root, const std::string& what) {
+  guard(what, [&] {
+    std::vector<at::Tensor> v{t.to(impl_->device).contiguous()};
+    c10d::BroadcastOptions o;
+    o.rootRank = root;
+    impl_->pg->broadcast(v, o)->wait();
+    t.copy_(v[0]);
+  });
+}
+
+at::Tensor DistGroup::all_gather(const at::Tensor& t, const std::string& what) {
+  at::Tensor out;
+  guard(what, [&] {
+    std::vector<at::Tensor> in{t.to(impl_->device).contiguous()};
+    std::vector<std::vector<at::Tensor>> gathered(1);
+    for (int r = 0; r < env_.world_size; ++r) gathered[0].push_back(at::empty_like(in[0]));
+    impl_->pg->allgather(gathered, in)->wait();
+    out = at::cat(gathered[0]).to(t.device());
+  });
+  return out;
+}
+
+void DistGroup::barrier(const std::string& what, std::chrono::milliseconds timeout) {
+  guard(what, [&] {
+    c10d::BarrierOptions o;
+    o.timeout = timeout;
+    if (impl_->device.is_cuda()) o.device_ids = {impl_->device.index()};
+    impl_->pg->barrier(o)->wait();
+  });
+}
+
+struct GradientReducer::Impl {
+  std::unique_ptr<c10d::Reducer> reducer;
+};
+
+GradientReducer::GradientReducer(DistGroup& group, const std::vector<at::Tensor>& params, int64_t bucket_bytes)
+    : impl_(std::make_unique<Impl>()) {
+  // Buckets in reverse parameter order, as DDP: backward produces the last layers' gradients first, so
+  // their bucket can be all-reduced while earlier layers are still differentiated.
+  std::vector<int64_t> order(params.size());
+  std::iota(order.rbegin(), order.rend(), int64_t{0});
+  const std::vector<bool> dense(params.size(), false);
+  auto [buckets, caps] = c10d::compute_bucket_assignment_by_size(
+      params, {static_cast<size_t>(1 << 20), static_cast<size_t>(bucket_bytes)}, dense, order);
+  std::vector<int64_t> cap_list(caps.begin(), caps.end());
+  group.guard("setting up the gradient reducer", [&] {
+    impl_->reducer = std::make_unique<c10d::Reducer>(params, std::move(buckets), group.impl_->pg, dense, bucket_bytes,
+                                                     /*find_unused_parameters=*/false,
+                                                     /*gradient_as_bucket_view=*/false, /*param_names=*/
+                                                     std::unordered_map<size_t, std::string>{},
+                                                     /*first_bucket_bytes_cap=*/1 << 20,
+                                                     /*skip_all_reduce_unused_params=*/false,
+                                                     /*use_python_reducer=*/false, cap_list);
+  });
+}
+
+GradientReducer::~GradientReducer() = default;
+
+void GradientReducer::arm() { impl_->reducer->prepare_for_backward({}); }
+
+}  // namespace archspace
