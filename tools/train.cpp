@@ -17,7 +17,7 @@ struct TrainArgs {
 int run(const TrainArgs& a) {
   const TrainResult r = run_training(TrainConfig::load(a.config, a.overrides), a.options);
   std::cerr << "checkpoint: " << r.final_checkpoint << "\n";
-  return 0;
+  return r.stopped_by_signal ? 128 + r.stopped_by_signal : 0;  // the shell's convention for a signalled stop
 }
 
 Command add(CLI::App& parent) {

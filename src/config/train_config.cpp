@@ -126,7 +126,7 @@ class Section {
 
 // The keys whose text becomes an enum; parsed after reading, with the key named in errors.
 struct ChoiceTexts {
-  std::string variant = "base", format = "tokens", device = "cpu", dtype = "fp32";
+  std::string variant = "base", format = "tokens", device = "cpu", dtype = "fp32", nonfinite = "stop";
 };
 
 // Reads every key of `root` into `c` (no cross-key validation). With `schema`, records the keys read.
@@ -187,6 +187,7 @@ ChoiceTexts read_keys(const toml::table& root, TrainConfig& c, const std::string
   train.get("threads", c.threads);
   train.get("dist_timeout_s", c.dist_timeout_s);
   train.get("shard_optimizer", c.shard_optimizer);
+  train.get("nonfinite", choices.nonfinite);
   train.check_unknown();
 
   Section optim(optim_t, "optim", path, schema);
@@ -314,6 +315,10 @@ void validate(TrainConfig& c, const ChoiceTexts& choices, const std::string& pat
   c.format = parse_data_format(choices.format, key("data.format"));
   c.device = parse_device(choices.device, key("train.device"));
   c.dtype = parse_dtype(choices.dtype, key("train.dtype"));
+  if (choices.nonfinite != "stop" && choices.nonfinite != "skip") {
+    throw Error(key("train.nonfinite") + ": unknown policy '" + choices.nonfinite + "' (valid: stop, skip)");
+  }
+  c.skip_nonfinite_steps = choices.nonfinite == "skip";
   auto require = [&](bool ok, const char* k, const std::string& what) {
     if (!ok) throw Error(key(k) + " " + what);
   };

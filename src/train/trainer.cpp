@@ -2,8 +2,11 @@
 
 #include <ATen/Parallel.h>
 #include <c10/core/GradMode.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
@@ -70,6 +73,36 @@ CausalLM build_stage_model(const TrainConfig& cfg, at::Device device) {
 
 bool every(int64_t interval, int64_t step) { return interval > 0 && step % interval == 0; }
 
+// SIGTERM/SIGINT (how clusters preempt jobs): the first asks the loop to save the step it is in and stop;
+// a second one ends the process at once.
+std::atomic<int> g_stop_signal{0};
+
+void on_stop_signal(int sig) {
+  if (g_stop_signal.exchange(sig) != 0) ::_exit(128 + sig);
+}
+
+// Installs the handlers for the training loop and restores the previous ones after it.
+class StopSignals {
+ public:
+  StopSignals() {
+    g_stop_signal = 0;
+    struct sigaction action {};
+    action.sa_handler = on_stop_signal;
+    sigemptyset(&action.sa_mask);
+    action.sa_flags = SA_RESTART;
+    sigaction(SIGTERM, &action, &previous_term_);
+    sigaction(SIGINT, &action, &previous_int_);
+  }
+  ~StopSignals() {
+    sigaction(SIGTERM, &previous_term_, nullptr);
+    sigaction(SIGINT, &previous_int_, nullptr);
+  }
+
+ private:
+  struct sigaction previous_term_ {
+  }, previous_int_{};
+};
+
 }  // namespace
 
 // ---- setup ----------------------------------------------------------------------------------------
@@ -80,6 +113,12 @@ Trainer::Trainer(const TrainConfig& config, const TrainOptions& options)
   setup_dist();
   setup_run_dir();
   model_ = std::make_unique<CausalLM>(build_stage_model(cfg_, device_));
+  if (cfg_.sequence_length > model_->config().max_position_embeddings) {
+    throw Error(cfg_.source + ": key 'train.sequence_length' is " + std::to_string(cfg_.sequence_length) +
+                ", more than the model's max_position_embeddings " +
+                std::to_string(model_->config().max_position_embeddings) +
+                " (a long-context stage sets model.max_position_embeddings)");
+  }
   setup_data();
   setup_optimizer();
 }
@@ -120,6 +159,7 @@ void Trainer::setup_dist() {
 }
 
 void Trainer::setup_run_dir() {
+  if (rank_ == 0) run_lock_ = std::make_unique<RunDirLock>(cfg_.run_dir);  // before anything reads or writes it
   if (options_.resume) {
     resume_from_ = latest_checkpoint(cfg_.run_dir);
     if (resume_from_.empty())
@@ -141,10 +181,14 @@ void Trainer::setup_data() {
                   m.tokenizer_name + " (" + std::to_string(m.vocab_size) + " ids) but the model has vocab_size " +
                   std::to_string(mc.vocab_size));
     }
+    // Damaged or edited shards must not train silently: the full check runs once per content (cached).
+    if (rank_ == 0 && shards->verify_cached())
+      progress_->note("verified " + cfg_.train_data + " (SHA-256 of every shard)");
     train_batches_ = std::make_unique<WindowBatches>(
         std::make_shared<InstanceLoader>(shards, cfg_.sequence_length, cfg_.seed, cfg_.shuffle));
     if (!cfg_.valid_data.empty()) {
       auto vshards = TokenShards::open(cfg_.valid_data);
+      if (rank_ == 0) vshards->verify_cached();
       if (vshards->manifest().tokenizer_sha256 != m.tokenizer_sha256) {
         throw Error(cfg_.source + ": data.valid and data.train were tokenized with different tokenizers");
       }
@@ -293,6 +337,7 @@ TrainResult Trainer::run() {
       std::make_unique<ProgressLine>("train", options_.progress && rank_ == 0);  // elapsed and ETA from the first step
   started_ = std::chrono::steady_clock::now();
   TrainResult result;
+  StopSignals stop_signals;
   for (int64_t step = start_step_; step < cfg_.max_steps; ++step) {
     const auto step_start = std::chrono::steady_clock::now();
     const StepStats stats = train_step(step);
@@ -309,13 +354,33 @@ TrainResult Trainer::run() {
       std::snprintf(line, sizeof(line), "step %lld | validation loss %.4f", static_cast<long long>(step + 1), loss);
       progress_->note(line);
     }
-    if (last || every(cfg_.checkpoint_interval, step + 1)) save(step + 1, last);
+    const bool saved = last || every(cfg_.checkpoint_interval, step + 1);
+    if (saved) save(step + 1, last);
+    if (const int sig = stop_signal_received(step)) {
+      if (!saved) save(step + 1, false);
+      progress_->note(std::string("stopped by ") + (sig == SIGINT ? "SIGINT" : "SIGTERM") + " after step " +
+                      std::to_string(step + 1) + ": checkpoint " + last_checkpoint_ +
+                      " written; --resume continues the run");
+      result.stopped_by_signal = sig;
+      break;
+    }
     if (options_.stop_after_step > 0 && step + 1 == options_.stop_after_step) break;
   }
   if (start_step_ >= cfg_.max_steps) progress_->note("already finished (step " + std::to_string(start_step_) + ")");
   progress_->finish();
   result.final_checkpoint = last_checkpoint_.empty() ? latest_checkpoint(cfg_.run_dir) : last_checkpoint_;
   return result;
+}
+
+// The signal that asked the run to stop, or 0. Ranks agree (a signal may reach them at different steps).
+int Trainer::stop_signal_received(int64_t step) {
+  int sig = g_stop_signal.load();
+  if (dist_) {
+    at::Tensor any = at::tensor({sig}, at::kInt);
+    dist_->all_reduce_sum(any, "agreeing whether to stop after step " + std::to_string(step + 1));
+    if (any.item<int>() != 0 && sig == 0) sig = SIGTERM;
+  }
+  return sig;
 }
 
 StepStats Trainer::train_step(int64_t step) {
@@ -385,14 +450,29 @@ StepStats Trainer::train_step(int64_t step) {
   std::vector<at::Tensor> params;
   for (const auto& g : params_) params.push_back(g.param);
   stats.grad_norm = clip_grad_norm(params, cfg_.clip_grad_norm);
-  optimizer_->step(stats.lr, cfg_.weight_decay);
-  broadcast_updates();
-  for (const auto& g : params_) g.param.mutable_grad().reset();
-
-  tokens_seen_ += G * cfg_.sequence_length;
   stats.loss = ce / labelled;
   stats.z_loss = z / labelled;
   stats.batch_hash = hash;
+  tokens_seen_ += G * cfg_.sequence_length;
+  // Loss and gradient norm are global values here, so every rank takes the same decision.
+  if (!std::isfinite(stats.loss) || !std::isfinite(stats.z_loss) || !std::isfinite(stats.grad_norm)) {
+    char what[160];
+    std::snprintf(what, sizeof(what), "step %lld: the loss is %g (z-loss %g, gradient norm %g)",
+                  static_cast<long long>(step + 1), stats.loss, stats.z_loss, stats.grad_norm);
+    if (!cfg_.skip_nonfinite_steps) {
+      const std::string latest = latest_checkpoint(cfg_.run_dir);
+      throw Error(std::string(what) + ": training diverged; nothing of this step was saved (the last checkpoint is " +
+                  (latest.empty() ? std::string("none") : latest) +
+                  "). Lower optim.lr, or set train.nonfinite = \"skip\"");
+    }
+    for (const auto& g : params_) g.param.mutable_grad().reset();  // no update from this batch
+    stats.skipped = true;
+    progress_->note(std::string(what) + ": skipped (train.nonfinite = \"skip\")");
+    return stats;
+  }
+  optimizer_->step(stats.lr, cfg_.weight_decay);
+  broadcast_updates();
+  for (const auto& g : params_) g.param.mutable_grad().reset();
   return stats;
 }
 
@@ -466,6 +546,7 @@ void Trainer::log_step(int64_t step, const StepStats& s, double step_seconds) {
                    {"tokens_per_s", step_tokens / step_seconds},
                    {"elapsed_s", elapsed},
                    {"batch_hash", s.batch_hash}});
+  if (s.skipped) metrics_->write({{"step", step + 1}, {"skipped", true}});
 }
 
 void Trainer::show_progress(int64_t step, const StepStats& s, double step_seconds) {

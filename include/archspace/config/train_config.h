@@ -45,8 +45,11 @@ struct TrainConfig {
   DType dtype = DType::kFp32;  // bf16: autocast on CUDA (weights and optimizer stay fp32)
   int threads = 0;
   bool shard_optimizer = false;  // data-parallel runs: ZeRO-1, each rank keeps the AdamW moments of its share
-  int64_t dist_timeout_s = 300;  // data-parallel runs: how long any wait on other ranks (a collective, rank 0's
-                                 // checkpoint write) may last before it fails
+  // A step whose loss or gradient norm is not finite: stop (error, nothing of it saved) or skip it (no
+  // update, logged with "skipped": true).
+  bool skip_nonfinite_steps = false;  // train.nonfinite = "stop" (default) | "skip"
+  int64_t dist_timeout_s = 300;       // data-parallel runs: how long any wait on other ranks (a collective, rank 0's
+                                      // checkpoint write) may last before it fails
 
   // [optim]
   double lr = 1e-3;

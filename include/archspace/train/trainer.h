@@ -15,6 +15,7 @@
 
 #include "archspace/config/train_config.h"
 #include "archspace/dist/process_group.h"
+#include "archspace/io/run_dir.h"
 #include "archspace/model/causal_lm.h"
 #include "archspace/train/batches.h"
 #include "archspace/train/loss.h"
@@ -33,6 +34,7 @@ struct TrainOptions {
 struct TrainResult {
   std::vector<double> losses;  // per step run in this call
   std::string final_checkpoint;
+  int stopped_by_signal = 0;  // SIGTERM/SIGINT: a checkpoint of the last whole step was written, then it stopped
 };
 
 // What one optimizer step measured.
@@ -40,6 +42,7 @@ struct StepStats {
   double loss = 0, z_loss = 0;  // per labelled token
   double lr = 0, grad_norm = 0;
   std::string batch_hash;
+  bool skipped = false;  // not finite, and train.nonfinite = "skip": no update
 };
 
 class Trainer {
@@ -51,6 +54,7 @@ class Trainer {
   TrainResult run();
 
  private:
+  int stop_signal_received(int64_t step);
   void setup_device();
   void setup_dist();
   void setup_run_dir();
@@ -78,6 +82,7 @@ class Trainer {
   DistEnv dist_env_;  // world_size 1: one process, no communication
   int rank_ = 0, world_ = 1;
   std::unique_ptr<DistGroup> dist_;
+  std::unique_ptr<RunDirLock> run_lock_;  // rank 0 holds the run directory while it trains
   std::unique_ptr<GradientReducer> reducer_;
   std::vector<int> owner_;  // ZeRO-1: the rank that updates each parameter; empty when not sharded
 
