@@ -188,6 +188,7 @@ ChoiceTexts read_keys(const toml::table& root, TrainConfig& c, const std::string
   train.get("dist_timeout_s", c.dist_timeout_s);
   train.get("shard_optimizer", c.shard_optimizer);
   train.get("nonfinite", choices.nonfinite);
+  train.get("log_all_ranks", c.log_all_ranks);
   train.check_unknown();
 
   Section optim(optim_t, "optim", path, schema);

@@ -151,7 +151,7 @@ void Trainer::setup_dist() {
   if (dist_env_.world_size == 1) return;
   rank_ = dist_env_.rank;
   world_ = dist_env_.world_size;
-  progress_ = std::make_unique<ProgressLine>("train", options_.progress && rank_ == 0);  // rank 0 speaks for all
+  progress_ = make_progress();
   dist_ = std::make_unique<DistGroup>(dist_env_, device_, std::chrono::seconds(cfg_.dist_timeout_s));
   progress_->note(std::to_string(world_) + " data-parallel ranks: global batch " + std::to_string(global_batch()) +
                   " = micro_batch " + std::to_string(cfg_.micro_batch) + " x grad_accum " +
@@ -292,6 +292,16 @@ void Trainer::resume() {
     }
   }
   CausalLM saved = load_model((fs::path(resume_from_) / "model").string(), {at::kFloat, device_});
+  // The TOML may have been edited since (another preset, variant or switches): say so, not a shape error.
+  const auto have = parameter_specs(model_->config()), had = parameter_specs(saved.config());
+  for (size_t i = 0; i < std::max(have.size(), had.size()); ++i) {
+    if (i >= have.size() || i >= had.size() || have[i].name != had[i].name || have[i].shape != had[i].shape) {
+      const std::string was = i < had.size() ? had[i].name + " " + shape_string(had[i].shape) : std::string("(none)");
+      const std::string is = i < have.size() ? have[i].name + " " + shape_string(have[i].shape) : std::string("(none)");
+      throw Error(cfg_.source + ": cannot resume " + resume_from_ + ": its model is not this config's (parameter " +
+                  std::to_string(i) + ": checkpoint " + was + ", config " + is + "); was the [model] section changed?");
+    }
+  }
   {
     c10::NoGradGuard no_grad;
     for (size_t i = 0; i < params_.size(); ++i) params_[i].param.copy_(saved.parameters()[i].second);
@@ -304,7 +314,8 @@ void Trainer::resume() {
   tokens_seen_ = state.at("tokens").get<uint64_t>();
   // CPU reductions depend on the thread count: a resume is bit-exact only with the run's own count, so
   // the default (the cores idle now) gives way to the one the run started with.
-  if (cfg_.threads == 0 && state.contains("threads") && state["threads"].get<int>() != at::get_num_threads()) {
+  if (cfg_.threads == 0 && state.contains("threads") && state.value("world_size", 1) == world_ &&
+      state["threads"].get<int>() != at::get_num_threads()) {
     at::set_num_threads(state["threads"].get<int>());
     progress_->note("using the run's " + std::to_string(at::get_num_threads()) +
                     " CPU threads (train.threads sets others)");
@@ -333,8 +344,7 @@ TrainResult Trainer::run() {
   sync_ranks();
   if (rank_ == 0)
     metrics_ = std::make_unique<MetricsLog>((fs::path(cfg_.run_dir) / "metrics.jsonl").string(), start_step_);
-  progress_ =
-      std::make_unique<ProgressLine>("train", options_.progress && rank_ == 0);  // elapsed and ETA from the first step
+  progress_ = make_progress();  // elapsed and ETA from the first step
   started_ = std::chrono::steady_clock::now();
   TrainResult result;
   StopSignals stop_signals;
@@ -370,6 +380,14 @@ TrainResult Trainer::run() {
   progress_->finish();
   result.final_checkpoint = last_checkpoint_.empty() ? latest_checkpoint(cfg_.run_dir) : last_checkpoint_;
   return result;
+}
+
+// Rank 0 speaks for all; with train.log_all_ranks every rank reports, labelled (torchrun --log-dir with
+// --redirects 3 puts each rank's lines in a file of its own).
+std::unique_ptr<ProgressLine> Trainer::make_progress() const {
+  const bool speaks = options_.progress && (rank_ == 0 || cfg_.log_all_ranks);
+  return std::make_unique<ProgressLine>(
+      world_ > 1 && cfg_.log_all_ranks ? "train rank " + std::to_string(rank_) : "train", speaks);
 }
 
 // The signal that asked the run to stop, or 0. Ranks agree (a signal may reach them at different steps).

@@ -218,3 +218,11 @@ def test_failed_rank_stops_the_other_within_bounds(setup, killed, sig):
     assert [m["batch_hash"] for m in got] == [m["batch_hash"] for m in ref]
     lg, lr = np.array([m["loss"] for m in got]), np.array([m["loss"] for m in ref])
     assert np.abs(lg - lr).max() / np.abs(lr).max() <= 1e-5, (lg, lr)
+
+
+def test_rank_logs_on_request(setup):
+    """Rank 0 alone reports by default; train.log_all_ranks = true makes every rank report, labelled."""
+    quiet = torchrun("train", "--config", setup("logs-default", 2, max_steps=2)).stderr
+    assert "[train] step 2/2" in quiet and "rank 1]" not in quiet
+    loud = torchrun("train", "--config", setup("logs-all", 2, max_steps=2, log_all_ranks=True)).stderr
+    assert "[train rank 0] step 2/2" in loud and "[train rank 1] step 2/2" in loud

@@ -124,3 +124,12 @@ def test_damaged_shards_are_refused(tmp_path, run_config):
 def test_sequence_longer_than_the_model_is_refused(tmp_path, run_config):
     expect_error(["train", "--config", run_config("run", train={"sequence_length": 70000, "max_steps": 2})],
                  "'train.sequence_length' is 70000", "max_position_embeddings 65536")
+
+
+def test_resume_after_the_model_section_changed_is_refused(tmp_path, run_config):
+    """Editing [model] between a run and its resume used to end in LibTorch's raw shape error."""
+    run_cli("train", "--config", run_config("run", train={"max_steps": 4}, checkpoint={"interval": 2}), "--stop-after", "2")
+    edited = run_config("run", train={"max_steps": 4}, checkpoint={"interval": 2},
+                        model={"init_from": "", "preset": "tiny"})
+    expect_error(["train", "--config", edited, "--resume"], "cannot resume", "its model is not this config's",
+                 "[model] section changed")

@@ -47,9 +47,11 @@ struct TrainConfig {
   bool shard_optimizer = false;  // data-parallel runs: ZeRO-1, each rank keeps the AdamW moments of its share
   // A step whose loss or gradient norm is not finite: stop (error, nothing of it saved) or skip it (no
   // update, logged with "skipped": true).
-  bool skip_nonfinite_steps = false;  // train.nonfinite = "stop" (default) | "skip"
-  int64_t dist_timeout_s = 300;       // data-parallel runs: how long any wait on other ranks (a collective, rank 0's
-                                      // checkpoint write) may last before it fails
+  bool skip_nonfinite_steps = false;
+  bool log_all_ranks = false;    // data-parallel runs: every rank prints its progress line (labelled), not rank 0 alone
+                                 // // train.nonfinite = "stop" (default) | "skip"
+  int64_t dist_timeout_s = 300;  // data-parallel runs: how long any wait on other ranks (a collective, rank 0's
+                                 // checkpoint write) may last before it fails
 
   // [optim]
   double lr = 1e-3;
