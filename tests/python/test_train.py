@@ -297,6 +297,16 @@ def test_full_disk_while_saving_keeps_previous_checkpoint(tmp_path, resume_setup
     run_cli("train", "--config", resume_setup("run"), "--resume")  # and the run goes on from it
 
 
+def test_full_disk_from_the_start_stops_with_a_message(tmp_path, resume_setup):
+    """metrics.jsonl used to stop at 4,096 bytes without a word while training went on."""
+    def tiny_disk():  # every file may hold 600 bytes: a few metrics lines, then writes fail
+        resource.setrlimit(resource.RLIMIT_FSIZE, (600, 600))
+
+    toml = resume_setup("run")
+    toml.write_text(toml.read_text().replace("interval = 2", "interval = 0"))
+    expect_error(["train", "--config", toml], "metrics.jsonl", "write failed (disk full?)", preexec_fn=tiny_disk)
+
+
 def test_stage_transition_refuses_other_architecture(tmp_path):
     write_shards(tmp_path / "shards", synthetic_tokens(500))
     save_random_olmo3(tiny_olmo3_config(), tmp_path / "init")
