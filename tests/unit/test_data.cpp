@@ -11,7 +11,7 @@
 #include "archspace/data/instance_loader.h"
 #include "archspace/data/token_shards.h"
 #include "archspace/util/error.h"
-#include "expect_error.h"
+#include "test_support.h"
 
 using namespace archspace;
 namespace fs = std::filesystem;

@@ -11,7 +11,7 @@
 #include "archspace/model/parameters.h"
 #include "archspace/train/loss.h"
 #include "archspace/train/plan.h"
-#include "expect_error.h"
+#include "test_support.h"
 
 namespace archspace {
 namespace {

@@ -7,20 +7,13 @@
 #include <fstream>
 
 #include "archspace/io/run_dir.h"
-#include "expect_error.h"
+#include "test_support.h"
 
 using namespace archspace;
 using archspace::testing::expect_error;
 namespace fs = std::filesystem;
 
-namespace {
-fs::path fresh_dir(const std::string& name) {
-  fs::path d = fs::temp_directory_path() / ("archspace_run_dir_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
-}  // namespace
+using archspace::testing::fresh_dir;
 
 TEST(RunDirLock, ASecondHolderIsRefusedNamingThePid) {
   const fs::path run = fresh_dir("lock");

@@ -7,18 +7,14 @@
 #include "archspace/io/safetensors.h"
 #include "archspace/model/model_io.h"
 #include "archspace/util/error.h"
+#include "test_support.h"
 
 using namespace archspace;
 namespace fs = std::filesystem;
 
 namespace {
 
-fs::path fresh_dir(const std::string& name) {
-  fs::path d = fs::temp_directory_path() / ("archspace_test_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
+using archspace::testing::fresh_dir;
 
 // Writes a file with the given JSON header and `data_bytes` zero bytes of data.
 void write_raw(const fs::path& path, const std::string& header, size_t data_bytes, uint64_t header_len_override = 0) {

@@ -20,20 +20,13 @@
 #include "archspace/train/run_tokenizer.h"
 #include "archspace/util/error.h"
 #include "archspace/util/sha256.h"
-#include "expect_error.h"
+#include "test_support.h"
 
 using namespace archspace;
 namespace fs = std::filesystem;
 using nlohmann::json;
 
 namespace {
-
-fs::path temp_dir(const std::string& name) {
-  fs::path dir = fs::temp_directory_path() / ("archspace_train_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
 
 void write_file(const fs::path& p, const std::string& text) { std::ofstream(p, std::ios::binary) << text; }
 
@@ -72,7 +65,7 @@ std::string make_shards(const fs::path& dir, const std::string& tokenizer_name, 
 // ---- TrainConfig -----------------------------------------------------------------------------------
 
 TEST(TrainConfig, ChoicesAreTyped) {
-  const fs::path dir = temp_dir("typed");
+  const fs::path dir = archspace::testing::fresh_dir("typed");
   TrainConfig c = TrainConfig::load(run_toml(dir, "variant = \"siamese_depth\"\n[optim]\nlr = 1e-3\n"));
   EXPECT_EQ(c.variant, Variant::kSiameseDepth);
   EXPECT_EQ(c.format, DataFormat::kTokens);
@@ -85,7 +78,7 @@ TEST(TrainConfig, ChoicesAreTyped) {
 }
 
 TEST(TrainConfig, VariantSwitchesNeedTheVariant) {
-  const fs::path dir = temp_dir("switches");
+  const fs::path dir = archspace::testing::fresh_dir("switches");
   TrainConfig on = TrainConfig::load(
       run_toml(dir, "variant = \"siamese_depth\"\nuse_depth_attention = false\ndepth_attention_stride = 4\n"));
   const ModelConfig m = on.model();
@@ -97,7 +90,7 @@ TEST(TrainConfig, VariantSwitchesNeedTheVariant) {
 }
 
 TEST(TrainConfig, OverridesSetKeysWithTheirTypes) {
-  const fs::path dir = temp_dir("overrides");
+  const fs::path dir = archspace::testing::fresh_dir("overrides");
   const std::string path = run_toml(dir);
   TrainConfig c =
       TrainConfig::load(path, {"train.max_steps=100", "optim.lr=3e-4", "optim.warmup_steps=5", "data.shuffle=false",
@@ -121,7 +114,7 @@ TEST(TrainConfig, OverridesSetKeysWithTheirTypes) {
 }
 
 TEST(TrainConfig, BadOverridesAreRefused) {
-  const fs::path dir = temp_dir("bad_overrides");
+  const fs::path dir = archspace::testing::fresh_dir("bad_overrides");
   const std::string path = run_toml(dir);
   expect_error(
       [&] { TrainConfig::load(path, {"optim.learning_rate=0.1"}); },
@@ -141,7 +134,7 @@ TEST(TrainConfig, BadOverridesAreRefused) {
 }
 
 TEST(TrainConfig, TextIsTheConfigurationAsRun) {
-  const fs::path dir = temp_dir("text");
+  const fs::path dir = archspace::testing::fresh_dir("text");
   const std::string path = run_toml(dir);
   // No placeholder, no override: the file's own bytes.
   const std::string plain = (dir / "plain.toml").string();
@@ -161,7 +154,7 @@ TEST(TrainConfig, TextIsTheConfigurationAsRun) {
 // ---- batches and loss ------------------------------------------------------------------------------
 
 TEST(Batches, WindowLabelsAreTheNextTokens) {
-  const fs::path dir = temp_dir("windows");
+  const fs::path dir = archspace::testing::fresh_dir("windows");
   auto shards = TokenShards::open(make_shards(dir / "shards", "test", "0"));
   InstanceLoader loader(shards, 8, 0, false);
   const Batch b = window_batch(loader, 0, 2);
@@ -264,7 +257,7 @@ TEST(Autocast, GuardEnablesForItsScopeOnly) {
 // ---- metrics log -----------------------------------------------------------------------------------
 
 TEST(MetricsLog, ResumeKeepsEachStepOnce) {
-  const fs::path dir = temp_dir("metrics");
+  const fs::path dir = archspace::testing::fresh_dir("metrics");
   const fs::path path = dir / "metrics.jsonl";
   write_file(path,
              "{\"step\":1,\"loss\":3.0}\n{\"step\":2,\"loss\":2.9}\n{\"step\":2,\"valid_loss\":3.1}\n{\"step\":3,"
@@ -287,7 +280,7 @@ TEST(MetricsLog, ResumeKeepsEachStepOnce) {
 // ---- the tokenizer checkpoints carry ---------------------------------------------------------------
 
 TEST(RunTokenizer, ShardDirectoryTokenizerMustMatchTheManifest) {
-  const fs::path dir = temp_dir("run_tokenizer");
+  const fs::path dir = archspace::testing::fresh_dir("run_tokenizer");
   const std::string text = "{\"model\": {\"type\": \"BPE\"}}";
   const std::string good = make_shards(dir / "good", "mine", sha256_bytes(text.data(), text.size()));
   write_file(dir / "good" / "tokenizer.json", text);
