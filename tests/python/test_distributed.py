@@ -226,3 +226,17 @@ def test_rank_logs_on_request(setup):
     assert "[train] step 2/2" in quiet and "rank 1]" not in quiet
     loud = torchrun("train", "--config", setup("logs-all", 2, max_steps=2, log_all_ranks=True)).stderr
     assert "[train rank 0] step 2/2" in loud and "[train rank 1] step 2/2" in loud
+
+
+def test_two_nodes_through_torchrun_rendezvous(setup):
+    """The multi-node command of the README, as two 'nodes' on this machine: two torchrun agents (one rank each)
+    meet through the c10d rendezvous on a TCP endpoint; the run equals one process with the same global batch."""
+    port = free_port()
+    command = [str(TORCHRUN), "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+               f"127.0.0.1:{port}", "--rdzv-id", "archspace-test", "--no-python", str(BINARY), "train", "--config",
+               str(setup("nodes2", 2))]
+    nodes = [subprocess.Popen(command + [], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outputs = [node.communicate(timeout=300) for node in nodes]
+    for node, (_, err) in zip(nodes, outputs):
+        assert node.returncode == 0, err
+    assert_close_runs(setup.tmp / "single", setup.tmp / "nodes2", "2 nodes vs 1 process")
