@@ -199,6 +199,12 @@ at::Tensor CausalLM::forward(const at::Tensor& input_ids, const ForwardOptions& 
   if (input_ids.dim() != 2)
     throw Error("forward: input_ids must be [batch, time], got " + shape_string(input_ids.sizes().vec()));
   const int64_t T = input_ids.size(1);
+  // Positions past max_position_embeddings were never trained (and YaRN is defined up to it).
+  const int64_t end = (options.cache ? options.cache->length() : 0) + T;
+  if (end > config_.max_position_embeddings) {
+    throw Error("forward: " + std::to_string(end) + " positions, more than the model's max_position_embeddings " +
+                std::to_string(config_.max_position_embeddings));
+  }
   at::Tensor ids = input_ids.to(device(), at::kLong);
   // [T], or [B, T] for a left-padded batch (each row counts positions from its first real token).
   at::Tensor positions = options.cache ? options.cache->positions(T, device())

@@ -280,3 +280,16 @@ def test_a_directory_given_as_a_file_is_named(tmp_path, args):
     (tmp_path / "x.jsonl").mkdir()
     err = expect_error([a.format(d=tmp_path / "x.jsonl") for a in args], "is a directory")
     assert "basic_filebuf" not in err
+
+
+def test_more_tokens_than_the_model_has_positions(tmp_path):
+    save_random_olmo3(tiny_olmo3_config(max_position_embeddings=8), tmp_path / "m")
+    run_cli("logits", "--model", tmp_path / "m", "--tokens", " ".join(["5"] * 8), "--out", tmp_path / "ok")
+    expect_error(["logits", "--model", tmp_path / "m", "--tokens", " ".join(["5"] * 9), "--out", tmp_path / "x"],
+                 "9 positions", "max_position_embeddings 8")
+
+
+def test_tokenize_refuses_a_negative_shard_size(tmp_path):
+    (tmp_path / "a.txt").write_text("hello")
+    expect_error(["tokenize", "--out", tmp_path / "s", "--shard-tokens", "-1", tmp_path / "a.txt"], "--shard-tokens")
+    assert not (tmp_path / "s").exists()

@@ -238,6 +238,7 @@ def test_unknown_toml_key(tmp_path):
     ("optim", "z_loss", "nan", "'optim.z_loss' must be a finite number >= 0"),
     ("optim", "weight_decay", -0.1, "'optim.weight_decay'"),
     ("train", "micro_batch", 2**40, "'train.micro_batch'"),
+    ("train", "device", "tpu", "unknown device 'tpu' (valid: cpu, cuda, cuda:N)"),
 ])
 def test_hyperparameters_that_train_to_nan_are_refused(tmp_path, section, key, value, fragment):
     """These used to train to the end with NaN losses and save NaN weights; now nothing starts."""
@@ -245,7 +246,7 @@ def test_hyperparameters_that_train_to_nan_are_refused(tmp_path, section, key, v
     s = base_sections(tmp_path, tmp_path / "init")
     s[section][key] = value
     toml = write_toml(tmp_path / "r.toml", s)
-    if isinstance(value, str):  # TOML spells them bare: lr = inf, not "inf"
+    if value in ("inf", "nan"):  # TOML spells them bare: lr = inf, not "inf"
         toml.write_text(toml.read_text().replace(f'{key} = "{value}"', f"{key} = {value}"))
     expect_error(["train", "--config", toml], "r.toml", fragment)
     assert not (tmp_path / "run").exists()

@@ -67,7 +67,16 @@ TEST(Chat, BadMessagesAreClearErrors) {
   EXPECT_THROW(encode_chat(*tok, {{{"role", "user"}, {"content", "no answer"}}}, "f:1"), Error);
   EXPECT_THROW(
       encode_chat(*tok, {{{"role", "robot"}, {"content", "x"}}, {{"role", "assistant"}, {"content", "y"}}}, "f:1"),
-      Error);
+      Error);  // Content of another type (null, a number) is an error naming the message, not a JSON type exception.
+  for (const nlohmann::json& content : {nlohmann::json(nullptr), nlohmann::json(3), nlohmann::json::array()}) {
+    try {
+      encode_chat(*tok, {{{"role", "user"}, {"content", content}}, {{"role", "assistant"}, {"content", "y"}}}, "f:1");
+      ADD_FAILURE() << "no error for content " << content.dump();
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("f:1: message 0 needs string 'role' and 'content'"), std::string::npos)
+          << e.what();
+    }
+  }
 }
 
 // Chat data files: every bad line is an error naming the file and the line.
