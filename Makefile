@@ -3,7 +3,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 PY := .venv/bin/python
 
-.PHONY: all setup build test format-check format unit pytest bench corpus demo clean
+.PHONY: all setup build test format-check format unit pytest bench corpus demo clean fuzz fuzz-smoke
 
 all: build
 
@@ -46,6 +46,14 @@ bench: build
 	$(PY) bench/bench_threads.py
 	$(PY) bench/bench_dist.py
 	mkdir -p bench/results && $(BUILD)/bench_linear --out bench/results/linear-$$(date +%Y%m%d-%H%M%S).json
+
+# libFuzzer targets of fuzz/ (clang, ASan + UBSan; README "Bad input and faults"): FUZZ_SECONDS each.
+FUZZ_SECONDS ?= 300
+fuzz: setup
+	FUZZ_SECONDS=$(FUZZ_SECONDS) bash scripts/fuzz.sh
+
+fuzz-smoke: setup
+	FUZZ_SECONDS=5 bash scripts/fuzz.sh
 
 clean:
 	rm -rf $(BUILD)

@@ -17,10 +17,11 @@ say() { printf '[setup] %s\n' "$*"; }
 # ---- 1. Debian packages ---------------------------------------------------------------------------
 # python3.11-doc: its reST sources are the embedded default corpus (see README, "Data").
 # clang-format: `make test` checks the C++ formatting (scripts/check_format.sh).
+# clang, libclang-rt-14-dev: libFuzzer and the sanitizers for the targets of fuzz/ (make fuzz, make fuzz-smoke).
 # libgloo-dev: gloo's headers, which c10d's ProcessGroupGloo.hpp includes (data-parallel training, src/dist).
 apt_packages=(build-essential cmake ccache pkg-config python3 python3-venv nlohmann-json3-dev libcli11-dev
               libpcre2-dev libssl-dev libtomlplusplus-dev libgtest-dev python3.11-doc clang-format
-              libgloo-dev)
+              libgloo-dev clang libclang-rt-14-dev)
 missing=()
 for p in "${apt_packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -100,7 +100,7 @@ std::shared_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) 
   json header;
   try {
     header = json::parse(bytes + 8, bytes + 8 + header_len);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, or out_of_range for a number too large (1e400)
     throw Error(path + ": malformed JSON header: " + e.what());
   }
   if (!header.is_object()) throw Error(path + ": the header is not a JSON object");

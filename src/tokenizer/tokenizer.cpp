@@ -251,160 +251,170 @@ std::shared_ptr<const Tokenizer> Tokenizer::load(const std::string& spec) {
   const std::string text = read_text_file(path);
   t->sha256_ = sha256_bytes(text.data(), text.size());
   const json j = parse_json_text(text, path);
-  if (!j.is_object() || !j.contains("model") || !j["model"].is_object()) throw fail("field 'model' is missing");
-  const json& model = j["model"];
-  const std::string type = model.value("type", "");
-  if (type != "BPE") throw fail("field 'model.type' is '" + type + "'; only byte-level BPE is supported");
-  for (const char* f : {"continuing_subword_prefix", "end_of_word_suffix"}) {
-    if (model.contains(f) && !model[f].is_null() && model[f] != "")
-      throw fail(std::string("field 'model.") + f + "' is not supported");
-  }
-  if (model.value("byte_fallback", false))
-    throw fail("field 'model.byte_fallback' is not supported (byte-level BPE needs none)");
-  if (model.contains("dropout") && !model["dropout"].is_null()) throw fail("field 'model.dropout' is not supported");
-  t->ignore_merges_ = model.value("ignore_merges", false);
-  if (j.contains("normalizer") && !j["normalizer"].is_null())
-    throw fail("field 'normalizer' is not supported (must be null)");
+  // The checks below name the fields they expect; a value of another JSON type that slips past them (found by
+  // fuzz/fuzz_tokenizer: "pre_tokenizer": {"type": "Sequence"} without "pretokenizers") is an error too.
+  try {
+    if (!j.is_object() || !j.contains("model") || !j["model"].is_object()) throw fail("field 'model' is missing");
+    const json& model = j["model"];
+    const std::string type = model.value("type", "");
+    if (type != "BPE") throw fail("field 'model.type' is '" + type + "'; only byte-level BPE is supported");
+    for (const char* f : {"continuing_subword_prefix", "end_of_word_suffix"}) {
+      if (model.contains(f) && !model[f].is_null() && model[f] != "")
+        throw fail(std::string("field 'model.") + f + "' is not supported");
+    }
+    if (model.value("byte_fallback", false))
+      throw fail("field 'model.byte_fallback' is not supported (byte-level BPE needs none)");
+    if (model.contains("dropout") && !model["dropout"].is_null()) throw fail("field 'model.dropout' is not supported");
+    t->ignore_merges_ = model.value("ignore_merges", false);
+    if (j.contains("normalizer") && !j["normalizer"].is_null())
+      throw fail("field 'normalizer' is not supported (must be null)");
 
-  // Pre-tokenizer: Sequence[Split(regex), ByteLevel(use_regex=false)], or ByteLevel(use_regex=true).
-  std::string pattern;
-  const json& pre = j.value("pre_tokenizer", json());
-  std::vector<json> steps;
-  if (pre.is_object() && pre.value("type", "") == "Sequence")
-    steps = pre["pretokenizers"].get<std::vector<json>>();
-  else if (pre.is_object())
-    steps = {pre};
-  bool byte_level = false;
-  for (const json& s : steps) {
-    const std::string st = s.value("type", "");
-    if (st == "Split") {
-      if (!s.contains("pattern") || !s["pattern"].contains("Regex"))
-        throw fail("pre_tokenizer Split: only a 'Regex' pattern is supported");
-      pattern = s["pattern"]["Regex"].get<std::string>();
-      const std::string behavior = s.value("behavior", "");
-      const bool invert = s.value("invert", false);
-      if (behavior == "Removed" && invert)
-        t->keep_gaps_ = false;
-      else if (behavior == "Isolated" && !invert)
-        t->keep_gaps_ = true;
-      else
-        throw fail("pre_tokenizer Split: behavior '" + behavior + "' with invert=" + (invert ? "true" : "false") +
-                   " is not supported");
-    } else if (st == "ByteLevel") {
-      byte_level = true;
-      if (s.value("add_prefix_space", false))
-        throw fail("pre_tokenizer ByteLevel: add_prefix_space=true is not supported");
-      if (s.value("use_regex", true)) {
-        if (!pattern.empty()) throw fail("pre_tokenizer: two regexes");
-        pattern = kGpt2Pattern;
-        t->keep_gaps_ = true;
+    // Pre-tokenizer: Sequence[Split(regex), ByteLevel(use_regex=false)], or ByteLevel(use_regex=true).
+    std::string pattern;
+    const json& pre = j.value("pre_tokenizer", json());
+    std::vector<json> steps;
+    if (pre.is_object() && pre.value("type", "") == "Sequence") {
+      // value(), not operator[]: on a const object a missing key is undefined behaviour.
+      const json& list = pre.value("pretokenizers", json());
+      if (!list.is_array()) throw fail("pre_tokenizer Sequence needs a 'pretokenizers' list");
+      steps = list.get<std::vector<json>>();
+    } else if (pre.is_object())
+      steps = {pre};
+    bool byte_level = false;
+    for (const json& s : steps) {
+      const std::string st = s.value("type", "");
+      if (st == "Split") {
+        if (!s.contains("pattern") || !s["pattern"].contains("Regex"))
+          throw fail("pre_tokenizer Split: only a 'Regex' pattern is supported");
+        pattern = s["pattern"]["Regex"].get<std::string>();
+        const std::string behavior = s.value("behavior", "");
+        const bool invert = s.value("invert", false);
+        if (behavior == "Removed" && invert)
+          t->keep_gaps_ = false;
+        else if (behavior == "Isolated" && !invert)
+          t->keep_gaps_ = true;
+        else
+          throw fail("pre_tokenizer Split: behavior '" + behavior + "' with invert=" + (invert ? "true" : "false") +
+                     " is not supported");
+      } else if (st == "ByteLevel") {
+        byte_level = true;
+        if (s.value("add_prefix_space", false))
+          throw fail("pre_tokenizer ByteLevel: add_prefix_space=true is not supported");
+        if (s.value("use_regex", true)) {
+          if (!pattern.empty()) throw fail("pre_tokenizer: two regexes");
+          pattern = kGpt2Pattern;
+          t->keep_gaps_ = true;
+        }
+      } else {
+        throw fail("pre_tokenizer '" + st + "' is not supported (byte-level BPE: Split + ByteLevel)");
       }
-    } else {
-      throw fail("pre_tokenizer '" + st + "' is not supported (byte-level BPE: Split + ByteLevel)");
     }
-  }
-  if (!byte_level || pattern.empty()) throw fail("pre_tokenizer must be byte-level with a split regex");
-  const json& dec = j.value("decoder", json());
-  if (!dec.is_object() || dec.value("type", "") != "ByteLevel") throw fail("field 'decoder' must be ByteLevel");
+    if (!byte_level || pattern.empty()) throw fail("pre_tokenizer must be byte-level with a split regex");
+    const json& dec = j.value("decoder", json());
+    if (!dec.is_object() || dec.value("type", "") != "ByteLevel") throw fail("field 'decoder' must be ByteLevel");
 
-  int err = 0;
-  PCRE2_SIZE err_offset = 0;
-  t->regex_ = std::make_unique<Regex>();
-  t->regex_->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.c_str()), pattern.size(),
-                                  PCRE2_UTF | PCRE2_UCP | PCRE2_NO_UTF_CHECK, &err, &err_offset, nullptr);
-  if (!t->regex_->code) {
-    PCRE2_UCHAR msg[256];
-    pcre2_get_error_message(err, msg, sizeof(msg));
-    throw fail("pre_tokenizer regex does not compile at offset " + std::to_string(err_offset) + ": " +
-               reinterpret_cast<char*>(msg));
-  }
-  pcre2_jit_compile(t->regex_->code, PCRE2_JIT_COMPLETE);  // falls back to the interpreter if JIT is unavailable
+    int err = 0;
+    PCRE2_SIZE err_offset = 0;
+    t->regex_ = std::make_unique<Regex>();
+    t->regex_->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.c_str()), pattern.size(),
+                                    PCRE2_UTF | PCRE2_UCP | PCRE2_NO_UTF_CHECK, &err, &err_offset, nullptr);
+    if (!t->regex_->code) {
+      PCRE2_UCHAR msg[256];
+      pcre2_get_error_message(err, msg, sizeof(msg));
+      throw fail("pre_tokenizer regex does not compile at offset " + std::to_string(err_offset) + ": " +
+                 reinterpret_cast<char*>(msg));
+    }
+    pcre2_jit_compile(t->regex_->code, PCRE2_JIT_COMPLETE);  // falls back to the interpreter if JIT is unavailable
 
-  // Vocabulary: byte-level token strings; each id's raw bytes for decoding.
-  const std::vector<std::string> b2u = byte_to_unicode_table();
-  std::unordered_map<std::string, uint8_t> u2b;
-  for (int b = 0; b < 256; ++b) u2b[b2u[b]] = static_cast<uint8_t>(b);
-  if (!model.contains("vocab") || !model["vocab"].is_object()) throw fail("field 'model.vocab' is missing");
-  // Ids index tables of vocab_size entries: bound them so that a corrupt id is an error, not an allocation.
-  constexpr int64_t kMaxTokenId = (1 << 24) - 1;
-  int64_t max_id = -1;
-  for (auto it = model["vocab"].begin(); it != model["vocab"].end(); ++it) {
-    if (!it.value().is_number_unsigned() || it.value().get<uint64_t>() > kMaxTokenId) {
-      throw fail("model.vocab['" + it.key() + "'] is not a token id in [0, " + std::to_string(kMaxTokenId) + "]");
+    // Vocabulary: byte-level token strings; each id's raw bytes for decoding.
+    const std::vector<std::string> b2u = byte_to_unicode_table();
+    std::unordered_map<std::string, uint8_t> u2b;
+    for (int b = 0; b < 256; ++b) u2b[b2u[b]] = static_cast<uint8_t>(b);
+    if (!model.contains("vocab") || !model["vocab"].is_object()) throw fail("field 'model.vocab' is missing");
+    // Ids index tables of vocab_size entries: bound them so that a corrupt id is an error, not an allocation.
+    constexpr int64_t kMaxTokenId = (1 << 24) - 1;
+    int64_t max_id = -1;
+    for (auto it = model["vocab"].begin(); it != model["vocab"].end(); ++it) {
+      if (!it.value().is_number_unsigned() || it.value().get<uint64_t>() > kMaxTokenId) {
+        throw fail("model.vocab['" + it.key() + "'] is not a token id in [0, " + std::to_string(kMaxTokenId) + "]");
+      }
+      max_id = std::max<int64_t>(max_id, it.value().get<int64_t>());
     }
-    max_id = std::max<int64_t>(max_id, it.value().get<int64_t>());
-  }
-  if (j.contains("added_tokens") && !j["added_tokens"].is_array()) throw fail("field 'added_tokens' must be a list");
-  const json& added = j.value("added_tokens", json::array());
-  for (size_t i = 0; i < added.size(); ++i) {
-    const json& a = added[i];
-    const std::string where = "added_tokens[" + std::to_string(i) + "]";
-    if (!a.is_object() || !a.contains("content") || !a["content"].is_string())
-      throw fail(where + " needs a string 'content'");
-    if (!a.contains("id") || !a["id"].is_number_unsigned() || a["id"].get<uint64_t>() > kMaxTokenId) {
-      throw fail(where + " ('" + a["content"].get<std::string>() + "'): 'id' must be a token id in [0, " +
-                 std::to_string(kMaxTokenId) + "], got " + (a.contains("id") ? a["id"].dump() : std::string("none")));
+    if (j.contains("added_tokens") && !j["added_tokens"].is_array()) throw fail("field 'added_tokens' must be a list");
+    const json& added = j.value("added_tokens", json::array());
+    for (size_t i = 0; i < added.size(); ++i) {
+      const json& a = added[i];
+      const std::string where = "added_tokens[" + std::to_string(i) + "]";
+      if (!a.is_object() || !a.contains("content") || !a["content"].is_string())
+        throw fail(where + " needs a string 'content'");
+      if (!a.contains("id") || !a["id"].is_number_unsigned() || a["id"].get<uint64_t>() > kMaxTokenId) {
+        throw fail(where + " ('" + a["content"].get<std::string>() + "'): 'id' must be a token id in [0, " +
+                   std::to_string(kMaxTokenId) + "], got " + (a.contains("id") ? a["id"].dump() : std::string("none")));
+      }
+      if (a.contains("special") && !a["special"].is_boolean()) throw fail(where + ": 'special' must be true or false");
+      max_id = std::max<int64_t>(max_id, a["id"].get<int64_t>());
     }
-    if (a.contains("special") && !a["special"].is_boolean()) throw fail(where + ": 'special' must be true or false");
-    max_id = std::max<int64_t>(max_id, a["id"].get<int64_t>());
-  }
-  t->vocab_size_ = max_id + 1;
-  t->id_to_bytes_.assign(t->vocab_size_, "");
-  t->is_special_.assign(t->vocab_size_, false);
-  for (auto it = model["vocab"].begin(); it != model["vocab"].end(); ++it) {
-    const uint32_t id = it.value().get<uint32_t>();
-    t->vocab_[it.key()] = id;
-    bool ok = true;
-    t->id_to_bytes_[id] = byte_level_to_bytes(it.key(), u2b, &ok);
-  }
-  for (int b = 0; b < 256; ++b) {
-    auto it = t->vocab_.find(b2u[b]);
-    if (it == t->vocab_.end())
-      throw fail("model.vocab lacks the token of byte " + std::to_string(b) + " (not byte-level BPE?)");
-    t->byte_ids_[b] = it->second;
-  }
+    t->vocab_size_ = max_id + 1;
+    t->id_to_bytes_.assign(t->vocab_size_, "");
+    t->is_special_.assign(t->vocab_size_, false);
+    for (auto it = model["vocab"].begin(); it != model["vocab"].end(); ++it) {
+      const uint32_t id = it.value().get<uint32_t>();
+      t->vocab_[it.key()] = id;
+      bool ok = true;
+      t->id_to_bytes_[id] = byte_level_to_bytes(it.key(), u2b, &ok);
+    }
+    for (int b = 0; b < 256; ++b) {
+      auto it = t->vocab_.find(b2u[b]);
+      if (it == t->vocab_.end())
+        throw fail("model.vocab lacks the token of byte " + std::to_string(b) + " (not byte-level BPE?)");
+      t->byte_ids_[b] = it->second;
+    }
 
-  // Merges: "a b" strings (older files) or [a, b] pairs (newer); rank = position.
-  if (!model.contains("merges") || !model["merges"].is_array()) throw fail("field 'model.merges' is missing");
-  uint32_t rank = 0;
-  for (const json& m : model["merges"]) {
-    std::string left, right;
-    if (m.is_string()) {
-      const std::string s = m.get<std::string>();
-      const size_t space = s.find(' ', 1);
-      if (space == std::string::npos) throw fail("merge '" + s + "' is not 'left right'");
-      left = s.substr(0, space);
-      right = s.substr(space + 1);
-    } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
-      left = m[0].get<std::string>();
-      right = m[1].get<std::string>();
-    } else {
-      throw fail("a merge is neither 'a b' nor [a, b]");
+    // Merges: "a b" strings (older files) or [a, b] pairs (newer); rank = position.
+    if (!model.contains("merges") || !model["merges"].is_array()) throw fail("field 'model.merges' is missing");
+    uint32_t rank = 0;
+    for (const json& m : model["merges"]) {
+      std::string left, right;
+      if (m.is_string()) {
+        const std::string s = m.get<std::string>();
+        const size_t space = s.find(' ', 1);
+        if (space == std::string::npos) throw fail("merge '" + s + "' is not 'left right'");
+        left = s.substr(0, space);
+        right = s.substr(space + 1);
+      } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
+        left = m[0].get<std::string>();
+        right = m[1].get<std::string>();
+      } else {
+        throw fail("a merge is neither 'a b' nor [a, b]");
+      }
+      auto l = t->vocab_.find(left), r = t->vocab_.find(right), merged = t->vocab_.find(left + right);
+      if (l == t->vocab_.end() || r == t->vocab_.end() || merged == t->vocab_.end()) {
+        throw fail("merge '" + left + " " + right + "' names a token missing from the vocabulary");
+      }
+      const uint64_t key = (uint64_t(l->second) << 32) | r->second;
+      t->merges_.emplace(key, std::make_pair(rank++, merged->second));  // first (lowest) rank wins
     }
-    auto l = t->vocab_.find(left), r = t->vocab_.find(right), merged = t->vocab_.find(left + right);
-    if (l == t->vocab_.end() || r == t->vocab_.end() || merged == t->vocab_.end()) {
-      throw fail("merge '" + left + " " + right + "' names a token missing from the vocabulary");
-    }
-    const uint64_t key = (uint64_t(l->second) << 32) | r->second;
-    t->merges_.emplace(key, std::make_pair(rank++, merged->second));  // first (lowest) rank wins
-  }
 
-  // Added tokens: matched in raw text before pre-tokenization, special or not.
-  for (const json& a : added) {
-    AddedToken tok{a.value("content", ""), a.value("id", 0u), a.value("special", false)};
-    if (tok.content.empty()) throw fail("an added token has empty content");
-    for (const char* f : {"lstrip", "rstrip", "single_word"}) {
-      if (a.value(f, false)) throw fail("added token '" + tok.content + "': " + f + "=true is not supported");
+    // Added tokens: matched in raw text before pre-tokenization, special or not.
+    for (const json& a : added) {
+      AddedToken tok{a.value("content", ""), a.value("id", 0u), a.value("special", false)};
+      if (tok.content.empty()) throw fail("an added token has empty content");
+      for (const char* f : {"lstrip", "rstrip", "single_word"}) {
+        if (a.value(f, false)) throw fail("added token '" + tok.content + "': " + f + "=true is not supported");
+      }
+      t->id_to_bytes_[tok.id] = tok.content;
+      t->is_special_[tok.id] = tok.special;
+      t->added_.push_back(tok);
     }
-    t->id_to_bytes_[tok.id] = tok.content;
-    t->is_special_[tok.id] = tok.special;
-    t->added_.push_back(tok);
-  }
-  std::stable_sort(t->added_.begin(), t->added_.end(),
-                   [](const AddedToken& a, const AddedToken& b) { return a.content.size() > b.content.size(); });
-  t->added_by_first_byte_.assign(256, {});
-  for (size_t i = 0; i < t->added_.size(); ++i) {
-    t->added_by_first_byte_[static_cast<unsigned char>(t->added_[i].content[0])].push_back(i);
+    std::stable_sort(t->added_.begin(), t->added_.end(),
+                     [](const AddedToken& a, const AddedToken& b) { return a.content.size() > b.content.size(); });
+    t->added_by_first_byte_.assign(256, {});
+    for (size_t i = 0; i < t->added_.size(); ++i) {
+      t->added_by_first_byte_[static_cast<unsigned char>(t->added_[i].content[0])].push_back(i);
+    }
+
+  } catch (const json::exception& e) {
+    throw fail(std::string("unexpected JSON type: ") + e.what());
   }
 
   t->name_ = fs::path(path).filename().string();

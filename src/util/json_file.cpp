@@ -12,7 +12,7 @@ nlohmann::json read_json_file(const std::string& path) { return parse_json_text(
 nlohmann::json parse_json_text(const std::string& text, const std::string& where) {
   try {
     return nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {  // parse_error, or out_of_range for a number too large
     throw Error(where + ": malformed JSON" + (text.empty() ? " (empty file)" : "") + ": " + e.what());
   }
 }

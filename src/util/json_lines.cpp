@@ -11,7 +11,7 @@ std::optional<nlohmann::json> parse_json_line(const std::string& line, const std
   if (line.find_first_not_of(" \t\r") == std::string::npos) return std::nullopt;
   try {
     return nlohmann::json::parse(line);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {  // parse_error, or out_of_range for a number too large
     throw Error(where + ": malformed JSON line: " + e.what());
   }
 }

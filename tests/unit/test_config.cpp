@@ -7,6 +7,7 @@
 #include "archspace/config/model_config.h"
 #include "archspace/model/causal_lm.h"
 #include "archspace/util/error.h"
+#include "archspace/util/json_lines.h"
 
 using namespace archspace;
 using nlohmann::json;
@@ -46,6 +47,25 @@ TEST(Presets, AllValidateAndMatchSpecTable) {
   EXPECT_EQ(preset("190M").layer_types[3], LayerType::kFull);
   EXPECT_EQ(preset("190M").layer_types[2], LayerType::kSliding);
   EXPECT_THROW(preset("2B"), Error);
+}
+
+// Found by fuzz/fuzz_shard_manifest: a number too large for a double escaped JSON readers as nlohmann's
+// out_of_range (std::terminate) instead of an archspace::Error naming the file or line.
+TEST(Config, NumberTooLargeIsAnError) {
+  const std::string path = ::testing::TempDir() + "/huge_number.config.json";
+  { std::ofstream(path) << R"({"vocab_size": 1e400})"; }
+  try {
+    ModelConfig::load(path);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(path + ": malformed JSON"), std::string::npos) << e.what();
+  }
+  try {
+    parse_json_line(R"({"messages": 1e400})", "chat.jsonl:3");
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("chat.jsonl:3: malformed JSON line"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Config, JsonRoundTrip) {

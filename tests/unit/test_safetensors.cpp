@@ -100,6 +100,14 @@ TEST(SafetensorsErrors, MalformedHeaderJson) {
   expect_open_error(p, {"malformed JSON header"});
 }
 
+// Found by fuzz/fuzz_shard_manifest: a number too large for a double (1e400) is nlohmann's out_of_range, not a
+// parse_error, and escaped every JSON reader (safetensors header, JSON files, JSON lines).
+TEST(SafetensorsErrors, NumberTooLargeInHeader) {
+  fs::path p = fresh_dir("hugenumber") / "x.safetensors";
+  write_raw(p, R"({"w": {"dtype": "F32", "shape": [1e400], "data_offsets": [0, 4]}})", 4);
+  expect_open_error(p, {"malformed JSON header"});
+}
+
 TEST(SafetensorsErrors, ByteRangeOutOfBounds) {
   fs::path p = fresh_dir("oob") / "x.safetensors";
   write_raw(p, R"({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}})", 8);

@@ -1,6 +1,10 @@
 // UTF-8 handling of the tokenizer module (parity with `tokenizers` itself is tested in pytest).
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <string>
+#include <vector>
+
 #include "archspace/tokenizer/tokenizer.h"
 #include "archspace/util/error.h"
 
@@ -47,4 +51,29 @@ TEST(Tokenizer, Dolma2RoundTripsAndRejectsInvalidUtf8) {
   EXPECT_EQ(tok->decode(tok->encode(text)), text);
   EXPECT_EQ(tok->decode(tok->encode(text), /*skip_special_tokens=*/true).find("<|im_start|>"), std::string::npos);
   EXPECT_THROW(tok->encode("bad \xff byte"), Error);
+}
+
+// Found by fuzz/fuzz_tokenizer: a JSON value of an unexpected type escaped as nlohmann::json::type_error
+// (std::terminate in the CLI) instead of an archspace::Error naming the file.
+TEST(Tokenizer, UnexpectedJsonTypesAreErrorsNotCrashes) {
+  const std::string dir = ::testing::TempDir();
+  const std::string base =
+      R"({"model": {"type": "BPE", "vocab": {}, "merges": []}, "decoder": {"type": "ByteLevel"}, "pre_tokenizer": )";
+  const std::vector<std::string> cases = {
+      base + R"({"type": "Sequence"}})",                      // no pretokenizers list
+      base + R"({"type": "Sequence", "pretokenizers": 3}})",  // not a list
+      base + R"({"type": "Sequence", "pretokenizers": [7]}})",
+      base + R"({"type": 5}})",
+      R"({"model": {"type": ["BPE"]}})",
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const std::string path = dir + "/fuzz_tokenizer_" + std::to_string(i) + ".json";
+    { std::ofstream(path) << cases[i]; }
+    try {
+      Tokenizer::load(path);
+      ADD_FAILURE() << "case " << i << ": no error";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
+    }
+  }
 }
