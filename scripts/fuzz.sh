@@ -7,6 +7,9 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 SECONDS_EACH=${FUZZ_SECONDS:-300}
+# FUZZ_RUNS=N: a fixed number of inputs from a fixed seed instead of a time budget, so that `make test`
+# sees the same inputs on every machine (a time budget would test more or fewer depending on the load).
+RUNS=${FUZZ_RUNS:-}
 JOBS=${JOBS:-$(nproc)}
 BUILD=${FUZZ_BUILD:-build-fuzz}
 command -v clang++ >/dev/null || { echo "clang++ not found (Debian: clang libclang-rt-14-dev)" >&2; exit 1; }
@@ -23,13 +26,15 @@ for t in "${targets[@]}"; do
   mkdir -p "$BUILD/corpus/$t" "fuzz/crashes/$t"
   log="$BUILD/fuzz_$t.log"
   # -timeout: one input taking 10 s is a hang; -rss_limit_mb: LibTorch's targets start near 550 MB.
-  if ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1} "$BUILD/fuzz_$t" -max_total_time="$SECONDS_EACH" -timeout=10 \
+  budget=(-max_total_time="$SECONDS_EACH")
+  [ -n "$RUNS" ] && budget=(-runs="$RUNS" -seed=1)
+  if ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1} "$BUILD/fuzz_$t" "${budget[@]}" -timeout=10 \
       -rss_limit_mb=4096 -print_final_stats=1 -artifact_prefix="fuzz/crashes/$t/" \
       "$BUILD/corpus/$t" "fuzz/corpus/$t" >"$log" 2>&1; then
     runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log")
     speed=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log")
     cov=$(grep -o 'cov: [0-9]*' "$log" | tail -1)
-    echo "fuzz_$t: ok, $runs runs in ${SECONDS_EACH} s ($speed/s), $cov"
+    echo "fuzz_$t: ok, $runs runs ($speed/s), $cov"
   else
     echo "fuzz_$t: FINDING (log: $log; input: fuzz/crashes/$t/)" >&2
     grep -m3 -E 'ERROR|runtime error|terminate called|what\(\)|deadly signal|Timeout' "$log" >&2 || tail -20 "$log" >&2
