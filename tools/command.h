@@ -16,6 +16,8 @@ namespace archspace::cli {
 struct Command {
   CLI::App* app;
   std::function<int()> run;
+  // Whether it runs tensor ops: only then does start-up choose LibTorch's thread count (a 50 ms sample).
+  bool computes = true;
 };
 using AddCommand = Command (*)(CLI::App& parent);
 

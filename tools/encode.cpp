@@ -67,7 +67,7 @@ Command add(CLI::App& parent) {
   text->excludes(file)->excludes(ids)->excludes(messages);
   file->excludes(ids)->excludes(messages);
   ids->excludes(messages);
-  return {app, [a] { return run(*a); }};
+  return {app, [a] { return run(*a); }, /*computes=*/false};
 }
 
 }  // namespace

@@ -118,7 +118,7 @@ Command add(CLI::App& parent) {
   auto* path = app->add_option("MODEL_DIR", args->path,
                                "Hugging Face model directory (config.json + safetensors), or a config.json");
   app->add_option("--preset", args->preset, "describe a built-in preset instead")->excludes(path);
-  return {app, [args] { return run(*args); }};
+  return {app, [args] { return run(*args); }, /*computes=*/false};
 }
 
 }  // namespace

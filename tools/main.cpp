@@ -29,9 +29,13 @@ int main(int argc, char** argv) {
     return 1;
   }
   try {
-    at::set_num_threads(threads > 0 ? threads : default_thread_count());
     for (const auto& command : commands) {
-      if (command.app->parsed()) return command.run();
+      if (!command.app->parsed()) continue;
+      if (threads > 0)
+        at::set_num_threads(threads);
+      else if (command.computes)
+        at::set_num_threads(default_thread_count());
+      return command.run();
     }
   } catch (const Error& e) {
     std::cerr << "error: " << e.what() << "\n";

@@ -94,7 +94,7 @@ Command add(CLI::App& parent) {
   app->add_flag("--activation-checkpointing", a->activation_checkpointing,
                 "what-if: keep only block inputs plus one block's internals");
   app->add_flag("--json", a->json, "print the figures as JSON");
-  return {app, [a] { return run(*a); }};
+  return {app, [a] { return run(*a); }, /*computes=*/false};
 }
 
 }  // namespace

@@ -32,7 +32,7 @@ Command add(CLI::App& parent) {
   app->add_option("RUN_DIR", a->runs, "run directories (each with metrics.jsonl)")->required();
   app->add_option("--out", a->out, "output image, e.g. losses.png")->required();
   app->add_option("--x", a->x, "x axis")->check(CLI::IsMember({"step", "tokens"}))->capture_default_str();
-  return {app, [a] { return run(*a); }};
+  return {app, [a] { return run(*a); }, /*computes=*/false};
 }
 
 }  // namespace

@@ -40,7 +40,7 @@ Command add(CLI::App& parent) {
       ->capture_default_str();
   app->add_option("--text-field", o.text_field, "JSONL field holding the text")->capture_default_str();
   app->add_flag("--verify-roundtrip", o.verify_roundtrip, "check decode(encode(doc)) == doc for every document");
-  return {app, [a] { return run(*a); }};
+  return {app, [a] { return run(*a); }, /*computes=*/false};
 }
 
 }  // namespace
