@@ -254,7 +254,10 @@ at::Tensor CausalLM::forward(const at::Tensor& input_ids, const ForwardOptions& 
   if (options.last_position_only) x = x.narrow(1, T - 1, 1);
   x = rms_norm(x, weights_.norm, config_.rms_norm_eps);
   if (recorder) recorder->record("model.final_hidden", x);
-  return archspace::linear(x, weights_.lm_head);
+  if (options.final_hidden_only) return x;
+  return head(x);
 }
+
+at::Tensor CausalLM::head(const at::Tensor& final_hidden) const { return archspace::linear(final_hidden, weights_.lm_head); }
 
 }  // namespace archspace

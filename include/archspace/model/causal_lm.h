@@ -28,6 +28,9 @@ struct ForwardOptions {
   KVCache* cache = nullptr;
   // Only the last position's logits (prefill for generation: the head is the largest matmul).
   bool last_position_only = false;
+  // Returns the final normalised hidden states [B, T, d] instead of logits (scoring applies head() to the
+  // positions it needs, a chunk at a time: all logits of a long batch would not fit).
+  bool final_hidden_only = false;
   // Receives every named intermediate (model/trace.h lists the names); null: nothing is recorded.
   ActivationRecorder* recorder = nullptr;
 };
@@ -50,6 +53,8 @@ class CausalLM {
 
   // input_ids [B, T] (int64) -> logits [B, T, vocab_size] in the model's dtype.
   at::Tensor forward(const at::Tensor& input_ids, const ForwardOptions& options = {}) const;
+  // The output head: final normalised hidden states [..., d] -> logits [..., vocab_size].
+  at::Tensor head(const at::Tensor& final_hidden) const;
 
   // Each layer's weights as its block reads them, bound from parameters() through the tables of
   // model/parameters.h: base_layers() for the base block, siamese_layers() for the SiameseNorm block; the
