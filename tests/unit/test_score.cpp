@@ -102,11 +102,17 @@ TEST(Score, GreedyFlagFollowsTheArgmax) {
 TEST(Score, BadRequestsNameTheRequest) {
   CausalLM m = CausalLM::random_init(preset("tiny"), 7);
   const auto vocab = static_cast<uint32_t>(m.config().vocab_size);
-  expect_error([&] { score_sequences(m, {ScoreRequest{{1, 2}, 1}, ScoreRequest{{}, 1}}); },
-               {"scoring request 1", "no tokens"});
+  expect_error(
+      [&] {
+        score_sequences(m, {ScoreRequest{{1, 2}, 1}, ScoreRequest{{}, 1}});
+      },
+      {"scoring request 1", "no tokens"});
   expect_error([&] { score_sequences(m, {ScoreRequest{{1, 2}, 0}}); }, {"request 0", "outside [1, 2]"});
-  expect_error([&] { score_sequences(m, {ScoreRequest{{1, vocab}, 1}}); },
-               {"token id " + std::to_string(vocab), "vocabulary"});
+  expect_error(
+      [&] {
+        score_sequences(m, {ScoreRequest{{1, vocab}, 1}});
+      },
+      {"token id " + std::to_string(vocab), "vocabulary"});
   std::vector<uint32_t> too_long(m.config().max_position_embeddings + 1, 1);
   expect_error([&] { score_sequences(m, {ScoreRequest{too_long, 1}}); }, {"max_position_embeddings"});
 }
