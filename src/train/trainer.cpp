@@ -56,6 +56,12 @@ CausalLM build_stage_model(const TrainConfig& cfg, at::Device device) {
       same("use_depth_attention", int(next.use_depth_attention), int(wanted.use_depth_attention));
       same("depth_attention_stride", next.depth_attention_stride, wanted.depth_attention_stride);
       same("depth_attention_recent_window", next.depth_attention_recent_window, wanted.depth_attention_recent_window);
+      if (next.topology() != wanted.topology()) {
+        diffs.push_back(std::string("norm_topology ") + norm_topology_name(next.topology()) + " -> " +
+                        norm_topology_name(wanted.topology()));
+      }
+      same("siamese_depth_scaling", int(next.siamese_depth_scaling), int(wanted.siamese_depth_scaling));
+      same("siamese_normalized_input", int(next.siamese_normalized_input), int(wanted.siamese_normalized_input));
     }
     if (!diffs.empty()) {
       std::string list;
