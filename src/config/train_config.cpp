@@ -193,6 +193,10 @@ ChoiceTexts read_keys(const toml::table& root, TrainConfig& c, const std::string
   train.get("shard_optimizer", c.shard_optimizer);
   train.get("nonfinite", choices.nonfinite);
   train.get("log_all_ranks", c.log_all_ranks);
+  train.get("grad_norm_interval", c.grad_norm_interval);
+  train.get("spike_factor", c.spike_factor);
+  train.get("spike_window", c.spike_window);
+  train.get("spike", c.spike_policy);
   train.check_unknown();
 
   Section optim(optim_t, "optim", path, schema);
@@ -329,6 +333,12 @@ void validate(TrainConfig& c, const ChoiceTexts& choices, const std::string& pat
   auto require = [&](bool ok, const char* k, const std::string& what) {
     if (!ok) throw Error(key(k) + " " + what);
   };
+  require(c.spike_policy == "record" || c.spike_policy == "skip" || c.spike_policy == "stop", "train.spike",
+          "is an unknown policy '" + c.spike_policy + "' (valid: record, skip, stop)");
+  require(c.grad_norm_interval >= 0, "train.grad_norm_interval", "must be >= 0 (0: off)");
+  require(std::isfinite(c.spike_factor) && (c.spike_factor == 0 || c.spike_factor > 1), "train.spike_factor",
+          "must be 0 (off) or a finite number > 1");
+  require(c.spike_window >= 1, "train.spike_window", "must be >= 1");
   require(!c.run_dir.empty(), "train.run_dir", "is required");
   require(!c.train_data.empty(), "data.train", "is required");
   require(c.sequence_length >= 2, "train.sequence_length", "is required and must be >= 2");
