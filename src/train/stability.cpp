@@ -1,7 +1,7 @@
 #include "archspace/train/stability.h"
 
+#include <algorithm>
 #include <cmath>
-#include <numeric>
 
 namespace archspace {
 
@@ -35,12 +35,15 @@ json layer_grad_norms(const std::vector<std::string>& names, const std::vector<a
 
 std::optional<double> SpikeDetector::check(double loss) const {
   if (factor_ <= 0 || static_cast<int64_t>(recent_.size()) < window_) return std::nullopt;
-  const double mean = std::accumulate(recent_.begin(), recent_.end(), 0.0) / static_cast<double>(recent_.size());
-  if (loss > factor_ * mean) return mean;
+  std::vector<double> sorted(recent_.begin(), recent_.end());
+  std::nth_element(sorted.begin(), sorted.begin() + static_cast<std::ptrdiff_t>(sorted.size() / 2), sorted.end());
+  const double median = sorted[sorted.size() / 2];
+  if (loss > factor_ * median) return median;
   return std::nullopt;
 }
 
 void SpikeDetector::accept(double loss) {
+  if (!std::isfinite(loss)) return;
   recent_.push_back(loss);
   while (static_cast<int64_t>(recent_.size()) > window_) recent_.pop_front();
 }

@@ -504,9 +504,11 @@ StepStats Trainer::train_step(int64_t step) {
     return stats;
   }
   // Loss spikes: every rank sees the same global loss, so every rank takes the same decision.
-  if ((stats.spike_baseline = spikes_.check(stats.loss))) {
+  stats.spike_baseline = spikes_.check(stats.loss);
+  spikes_.accept(stats.loss);  // spikes too, as the sweep's rule does
+  if (stats.spike_baseline) {
     char what[200];
-    std::snprintf(what, sizeof(what), "step %lld: loss spike: %.4f > %g x %.4f (the mean of the last %lld losses)",
+    std::snprintf(what, sizeof(what), "step %lld: loss spike: %.4f > %g x %.4f (the median of the last %lld losses)",
                   static_cast<long long>(step + 1), stats.loss, cfg_.spike_factor, *stats.spike_baseline,
                   static_cast<long long>(cfg_.spike_window));
     if (cfg_.spike_policy == "stop") {
@@ -522,8 +524,6 @@ StepStats Trainer::train_step(int64_t step) {
       return stats;
     }
     progress_->note(what);
-  } else {
-    spikes_.accept(stats.loss);
   }
   optimizer_->step(stats.lr, cfg_.weight_decay);
   broadcast_updates();

@@ -51,7 +51,7 @@ struct TrainConfig {
   bool log_all_ranks = false;  // data-parallel runs: every rank prints its progress line (labelled), not rank 0 alone
                                // // train.nonfinite = "stop" (default) | "skip"
   // Stability traces (README "Stability"): per-layer gradient norms every N steps (0: off); loss spikes,
-  // a loss above spike_factor x the mean of the last spike_window losses (spike_factor 0: off), and what a
+  // a loss above spike_factor x the median of the last spike_window losses (spike_factor 0: off), and what a
   // spike does: record it, skip the step (no update), or stop.
   int64_t grad_norm_interval = 0;
   double spike_factor = 0;

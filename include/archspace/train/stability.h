@@ -19,13 +19,13 @@ namespace archspace {
 nlohmann::json layer_grad_norms(const std::vector<std::string>& names, const std::vector<at::Tensor>& params,
                                 int64_t num_layers);
 
-// A loss spike: a step whose loss exceeds `factor` x the mean of the last `window` accepted losses (only
-// once `window` losses are known). Spikes are not accepted into the window, so a loss that stays high keeps
-// being flagged (that is divergence, not a spike).
+// A loss spike: a step whose loss exceeds `factor` x the median of the last `window` losses (only once
+// `window` losses are known). The same rule as the sweep's summary (train/sweep.h, loss_spikes): every
+// finite loss joins the window, spikes included, so the two agree on a run's spikes.
 class SpikeDetector {
  public:
   SpikeDetector(double factor, int64_t window) : factor_(factor), window_(window) {}
-  // The baseline (the window's mean) when `loss` is a spike; nullopt otherwise.
+  // The baseline (the window's median) when `loss` is a spike; nullopt otherwise.
   std::optional<double> check(double loss) const;
   void accept(double loss);
   // The window, for checkpoints: a resumed run flags exactly the steps an uninterrupted one would.
