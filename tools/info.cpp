@@ -48,8 +48,18 @@ std::string describe_layer_types(const std::vector<LayerType>& types) {
 void print_config(const ModelConfig& c, const std::string& weights_dtype) {
   std::cout << "variant:            " << variant_name(c.variant) << " (model_type " << model_type_name(c.variant)
             << ")\n";
+  std::cout << "norm topology:      " << norm_topology_name(c.topology());
+  if (c.topology() == NormTopology::kDeepNorm)
+    std::cout << " (alpha " << c.deepnorm_alpha() << ", init beta " << c.deepnorm_beta() << ")";
+  if (is_siamese(c.topology())) {
+    std::cout << " (depth-wise scaling " << (c.siamese_depth_scaling ? "on" : "off") << ", normalized input "
+              << (c.siamese_normalized_input ? "on" : "off") << ")";
+  }
+  std::cout << "\n";
   if (c.variant == Variant::kSiameseDepth) {
-    std::cout << "  siamese norm:     " << (c.use_siamese_norm ? "on (hybrid_pre)" : "off") << "\n"
+    const bool siamese = is_siamese(c.topology());
+    const char* which = c.topology() == NormTopology::kSiamesePostPre ? "on (post_pre)" : "on (hybrid_pre)";
+    std::cout << "  siamese norm:     " << (siamese ? which : "off") << "\n"
               << "  depth attention:  "
               << (c.use_depth_attention ? "on (stride " + std::to_string(c.depth_attention_stride) +
                                               ", recent window " + std::to_string(c.depth_attention_recent_window) + ")"
@@ -94,14 +104,19 @@ std::string describe_weights(const ModelConfig& config, const std::string& dir) 
 }
 
 struct InfoArgs {
-  std::string path, preset;
+  std::string path, preset, variant = "base", norm_topology;
 };
 
 int run(const InfoArgs& a) {
   namespace fs = std::filesystem;
   if (a.path.empty() == a.preset.empty()) throw Error("info: give a MODEL_DIR (or a config.json) or --preset NAME");
   if (!a.preset.empty()) {
-    print_config(preset(a.preset), "(preset: no weights)");
+    ModelConfig c = preset(a.preset, parse_variant(a.variant, "--variant"));
+    VariantSwitches switches;
+    if (!a.norm_topology.empty()) switches.norm_topology = parse_norm_topology(a.norm_topology, "--norm-topology");
+    switches.apply_to(c, "info");
+    c.validate("info");
+    print_config(c, "(preset: no weights)");
   } else if (fs::is_regular_file(a.path)) {
     print_config(ModelConfig::load(a.path), "(a config file: no weights)");
   } else {
@@ -118,6 +133,12 @@ Command add(CLI::App& parent) {
   auto* path = app->add_option("MODEL_DIR", args->path,
                                "Hugging Face model directory (config.json + safetensors), or a config.json");
   app->add_option("--preset", args->preset, "describe a built-in preset instead")->excludes(path);
+  app->add_option("--variant", args->variant, "with --preset: the variant")
+      ->check(CLI::IsMember(variant_choices()))
+      ->capture_default_str();
+  app->add_option(
+      "--norm-topology", args->norm_topology,
+      "with --preset: the normalization topology (SPEC.md section 7): " + listed_choices(norm_topology_choices()));
   return {app, [args] { return run(*args); }, /*computes=*/false};
 }
 

@@ -13,6 +13,8 @@ struct InitArgs {
   uint64_t seed = 0;
   bool no_siamese_norm = false, no_depth_attention = false;
   std::optional<int64_t> depth_stride, depth_recent_window;
+  std::string norm_topology;
+  bool no_siamese_depth_scaling = false, no_siamese_normalized_input = false;
 };
 
 int run(const InitArgs& a) {
@@ -24,12 +26,16 @@ int run(const InitArgs& a) {
   if (a.no_depth_attention) switches.use_depth_attention = false;
   switches.depth_attention_stride = a.depth_stride;
   switches.depth_attention_recent_window = a.depth_recent_window;
+  if (!a.norm_topology.empty()) switches.norm_topology = parse_norm_topology(a.norm_topology, "--norm-topology");
+  if (a.no_siamese_depth_scaling) switches.siamese_depth_scaling = false;
+  if (a.no_siamese_normalized_input) switches.siamese_normalized_input = false;
   switches.apply_to(config, "init");
   config.validate("init");
   CausalLM model = CausalLM::random_init(config, a.seed);
   save_model(model, a.out, scalar_type(parse_dtype(a.dtype, "--dtype")));
-  std::cerr << "wrote a randomly initialised " << variant_name(config.variant) << " model ("
-            << human_count(parameter_count(config)) << " parameters, seed " << a.seed << ") to " << a.out << "\n";
+  std::cerr << "wrote a randomly initialised " << variant_name(config.variant) << " model (norm topology "
+            << norm_topology_name(config.topology()) << ", " << human_count(parameter_count(config))
+            << " parameters, seed " << a.seed << ") to " << a.out << "\n";
   return 0;
 }
 
@@ -52,6 +58,14 @@ Command add(CLI::App& parent) {
   app->add_option("--depth-recent-window", a->depth_recent_window,
                   "siamese_depth: depth_attention_recent_window (default 0)")
       ->check(CLI::NonNegativeNumber);
+  // Checked by parse_norm_topology, whose error lists the valid names.
+  app->add_option("--norm-topology", a->norm_topology,
+                  "normalization topology (SPEC.md section 7; other than reordered needs --variant siamese_depth): " +
+                      listed_choices(norm_topology_choices()));
+  app->add_flag("--no-siamese-depth-scaling", a->no_siamese_depth_scaling,
+                "SiameseNorm ablation: c_l = 1 instead of 1/sqrt(2(l+1))");
+  app->add_flag("--no-siamese-normalized-input", a->no_siamese_normalized_input,
+                "SiameseNorm ablation: no norm on the fused sublayer input");
   return {app, [a] { return run(*a); }};
 }
 

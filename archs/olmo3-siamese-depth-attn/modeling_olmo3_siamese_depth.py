@@ -6,7 +6,10 @@ Built on transformers' Olmo3 classes; only what differs is written here:
   cache therefore stores mixed values; state lives for one forward call only.
 - SiameseNorm ("hybrid_pre"): two residual streams X (bounded) and Y (identity) replace the single
   stream with its post-sublayer norms, and the final norm reads both.
-With both switches off the model is Olmo3ForCausalLM exactly.
+- `norm_topology` (SPEC.md section 7): the block's normalization topology; "reordered" is Olmo3's block,
+  the others (pre, peri, post, deepnorm, hybrid, residual, siamese_post_pre) are written out below with
+  the papers they come from.
+With both switches off (norm_topology "reordered", no Depth-Attention) the model is Olmo3ForCausalLM exactly.
 
 `capture_activations(model)` records every intermediate under the names archspace's engine uses
 (include/archspace/model/trace.h), to find the first tensor where two implementations part.
@@ -50,7 +53,8 @@ def capture_activations(model):
     """Within the block, forwards of this variant record into the yielded dict, in forward order:
     model.embeddings; per layer l, model.layers.{l}.: attn_input, q [B, H, T, D] and k [B, G, T, D]
     (after norm and RoPE), v [B, G, T, D], v_mixed (Depth-Attention on), attn_output (after o_proj),
-    mlp_output, then hidden (SiameseNorm off) or X and Y; model.final_hidden (after the final norm).
+    mlp_output, then hidden (one-stream topologies; with residual also dual) or X and Y (SiameseNorm);
+    model.final_hidden (after the final norm).
     The names and layouts are those of archspace's engine (model/trace.h). Every model of this class that
     runs inside the block records into the same dict: trace one model at a time."""
     backbone = model.model if hasattr(model, "model") else model
@@ -102,6 +106,11 @@ class DepthAttentionState:
 
 
 class Olmo3SiameseDepthAttention(Olmo3Attention):
+    def __init__(self, config, layer_idx):
+        super().__init__(config, layer_idx)
+        if config.resolved_norm_topology() == "hybrid":  # HybridNorm's QKV norm: V too, over its full projection width
+            self.v_norm = Olmo3RMSNorm(config.num_key_value_heads * self.head_dim, eps=config.rms_norm_eps)
+
     def forward(self, hidden_states, position_embeddings, attention_mask, past_key_values=None,
                 depth_state=None, **kwargs):
         input_shape = hidden_states.shape[:-1]
@@ -111,7 +120,10 @@ class Olmo3SiameseDepthAttention(Olmo3Attention):
 
         query_states = self.q_norm(self.q_proj(hidden_states)).view(hidden_shape).transpose(1, 2)
         key_states = self.k_norm(self.k_proj(hidden_states)).view(hidden_shape).transpose(1, 2)
-        value_states = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+        value_states = self.v_proj(hidden_states)
+        if hasattr(self, "v_norm"):
+            value_states = self.v_norm(value_states)
+        value_states = value_states.view(hidden_shape).transpose(1, 2)
         cos, sin = position_embeddings
         query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)
         _record(prefix + "q", query_states)
@@ -145,41 +157,101 @@ class Olmo3SiameseDepthAttention(Olmo3Attention):
         return attn_output, attn_weights
 
 
+# The norms of each topology's block (SPEC.md section 7, "norms per layer"; v_norm lives in attention).
+LAYER_NORMS = {
+    "reordered": ("post_attention_layernorm", "post_feedforward_layernorm"),
+    "pre": ("input_layernorm", "pre_feedforward_layernorm"),
+    "peri": ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm"),
+    "post": ("post_attention_layernorm", "post_feedforward_layernorm"),
+    "deepnorm": ("post_attention_layernorm", "post_feedforward_layernorm"),
+    "hybrid": ("pre_feedforward_layernorm",),
+    "residual": ("post_attention_layernorm", "post_feedforward_layernorm"),
+    "siamese_hybrid_pre": ("pre_mlp_layernorm", "siamese_attn_pre_norm", "siamese_mlp_pre_norm", "siamese_mlp_input_norm"),
+    "siamese_post_pre": ("siamese_attn_pre_norm", "siamese_attn_input_norm", "post_attention_layernorm",
+                         "siamese_mlp_pre_norm", "siamese_mlp_input_norm", "post_feedforward_layernorm"),
+}
+FUSED_INPUT_NORMS = ("siamese_attn_input_norm", "siamese_mlp_input_norm")  # gone without normalized input
+
+
 class Olmo3SiameseDepthDecoderLayer(Olmo3DecoderLayer):
     def __init__(self, config, layer_idx):
         super().__init__(config, layer_idx)
         self.self_attn = Olmo3SiameseDepthAttention(config=config, layer_idx=layer_idx)
-        self.use_siamese_norm = config.use_siamese_norm
-        if self.use_siamese_norm:
-            d, eps = config.hidden_size, config.rms_norm_eps
-            del self.post_attention_layernorm
-            del self.post_feedforward_layernorm
-            self.pre_mlp_layernorm = Olmo3RMSNorm(d, eps=eps)  # the post-norm of the X stream
-            self.siamese_attn_pre_norm = Olmo3RMSNorm(d, eps=eps)
-            self.siamese_mlp_pre_norm = Olmo3RMSNorm(d, eps=eps)
-            self.siamese_mlp_input_norm = Olmo3RMSNorm(d, eps=eps)
+        self.topology = config.resolved_norm_topology()
+        self.normalized_input = config.siamese_normalized_input
+        d, eps = config.hidden_size, config.rms_norm_eps
+        del self.post_attention_layernorm
+        del self.post_feedforward_layernorm
+        for name in LAYER_NORMS[self.topology]:
+            if name in FUSED_INPUT_NORMS and not self.normalized_input:
+                continue
+            setattr(self, name, Olmo3RMSNorm(d, eps=eps))
+        if self.topology == "siamese_hybrid_pre":
             self.siamese_hybrid_attn_scale = nn.Parameter(torch.ones(d))
-            self.branch_scale = 1.0 / math.sqrt(2 * (layer_idx + 1))
+        # SiameseNorm's c_l = 1/sqrt(2(l+1)), 1 without depth-wise scaling.
+        self.branch_scale = 1.0 / math.sqrt(2 * (layer_idx + 1)) if config.siamese_depth_scaling else 1.0
+        self.deepnorm_alpha = (2 * config.num_hidden_layers) ** 0.25  # DeepNet, decoder-only
 
-    def forward(self, hidden_states, siamese_y=None, **kwargs):
-        """hidden_states is X (the only stream without SiameseNorm); siamese_y is Y. Returns (X, Y)."""
+    def _fused_input(self, name, fused):
+        return getattr(self, name)(fused) if self.normalized_input else fused
+
+    def forward(self, hidden_states, siamese_y=None, residual_dual=None, **kwargs):
+        """hidden_states is x (SiameseNorm's X); siamese_y is Y, residual_dual ResiDual's dual stream (None where
+        the topology has none). Returns (x, Y, dual)."""
         prefix = f"model.layers.{self.self_attn.layer_idx}."
-        if not self.use_siamese_norm:
-            hidden_states = super().forward(hidden_states, **kwargs)
-            _record(prefix + "hidden", hidden_states)
-            return hidden_states, None
-        x, y = hidden_states, siamese_y
-        c = self.branch_scale
-        out, _ = self.self_attn(
-            hidden_states=self.siamese_attn_pre_norm(y) + self.siamese_hybrid_attn_scale * x, **kwargs
-        )
-        x, y = x + c * out, y + out
-        x = self.pre_mlp_layernorm(x)
-        out = self.mlp(self.siamese_mlp_input_norm(x + self.siamese_mlp_pre_norm(y)))
-        x, y = x + c * out, y + out
-        _record(prefix + "X", x)
-        _record(prefix + "Y", y)
-        return x, y
+        t = self.topology
+        attn = lambda u: self.self_attn(hidden_states=u, **kwargs)[0]
+        x = hidden_states
+        if t == "reordered":  # Olmo3DecoderLayer's own forward
+            x = x + self.post_attention_layernorm(attn(x))
+            x = x + self.post_feedforward_layernorm(self.mlp(x))
+        elif t == "pre":  # Pre-LN: x + F(Norm(x))
+            x = x + attn(self.input_layernorm(x))
+            x = x + self.mlp(self.pre_feedforward_layernorm(x))
+        elif t == "peri":  # Peri-LN: x + Norm(F(Norm(x)))
+            x = x + self.post_attention_layernorm(attn(self.input_layernorm(x)))
+            x = x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
+        elif t == "post":  # Post-LN: Norm(x + F(x))
+            x = self.post_attention_layernorm(x + attn(x))
+            x = self.post_feedforward_layernorm(x + self.mlp(x))
+        elif t == "deepnorm":  # DeepNorm: Norm(alpha x + F(x))
+            x = self.post_attention_layernorm(x * self.deepnorm_alpha + attn(x))
+            x = self.post_feedforward_layernorm(x * self.deepnorm_alpha + self.mlp(x))
+        elif t == "hybrid":  # HybridNorm: QKV-norm attention (v_norm), then Post-Norm around the MLP
+            h = self.pre_feedforward_layernorm(x + attn(x))
+            x = h + self.mlp(h)
+        elif t == "residual":  # ResiDual: Post-LN stream x, dual stream d = sum of sublayer outputs
+            o = attn(x)
+            residual_dual = o if residual_dual is None else residual_dual + o
+            x = self.post_attention_layernorm(x + o)
+            o = self.mlp(x)
+            residual_dual = residual_dual + o
+            x = self.post_feedforward_layernorm(x + o)
+        elif t == "siamese_hybrid_pre":
+            y, c = siamese_y, self.branch_scale
+            out = attn(self.siamese_attn_pre_norm(y) + self.siamese_hybrid_attn_scale * x)
+            x, y = x + c * out, y + out
+            x = self.pre_mlp_layernorm(x)
+            out = self.mlp(self._fused_input("siamese_mlp_input_norm", x + self.siamese_mlp_pre_norm(y)))
+            x, y = x + c * out, y + out
+            siamese_y = y
+        elif t == "siamese_post_pre":
+            y, c = siamese_y, self.branch_scale
+            out = attn(self._fused_input("siamese_attn_input_norm", x + self.siamese_attn_pre_norm(y)))
+            x, y = self.post_attention_layernorm(x + c * out), y + out
+            out = self.mlp(self._fused_input("siamese_mlp_input_norm", x + self.siamese_mlp_pre_norm(y)))
+            x, y = self.post_feedforward_layernorm(x + c * out), y + out
+            siamese_y = y
+        else:
+            raise ValueError(f"unknown norm_topology {t!r}")
+        if siamese_y is not None:
+            _record(prefix + "X", x)
+            _record(prefix + "Y", siamese_y)
+        else:
+            _record(prefix + "hidden", x)
+            if residual_dual is not None:
+                _record(prefix + "dual", residual_dual)
+        return x, siamese_y, residual_dual
 
 
 class Olmo3SiameseDepthPreTrainedModel(Olmo3PreTrainedModel):
@@ -190,7 +262,7 @@ class Olmo3SiameseDepthPreTrainedModel(Olmo3PreTrainedModel):
 
     def _init_weights(self, module):
         super()._init_weights(module)
-        if isinstance(module, Olmo3SiameseDepthDecoderLayer) and module.use_siamese_norm:
+        if isinstance(module, Olmo3SiameseDepthDecoderLayer) and hasattr(module, "siamese_hybrid_attn_scale"):
             with torch.no_grad():
                 module.siamese_hybrid_attn_scale.fill_(1.0)
 
@@ -206,7 +278,8 @@ class Olmo3SiameseDepthPreTrainedModel(Olmo3PreTrainedModel):
         mismatched = info.get("mismatched_keys", [])
         if strict and (missing or unexpected or mismatched):
             raise ValueError(
-                f"checkpoint keys do not match {cls.__name__} (use_siamese_norm={model.config.use_siamese_norm}, "
+                f"checkpoint keys do not match {cls.__name__} (norm_topology={model.config.resolved_norm_topology()}, "
+                f"use_siamese_norm={model.config.use_siamese_norm}, "
                 f"use_depth_attention={model.config.use_depth_attention}): "
                 f"{len(missing)} missing {missing}; {len(unexpected)} unexpected {unexpected}; "
                 f"{len(mismatched)} mis-shaped {list(mismatched)}"
@@ -223,6 +296,8 @@ class Olmo3SiameseDepthModel(Olmo3SiameseDepthPreTrainedModel, Olmo3Model):
         if config.use_siamese_norm:
             self.siamese_post_final_layernorm = Olmo3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
             self.siamese_pre_final_layernorm = Olmo3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        if config.resolved_norm_topology() == "residual":
+            self.residual_dual_norm = Olmo3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_init()
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
@@ -258,11 +333,13 @@ class Olmo3SiameseDepthModel(Olmo3SiameseDepthPreTrainedModel, Olmo3Model):
 
         x = inputs_embeds
         y = inputs_embeds if self.config.use_siamese_norm else None
+        dual = None  # ResiDual's dual stream, 0 until the first sublayer adds to it
         for i, layer in enumerate(self.layers[: self.config.num_hidden_layers]):
             layer_type = self.config.layer_types[i]
-            x, y = layer(
+            x, y, dual = layer(
                 x,
                 siamese_y=y,
+                residual_dual=dual,
                 attention_mask=causal_mask_mapping[layer_type],
                 position_ids=position_ids,
                 past_key_values=past_key_values,
@@ -272,6 +349,8 @@ class Olmo3SiameseDepthModel(Olmo3SiameseDepthPreTrainedModel, Olmo3Model):
             )
         if self.config.use_siamese_norm:
             x = self.siamese_post_final_layernorm(x) + self.siamese_pre_final_layernorm(y)
+        elif self.config.resolved_norm_topology() == "residual":  # ResiDual's end: x_a + LN(x_d)
+            x = x + self.residual_dual_norm(dual if dual is not None else torch.zeros_like(x))
         x = self.norm(x)
         _record("model.final_hidden", x)
         return BaseModelOutputWithPast(last_hidden_state=x, past_key_values=past_key_values)

@@ -6,13 +6,15 @@
 
 namespace archspace {
 
-namespace {
-
-std::string listed(const std::vector<std::string>& choices) {
+std::string listed_choices(const std::vector<std::string>& choices) {
   std::string s;
   for (size_t i = 0; i < choices.size(); ++i) s += (i ? ", " : "") + choices[i];
   return s;
 }
+
+namespace {
+
+std::string listed(const std::vector<std::string>& choices) { return listed_choices(choices); }
 
 [[noreturn]] void unknown(const std::string& where, const std::string& what, const std::string& text,
                           const std::string& choices) {
@@ -32,6 +34,26 @@ const std::vector<std::string>& dtype_choices() {
 const std::vector<std::string>& data_format_choices() {
   static const std::vector<std::string> c = {"tokens", "chat"};
   return c;
+}
+
+const std::vector<std::string>& norm_topology_choices() {
+  static const std::vector<std::string> c = [] {
+    std::vector<std::string> names;
+    for (NormTopology t : {NormTopology::kReordered, NormTopology::kPre, NormTopology::kPeri, NormTopology::kPost,
+                           NormTopology::kDeepNorm, NormTopology::kHybrid, NormTopology::kResidual,
+                           NormTopology::kSiameseHybridPre, NormTopology::kSiamesePostPre})
+      names.push_back(norm_topology_name(t));
+    return names;
+  }();
+  return c;
+}
+
+NormTopology parse_norm_topology(const std::string& text, const std::string& where) {
+  const auto& names = norm_topology_choices();
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (text == names[i]) return static_cast<NormTopology>(i);  // choices are listed in enum order
+  }
+  unknown(where, "norm_topology", text, listed(names));
 }
 
 Variant parse_variant(const std::string& text, const std::string& where) {

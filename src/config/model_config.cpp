@@ -7,6 +7,7 @@
 #include <set>
 #include <sstream>
 
+#include "archspace/config/choices.h"
 #include "archspace/util/error.h"
 #include "archspace/util/json_file.h"
 
@@ -17,6 +18,41 @@ using nlohmann::json;
 const char* variant_name(Variant v) { return v == Variant::kBase ? "base" : "siamese_depth"; }
 const char* model_type_name(Variant v) { return v == Variant::kBase ? "olmo3" : "olmo3_siamese_depth"; }
 const char* layer_type_name(LayerType t) { return t == LayerType::kSliding ? "sliding_attention" : "full_attention"; }
+
+const char* norm_topology_name(NormTopology t) {
+  switch (t) {
+    case NormTopology::kReordered:
+      return "reordered";
+    case NormTopology::kPre:
+      return "pre";
+    case NormTopology::kPeri:
+      return "peri";
+    case NormTopology::kPost:
+      return "post";
+    case NormTopology::kDeepNorm:
+      return "deepnorm";
+    case NormTopology::kHybrid:
+      return "hybrid";
+    case NormTopology::kResidual:
+      return "residual";
+    case NormTopology::kSiameseHybridPre:
+      return "siamese_hybrid_pre";
+    case NormTopology::kSiamesePostPre:
+      return "siamese_post_pre";
+  }
+  return "?";
+}
+
+bool is_siamese(NormTopology t) { return t == NormTopology::kSiameseHybridPre || t == NormTopology::kSiamesePostPre; }
+
+NormTopology ModelConfig::topology() const {
+  if (norm_topology) return *norm_topology;
+  return variant == Variant::kSiameseDepth && use_siamese_norm ? NormTopology::kSiameseHybridPre
+                                                               : NormTopology::kReordered;
+}
+
+double ModelConfig::deepnorm_alpha() const { return std::pow(2.0 * static_cast<double>(num_hidden_layers), 0.25); }
+double ModelConfig::deepnorm_beta() const { return std::pow(8.0 * static_cast<double>(num_hidden_layers), -0.25); }
 
 std::vector<LayerType> default_layer_types(int64_t num_layers) {
   std::vector<LayerType> types;
@@ -283,12 +319,28 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
   r.require_value("qk_norm_mode", std::string("full_projection"), "SPEC.md section 1");
   r.require_value("scale_embeds", false, "OLMo 3 does not scale embeddings");
 
+  std::optional<std::string> topology_text = r.string("norm_topology");
+  if (topology_text) c.norm_topology = parse_norm_topology(*topology_text, source + ": field 'norm_topology'");
   if (c.variant == Variant::kSiameseDepth) {
-    c.use_siamese_norm = r.boolean("use_siamese_norm", true);
+    // Without norm_topology, use_siamese_norm (and siamese_norm_variant) say which block it is; with it,
+    // use_siamese_norm follows the topology unless stated (validate refuses a contradiction).
+    const bool topology_siamese = c.norm_topology ? is_siamese(*c.norm_topology) : true;
+    c.use_siamese_norm = r.boolean("use_siamese_norm", topology_siamese);
     c.use_depth_attention = r.boolean("use_depth_attention", true);
     c.depth_attention_stride = r.integer("depth_attention_stride", 8);
     c.depth_attention_recent_window = r.integer("depth_attention_recent_window", 0);
-    r.require_value("siamese_norm_variant", std::string("hybrid_pre"), "SPEC.md section 3.1");
+    if (std::optional<std::string> sv = r.string("siamese_norm_variant")) {
+      if (*sv != "hybrid_pre" && *sv != "post_pre")
+        r.fail("siamese_norm_variant", "is \"" + *sv + "\"; supported: \"hybrid_pre\" and \"post_pre\"");
+      if (!c.norm_topology && c.use_siamese_norm && *sv == "post_pre") c.norm_topology = NormTopology::kSiamesePostPre;
+      const NormTopology t = c.topology();
+      if (is_siamese(t) && *sv != (t == NormTopology::kSiamesePostPre ? "post_pre" : "hybrid_pre")) {
+        r.fail("siamese_norm_variant",
+               "is \"" + *sv + "\" but norm_topology is \"" + norm_topology_name(t) + "\" (they must agree)");
+      }
+    }
+    c.siamese_depth_scaling = r.boolean("siamese_depth_scaling", true);
+    c.siamese_normalized_input = r.boolean("siamese_normalized_input", true);
   }
 
   c.validate(source);
@@ -375,6 +427,22 @@ void ModelConfig::validate(const std::string& source) const {
     positive("depth_attention_stride", depth_attention_stride);
     if (depth_attention_recent_window < 0) fail("depth_attention_recent_window", "must be >= 0");
   }
+  const NormTopology t = topology();
+  if (variant == Variant::kBase && t != NormTopology::kReordered) {
+    fail("norm_topology", std::string("is \"") + norm_topology_name(t) +
+                              "\"; model_type olmo3 (transformers' Olmo3) is always \"reordered\": other topologies "
+                              "need the siamese_depth variant (model_type olmo3_siamese_depth, with "
+                              "use_depth_attention false for the topology alone)");
+  }
+  if (variant == Variant::kSiameseDepth && norm_topology && is_siamese(*norm_topology) != use_siamese_norm) {
+    fail("use_siamese_norm", std::string("is ") + (use_siamese_norm ? "true" : "false") + " but norm_topology \"" +
+                                 norm_topology_name(*norm_topology) + "\" is " + (is_siamese(t) ? "" : "not ") +
+                                 "a SiameseNorm topology (they must agree)");
+  }
+  if (!is_siamese(t)) {
+    if (!siamese_depth_scaling) fail("siamese_depth_scaling", "applies to the siamese_* topologies only");
+    if (!siamese_normalized_input) fail("siamese_normalized_input", "applies to the siamese_* topologies only");
+  }
 }
 
 json ModelConfig::to_json() const {
@@ -421,7 +489,11 @@ json ModelConfig::to_json() const {
   if (variant == Variant::kSiameseDepth) {
     j["use_siamese_norm"] = use_siamese_norm;
     j["use_depth_attention"] = use_depth_attention;
-    j["siamese_norm_variant"] = "hybrid_pre";
+    j["siamese_norm_variant"] = topology() == NormTopology::kSiamesePostPre ? "post_pre" : "hybrid_pre";
+    // Written only when set or not the default, so configs without them stay as they were.
+    if (norm_topology) j["norm_topology"] = norm_topology_name(*norm_topology);
+    if (!siamese_depth_scaling) j["siamese_depth_scaling"] = false;
+    if (!siamese_normalized_input) j["siamese_normalized_input"] = false;
     j["depth_attention_stride"] = depth_attention_stride;
     j["depth_attention_recent_window"] = depth_attention_recent_window;
     j["qk_norm"] = true;
@@ -446,11 +518,28 @@ void ModelConfig::save(const std::string& path) const {
 
 void VariantSwitches::apply_to(ModelConfig& c, const std::string& where) const {
   if (!any()) return;
+  if (c.variant != Variant::kSiameseDepth && norm_topology && *norm_topology != NormTopology::kReordered) {
+    throw Error(where + ": norm_topology \"" + norm_topology_name(*norm_topology) +
+                "\" needs the siamese_depth variant (base is transformers' Olmo3, always \"reordered\"; set the "
+                "variant to siamese_depth, with use_depth_attention false for the topology alone)");
+  }
+  VariantSwitches others = *this;
+  others.norm_topology.reset();
+  if (c.variant == Variant::kBase && !others.any()) return;  // "reordered" on base: its own topology
   if (c.variant != Variant::kSiameseDepth) {
     throw Error(where + ": the SiameseNorm/Depth-Attention switches need the siamese_depth variant (the model is " +
                 variant_name(c.variant) + ")");
   }
-  if (use_siamese_norm) c.use_siamese_norm = *use_siamese_norm;
+  if (norm_topology) {
+    c.norm_topology = *norm_topology;
+    c.use_siamese_norm = use_siamese_norm.value_or(is_siamese(*norm_topology));  // a contradiction fails validate
+  } else if (use_siamese_norm) {
+    c.use_siamese_norm = *use_siamese_norm;
+    // SiameseNorm switched off (or on) over a config naming a topology of the other kind: the switch wins.
+    if (c.norm_topology && is_siamese(*c.norm_topology) != *use_siamese_norm) c.norm_topology.reset();
+  }
+  if (siamese_depth_scaling) c.siamese_depth_scaling = *siamese_depth_scaling;
+  if (siamese_normalized_input) c.siamese_normalized_input = *siamese_normalized_input;
   if (use_depth_attention) c.use_depth_attention = *use_depth_attention;
   if (depth_attention_stride) c.depth_attention_stride = *depth_attention_stride;
   if (depth_attention_recent_window) c.depth_attention_recent_window = *depth_attention_recent_window;

@@ -127,6 +127,7 @@ class Section {
 // The keys whose text becomes an enum; parsed after reading, with the key named in errors.
 struct ChoiceTexts {
   std::string variant = "base", format = "tokens", device = "cpu", dtype = "fp32", nonfinite = "stop";
+  std::optional<std::string> norm_topology;
 };
 
 // Reads every key of `root` into `c` (no cross-key validation). With `schema`, records the keys read.
@@ -146,6 +147,9 @@ ChoiceTexts read_keys(const toml::table& root, TrainConfig& c, const std::string
   model.get("use_depth_attention", c.switches.use_depth_attention);
   model.get("depth_attention_stride", c.switches.depth_attention_stride);
   model.get("depth_attention_recent_window", c.switches.depth_attention_recent_window);
+  model.get("norm_topology", choices.norm_topology);
+  model.get("siamese_depth_scaling", c.switches.siamese_depth_scaling);
+  model.get("siamese_normalized_input", c.switches.siamese_normalized_input);
   model.get("init_from", c.init_from);
   model.get("max_position_embeddings", c.max_position_embeddings);
   if (const toml::table* y = model.table("rope_scaling")) {
@@ -189,6 +193,10 @@ ChoiceTexts read_keys(const toml::table& root, TrainConfig& c, const std::string
   train.get("shard_optimizer", c.shard_optimizer);
   train.get("nonfinite", choices.nonfinite);
   train.get("log_all_ranks", c.log_all_ranks);
+  train.get("grad_norm_interval", c.grad_norm_interval);
+  train.get("spike_factor", c.spike_factor);
+  train.get("spike_window", c.spike_window);
+  train.get("spike", c.spike_policy);
   train.check_unknown();
 
   Section optim(optim_t, "optim", path, schema);
@@ -313,6 +321,8 @@ bool substitute_variant(toml::table& t, const std::string& variant) {
 void validate(TrainConfig& c, const ChoiceTexts& choices, const std::string& path) {
   auto key = [&](const char* k) { return path + ": key '" + k + "'"; };
   c.variant = parse_variant(choices.variant, key("model.variant"));
+  if (choices.norm_topology)
+    c.switches.norm_topology = parse_norm_topology(*choices.norm_topology, key("model.norm_topology"));
   c.format = parse_data_format(choices.format, key("data.format"));
   c.device = parse_device(choices.device, key("train.device"));
   c.dtype = parse_dtype(choices.dtype, key("train.dtype"));
@@ -323,6 +333,12 @@ void validate(TrainConfig& c, const ChoiceTexts& choices, const std::string& pat
   auto require = [&](bool ok, const char* k, const std::string& what) {
     if (!ok) throw Error(key(k) + " " + what);
   };
+  require(c.spike_policy == "record" || c.spike_policy == "skip" || c.spike_policy == "stop", "train.spike",
+          "is an unknown policy '" + c.spike_policy + "' (valid: record, skip, stop)");
+  require(c.grad_norm_interval >= 0, "train.grad_norm_interval", "must be >= 0 (0: off)");
+  require(std::isfinite(c.spike_factor) && (c.spike_factor == 0 || c.spike_factor > 1), "train.spike_factor",
+          "must be 0 (off) or a finite number > 1");
+  require(c.spike_window >= 1, "train.spike_window", "must be >= 1");
   require(!c.run_dir.empty(), "train.run_dir", "is required");
   require(!c.train_data.empty(), "data.train", "is required");
   require(c.sequence_length >= 2, "train.sequence_length", "is required and must be >= 2");
@@ -398,8 +414,9 @@ ModelConfig TrainConfig::model() const {
     throw Error(source + ": key 'model.variant' is \"" + variant_name(variant) + "\" but " + model_config + " is " +
                 variant_name(m.variant));
   }
-  switches.apply_to(m,
-                    source + ": keys 'model.use_siamese_norm', 'model.use_depth_attention', 'model.depth_attention_*'");
+  switches.apply_to(m, source +
+                           ": keys 'model.use_siamese_norm', 'model.use_depth_attention', 'model.depth_attention_*', "
+                           "'model.norm_topology', 'model.siamese_*'");
   if (rope_scaling) m.rope_scaling = rope_scaling;
   if (max_position_embeddings) m.max_position_embeddings = *max_position_embeddings;
   m.validate(source);

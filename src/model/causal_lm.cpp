@@ -33,22 +33,25 @@ std::vector<int64_t> ParamShape::resolve(const ModelConfig& c) const {
 
 std::vector<ParamSpec> parameter_specs(const ModelConfig& c) {
   using namespace param_tables;
-  const bool siamese = c.variant == Variant::kSiameseDepth && c.use_siamese_norm;
   std::vector<ParamSpec> specs;
-  auto add = [&](const auto& rows, const std::string& prefix) {
-    for (const auto& row : rows) specs.push_back({prefix + row.name, row.shape.resolve(c), row.kind});
+  auto add = [&](const auto& row, const std::string& prefix) {
+    specs.push_back({prefix + row.name, row.shape.resolve(c), row.kind});
   };
-  add(kEmbeddingRows, "");
+  for (const auto& row : kEmbeddingRows) add(row, "");
+  const auto norm_rows = block_norm_rows(c);
+  // DeepNet's init: v_proj, o_proj and the MLP weights drawn times beta (SPEC.md section 7).
+  const double beta = c.topology() == NormTopology::kDeepNorm ? c.deepnorm_beta() : 1.0;
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    add(kAttentionMlpRows, layer_prefix(l));
-    if (siamese) {
-      add(kSiameseBlockRows, layer_prefix(l));
-    } else {
-      add(kBaseBlockRows, layer_prefix(l));
+    for (const auto& row : kAttentionMlpRows) {
+      add(row, layer_prefix(l));
+      const bool scaled = row.member != &LayerWeights::q_proj && row.member != &LayerWeights::k_proj &&
+                          row.member != &LayerWeights::q_norm && row.member != &LayerWeights::k_norm;
+      if (scaled) specs.back().init_scale = beta;
     }
+    for (const auto* row : norm_rows) add(*row, layer_prefix(l));
   }
-  if (siamese) add(kSiameseFinalRows, "");
-  add(kHeadRows, "");
+  for (const auto* row : final_norm_rows(c)) add(*row, "");
+  for (const auto& row : kHeadRows) add(row, "");
   return specs;
 }
 
@@ -84,18 +87,13 @@ CausalLM::CausalLM(ModelConfig config, NamedTensors params) : config_(std::move(
   auto lookup = [this](const std::string& name) { return parameter(name); };
   bind_parameters(weights_, kEmbeddingRows, "", lookup);
   bind_parameters(weights_, kHeadRows, "", lookup);
+  const auto norm_rows = block_norm_rows(config_);
   for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
-    if (uses_siamese_norm()) {
-      SiameseLayerWeights& layer = siamese_layers_.emplace_back();
-      bind_parameters(layer, kAttentionMlpRows, layer_prefix(l), lookup);
-      bind_parameters(layer, kSiameseBlockRows, layer_prefix(l), lookup);
-    } else {
-      BaseLayerWeights& layer = base_layers_.emplace_back();
-      bind_parameters(layer, kAttentionMlpRows, layer_prefix(l), lookup);
-      bind_parameters(layer, kBaseBlockRows, layer_prefix(l), lookup);
-    }
+    BlockWeights& layer = layers_.emplace_back();
+    bind_parameters(layer, kAttentionMlpRows, layer_prefix(l), lookup);
+    bind_parameters(layer, norm_rows, layer_prefix(l), lookup);
   }
-  if (uses_siamese_norm()) bind_parameters(siamese_final_.emplace(), kSiameseFinalRows, "", lookup);
+  bind_parameters(final_norms_, final_norm_rows(config_), "", lookup);
   sliding_rope_ = rope_for(config_, LayerType::kSliding);
   full_rope_ = rope_for(config_, LayerType::kFull);
 }
@@ -121,6 +119,7 @@ CausalLM CausalLM::random_init(const ModelConfig& config, uint64_t seed, at::Sca
     } else {
       t = at::empty(spec.shape, at::kFloat);
       t.uniform_(lo, hi, gen).erfinv_().mul_(std_dev * std::sqrt(2.0)).clamp_(-cut * std_dev, cut * std_dev);
+      if (spec.init_scale != 1.0) t.mul_(spec.init_scale);
     }
     params.emplace_back(spec.name, t.to(device, dtype));
   }
@@ -131,7 +130,7 @@ void CausalLM::LayerContext::record(const char* name, const at::Tensor& t) const
   if (options.recorder) options.recorder->record(layer_prefix(index) + name, t);
 }
 
-at::Tensor CausalLM::attention(const LayerWeights& layer, const at::Tensor& x, const LayerContext& ctx) const {
+at::Tensor CausalLM::attention(const BlockWeights& layer, const at::Tensor& x, const LayerContext& ctx) const {
   ctx.record("attn_input", x);
   const int64_t B = x.size(0), T = x.size(1), h = config_.head_dim;
   const double eps = config_.rms_norm_eps;
@@ -139,6 +138,7 @@ at::Tensor CausalLM::attention(const LayerWeights& layer, const at::Tensor& x, c
   at::Tensor q = rms_norm(archspace::linear(x, layer.q_proj), layer.q_norm, eps);
   at::Tensor k = rms_norm(archspace::linear(x, layer.k_proj), layer.k_norm, eps);
   at::Tensor v = archspace::linear(x, layer.v_proj);
+  if (layer.v_norm.defined()) v = rms_norm(v, layer.v_norm, eps);  // HybridNorm's QKV norm
   at::Tensor q_BHTD = apply_rope(q.view({B, T, -1, h}).transpose(1, 2), ctx.cos, ctx.sin);
   at::Tensor k_BGTD = apply_rope(k.view({B, T, -1, h}).transpose(1, 2), ctx.cos, ctx.sin);
   at::Tensor v_BGTD = v.view({B, T, -1, h}).transpose(1, 2);
@@ -170,30 +170,6 @@ at::Tensor CausalLM::mlp(const LayerWeights& layer, const at::Tensor& x, const L
   at::Tensor out = swiglu_mlp(x, layer.gate_proj, layer.up_proj, layer.down_proj);
   ctx.record("mlp_output", out);
   return out;
-}
-
-at::Tensor CausalLM::base_block(const BaseLayerWeights& layer, const at::Tensor& x, const LayerContext& ctx) const {
-  // Reordered norms (OLMo 2/3): normalise each sublayer's output, not its input.
-  const double eps = config_.rms_norm_eps;
-  at::Tensor h = x + rms_norm(attention(layer, x, ctx), layer.post_attention_layernorm, eps);
-  return h + rms_norm(mlp(layer, h, ctx), layer.post_feedforward_layernorm, eps);
-}
-
-void CausalLM::siamese_block(const SiameseLayerWeights& layer, at::Tensor& X, at::Tensor& Y,
-                             const LayerContext& ctx) const {
-  // SPEC.md section 3.1. X is the bounded (post-norm-like) stream, Y the identity (pre-norm-like) one;
-  // both sublayers add c_l * O to X and O to Y, with c_l = 1/sqrt(2(l+1)).
-  const double eps = config_.rms_norm_eps;
-  const double c = 1.0 / std::sqrt(2.0 * static_cast<double>(ctx.index + 1));
-  at::Tensor attn_in = rms_norm(Y, layer.siamese_attn_pre_norm, eps) + layer.siamese_hybrid_attn_scale * X;
-  at::Tensor O = attention(layer, attn_in, ctx);
-  X = X + c * O;
-  Y = Y + O;
-  X = rms_norm(X, layer.pre_mlp_layernorm, eps);
-  at::Tensor mlp_in = rms_norm(X + rms_norm(Y, layer.siamese_mlp_pre_norm, eps), layer.siamese_mlp_input_norm, eps);
-  O = mlp(layer, mlp_in, ctx);
-  X = X + c * O;
-  Y = Y + O;
 }
 
 at::Tensor CausalLM::forward(const at::Tensor& input_ids, const ForwardOptions& options) const {
@@ -244,26 +220,14 @@ at::Tensor CausalLM::forward(const at::Tensor& input_ids, const ForwardOptions& 
   ActivationRecorder* recorder = options.recorder;
   at::Tensor x = at::embedding(weights_.embed_tokens, ids);
   if (recorder) recorder->record("model.embeddings", x);
-  if (uses_siamese_norm()) {
-    at::Tensor X = x, Y = x;
-    for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
-      if (skipped(l)) continue;
-      const LayerContext ctx = context(l);
-      siamese_block(siamese_layers_[l], X, Y, ctx);
-      ctx.record("X", X);
-      ctx.record("Y", Y);
-    }
-    const double eps = config_.rms_norm_eps;
-    x = rms_norm(X, siamese_final_->siamese_post_final_layernorm, eps) +
-        rms_norm(Y, siamese_final_->siamese_pre_final_layernorm, eps);
-  } else {
-    for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
-      if (skipped(l)) continue;
-      const LayerContext ctx = context(l);
-      x = base_block(base_layers_[l], x, ctx);
-      ctx.record("hidden", x);
-    }
+  Streams streams = initial_streams(x);
+  for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
+    if (skipped(l)) continue;
+    const LayerContext ctx = context(l);
+    block(layers_[l], streams, ctx);
+    record_streams(streams, ctx);
   }
+  x = last_hidden(streams);
   if (options.cache) options.cache->advance(T);
   if (options.last_position_only) x = x.narrow(1, T - 1, 1);
   x = rms_norm(x, weights_.norm, config_.rms_norm_eps);

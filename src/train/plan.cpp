@@ -43,7 +43,9 @@ Widths widths(const ModelConfig& c) {
           c.head_dim};
 }
 
-bool siamese(const ModelConfig& c) { return c.variant == Variant::kSiameseDepth && c.use_siamese_norm; }
+// The activation model below is exact for the reordered and siamese_hybrid_pre blocks; the other
+// topologies of SPEC.md section 7 are counted as the one with the same number of streams (an estimate).
+bool siamese(const ModelConfig& c) { return is_siamese(c.topology()); }
 bool depth(const ModelConfig& c) { return c.variant == Variant::kSiameseDepth && c.use_depth_attention; }
 
 // Per-token bytes of what the op sequences keep, by mode.

@@ -9,6 +9,7 @@
 
 #include "archspace/config/train_config.h"
 #include "archspace/io/run_dir.h"
+#include "archspace/train/stability.h"
 #include "archspace/train/trainer.h"
 #include "archspace/util/error.h"
 #include "archspace/util/json_file.h"
@@ -91,18 +92,12 @@ std::vector<SweepPoint> expand_sweep_grid(const std::vector<SweepAxis>& axes) {
 }
 
 std::vector<int64_t> loss_spikes(const std::vector<double>& losses, const LossSpikeRule& rule) {
+  SpikeDetector detector(rule.ratio, rule.window);  // the trainer's rule (train/stability.h)
   std::vector<int64_t> spikes;
-  std::vector<double> recent;  // the last `window` finite losses
   for (size_t i = 0; i < losses.size(); ++i) {
-    const double loss = losses[i];
-    if (!std::isfinite(loss)) continue;
-    if (static_cast<int64_t>(recent.size()) == rule.window) {
-      std::vector<double> sorted = recent;
-      std::nth_element(sorted.begin(), sorted.begin() + sorted.size() / 2, sorted.end());
-      if (loss > rule.ratio * sorted[sorted.size() / 2]) spikes.push_back(static_cast<int64_t>(i));
-      recent.erase(recent.begin());
-    }
-    recent.push_back(loss);
+    if (!std::isfinite(losses[i])) continue;
+    if (detector.check(losses[i])) spikes.push_back(static_cast<int64_t>(i));
+    detector.accept(losses[i]);
   }
   return spikes;
 }

@@ -56,6 +56,12 @@ CausalLM build_stage_model(const TrainConfig& cfg, at::Device device) {
       same("use_depth_attention", int(next.use_depth_attention), int(wanted.use_depth_attention));
       same("depth_attention_stride", next.depth_attention_stride, wanted.depth_attention_stride);
       same("depth_attention_recent_window", next.depth_attention_recent_window, wanted.depth_attention_recent_window);
+      if (next.topology() != wanted.topology()) {
+        diffs.push_back(std::string("norm_topology ") + norm_topology_name(next.topology()) + " -> " +
+                        norm_topology_name(wanted.topology()));
+      }
+      same("siamese_depth_scaling", int(next.siamese_depth_scaling), int(wanted.siamese_depth_scaling));
+      same("siamese_normalized_input", int(next.siamese_normalized_input), int(wanted.siamese_normalized_input));
     }
     if (!diffs.empty()) {
       std::string list;
@@ -113,6 +119,7 @@ Trainer::Trainer(const TrainConfig& config, const TrainOptions& options)
   setup_dist();
   setup_run_dir();
   model_ = std::make_unique<CausalLM>(build_stage_model(cfg_, device_));
+  spikes_ = SpikeDetector(cfg_.spike_factor, cfg_.spike_window);
   if (cfg_.sequence_length > model_->config().max_position_embeddings) {
     throw Error(cfg_.source + ": key 'train.sequence_length' is " + std::to_string(cfg_.sequence_length) +
                 ", more than the model's max_position_embeddings " +
@@ -312,6 +319,7 @@ void Trainer::resume() {
   optimizer_->load_state(opt_state, state.at("optimizer_steps").get<int64_t>(), resume_from_);
   start_step_ = state.at("step").get<int64_t>();
   tokens_seen_ = state.at("tokens").get<uint64_t>();
+  if (state.contains("recent_losses")) spikes_.restore(state.at("recent_losses"));
   // CPU reductions depend on the thread count: a resume is bit-exact only with the run's own count, so
   // the default (the cores idle now) gives way to the one the run started with.
   if (cfg_.threads == 0 && state.contains("threads") && state.value("world_size", 1) == world_ &&
@@ -467,6 +475,12 @@ StepStats Trainer::train_step(int64_t step) {
 
   std::vector<at::Tensor> params;
   for (const auto& g : params_) params.push_back(g.param);
+  if (cfg_.grad_norm_interval > 0 && every(cfg_.grad_norm_interval, step + 1) && rank_ == 0) {
+    // Before clipping: the gradients as backward made them (all-reduced already in data-parallel runs).
+    std::vector<std::string> names;
+    for (const auto& g : params_) names.push_back(g.name);
+    stats.layer_grad_norms = layer_grad_norms(names, params, model_->config().num_hidden_layers);
+  }
   stats.grad_norm = clip_grad_norm(params, cfg_.clip_grad_norm);
   stats.loss = ce / labelled;
   stats.z_loss = z / labelled;
@@ -478,6 +492,7 @@ StepStats Trainer::train_step(int64_t step) {
     std::snprintf(what, sizeof(what), "step %lld: the loss is %g (z-loss %g, gradient norm %g)",
                   static_cast<long long>(step + 1), stats.loss, stats.z_loss, stats.grad_norm);
     if (!cfg_.skip_nonfinite_steps) {
+      if (metrics_) metrics_->write({{"step", step + 1}, {"diverged", true}});
       const std::string latest = latest_checkpoint(cfg_.run_dir);
       throw Error(std::string(what) + ": training diverged; nothing of this step was saved (the last checkpoint is " +
                   (latest.empty() ? std::string("none") : latest) +
@@ -487,6 +502,28 @@ StepStats Trainer::train_step(int64_t step) {
     stats.skipped = true;
     progress_->note(std::string(what) + ": skipped (train.nonfinite = \"skip\")");
     return stats;
+  }
+  // Loss spikes: every rank sees the same global loss, so every rank takes the same decision.
+  stats.spike_baseline = spikes_.check(stats.loss);
+  spikes_.accept(stats.loss);  // spikes too, as the sweep's rule does
+  if (stats.spike_baseline) {
+    char what[200];
+    std::snprintf(what, sizeof(what), "step %lld: loss spike: %.4f > %g x %.4f (the median of the last %lld losses)",
+                  static_cast<long long>(step + 1), stats.loss, cfg_.spike_factor, *stats.spike_baseline,
+                  static_cast<long long>(cfg_.spike_window));
+    if (cfg_.spike_policy == "stop") {
+      if (metrics_) log_spike(step, stats);
+      const std::string latest = latest_checkpoint(cfg_.run_dir);
+      throw Error(std::string(what) + ": training stopped (train.spike = \"stop\"); nothing of this step was saved " +
+                  "(the last checkpoint is " + (latest.empty() ? std::string("none") : latest) + ")");
+    }
+    if (cfg_.spike_policy == "skip") {
+      for (const auto& g : params_) g.param.mutable_grad().reset();  // no update from this batch
+      stats.skipped = true;
+      progress_->note(std::string(what) + ": skipped (train.spike = \"skip\")");
+      return stats;
+    }
+    progress_->note(what);
   }
   optimizer_->step(stats.lr, cfg_.weight_decay);
   broadcast_updates();
@@ -537,7 +574,8 @@ void Trainer::save(int64_t step, bool is_final) {
                         {"grad_accum", cfg_.grad_accum},
                         {"world_size", world_},
                         {"shard_optimizer", !owner_.empty()},
-                        {"threads", at::get_num_threads()}};
+                        {"threads", at::get_num_threads()},
+                        {"recent_losses", spikes_.state()}};
     std::string config_text = cfg_.text;
     if (world_ > 1 && !config_text.empty())
       config_text += "\n# trained on " + std::to_string(world_) + " data-parallel ranks (world_size " +
@@ -564,7 +602,18 @@ void Trainer::log_step(int64_t step, const StepStats& s, double step_seconds) {
                    {"tokens_per_s", step_tokens / step_seconds},
                    {"elapsed_s", elapsed},
                    {"batch_hash", s.batch_hash}});
+  if (s.spike_baseline) log_spike(step, s);
   if (s.skipped) metrics_->write({{"step", step + 1}, {"skipped", true}});
+  // No "loss" key in these lines: readers take the lines with "loss" as the step lines.
+  if (!s.layer_grad_norms.is_null()) metrics_->write({{"step", step + 1}, {"grad_norms", s.layer_grad_norms}});
+}
+
+void Trainer::log_spike(int64_t step, const StepStats& s) {
+  metrics_->write({{"step", step + 1},
+                   {"spike", true},
+                   {"spike_loss", s.loss},
+                   {"spike_baseline", *s.spike_baseline},
+                   {"spike_policy", cfg_.spike_policy}});
 }
 
 void Trainer::show_progress(int64_t step, const StepStats& s, double step_seconds) {

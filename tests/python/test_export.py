@@ -17,15 +17,22 @@ def corpus():
     return REPO / "data" / "corpus"
 
 
-@pytest.mark.parametrize("variant", ["base", "siamese_depth"])
+# The variant with each normalization topology other than its default (SPEC.md section 7); the remote code
+# computes them all from config.json's norm_topology.
+TOPOLOGIES = ["pre", "peri", "post", "deepnorm", "hybrid", "residual", "siamese_post_pre"]
+
+
+@pytest.mark.parametrize("variant", ["base", "siamese_depth"] + [f"siamese_depth:{t}" for t in TOPOLOGIES])
 def test_export_loads_in_transformers(variant, corpus, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer, Olmo3ForCausalLM
 
+    variant, _, topology = variant.partition(":")
     toml = tmp_path / "run.toml"
     toml.write_text(f"""
 [model]
 preset = "micro"
 variant = "{variant}"
+{f'norm_topology = "{topology}"' if topology else ""}
 [data]
 train = "{corpus / 'train'}"
 [train]
@@ -44,6 +51,7 @@ max_steps = 2
     else:
         assert "modeling_olmo3_siamese_depth.py" in files
         model = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", trust_remote_code=True).eval()
+        assert model.config.resolved_norm_topology() == (topology or "siamese_hybrid_pre")
     tokenizer = AutoTokenizer.from_pretrained(tmp_path / "hf", trust_remote_code=True)
     text = "The Python tutorial introduces the reader informally to the basic concepts."
     ids = tokenizer(text)["input_ids"]

@@ -2,8 +2,11 @@
 // are exactly those of the hand-written list they replaced, and CausalLM binds every layer tensor.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <map>
 #include <set>
 
+#include "archspace/config/choices.h"
 #include "archspace/model/causal_lm.h"
 
 using namespace archspace;
@@ -111,31 +114,105 @@ TEST(ParameterTables, SpecsEqualTheHandwrittenList) {
 TEST(ParameterTables, EveryStructMemberHasOneRow) {
   using namespace param_tables;
   expect_distinct_members(kAttentionMlpRows, "attention/MLP");
-  expect_distinct_members(kBaseBlockRows, "base block");
-  expect_distinct_members(kSiameseBlockRows, "SiameseNorm block");
-  expect_distinct_members(kSiameseFinalRows, "SiameseNorm final");
+  expect_distinct_members(kBlockNormRows, "block norms");
+  expect_distinct_members(kFinalNormRows, "final norms");
   ASSERT_EQ(std::size(kEmbeddingRows), 1u);
   for (const auto& row : kHeadRows) EXPECT_NE(row.member, kEmbeddingRows[0].member) << row.name;
   EXPECT_NE(kHeadRows[0].member, kHeadRows[1].member);
 }
 
+// The configs above plus every topology of SPEC.md section 7 (and the SiameseNorm ablations) on the variant.
+std::vector<ModelConfig> configs_with_topologies() {
+  std::vector<ModelConfig> out = configs();
+  for (const std::string& name : norm_topology_choices()) {
+    ModelConfig c = preset("tiny", Variant::kSiameseDepth);
+    VariantSwitches s;
+    s.norm_topology = parse_norm_topology(name, "test");
+    s.apply_to(c, "test");
+    out.push_back(c);
+    if (is_siamese(c.topology())) {
+      ModelConfig a = c;
+      a.siamese_normalized_input = false;
+      out.push_back(a);
+      a.siamese_depth_scaling = false;
+      out.push_back(a);
+    }
+  }
+  return out;
+}
+
 TEST(ParameterTables, ModelBindsEveryLayerTensor) {
   using namespace param_tables;
-  for (ModelConfig c : configs()) {
+  for (ModelConfig c : configs_with_topologies()) {
     if (c.hidden_size > 64) continue;  // binding does not depend on size; keep the test fast
     c.num_hidden_layers = 3;
     c.layer_types = default_layer_types(3);
     const CausalLM m = CausalLM::random_init(c, 1);
-    const bool siamese = c.variant == Variant::kSiameseDepth && c.use_siamese_norm;
-    ASSERT_EQ(m.base_layers().size(), siamese ? 0u : 3u) << describe(c);
-    ASSERT_EQ(m.siamese_layers().size(), siamese ? 3u : 0u) << describe(c);
+    const std::string what = describe(c) + " " + norm_topology_name(c.topology());
+    ASSERT_EQ(m.layers().size(), 3u) << what;
+    const auto rows = block_norm_rows(c);
     for (int64_t l = 0; l < 3; ++l) {
-      if (siamese) {
-        expect_bound(m, m.siamese_layers()[l], kAttentionMlpRows, layer_prefix(l));
-        expect_bound(m, m.siamese_layers()[l], kSiameseBlockRows, layer_prefix(l));
-      } else {
-        expect_bound(m, m.base_layers()[l], kAttentionMlpRows, layer_prefix(l));
-        expect_bound(m, m.base_layers()[l], kBaseBlockRows, layer_prefix(l));
+      expect_bound(m, m.layers()[l], kAttentionMlpRows, layer_prefix(l));
+      for (const auto* row : rows) {
+        const at::Tensor& bound = m.layers()[l].*(row->member);
+        ASSERT_TRUE(bound.defined()) << what << " " << row->name;
+        EXPECT_TRUE(bound.is_same(m.parameter(layer_prefix(l) + row->name))) << what << " " << row->name;
+      }
+      // The norms of other topologies stay unbound (a block reading one would fail loudly, not silently).
+      for (const auto& row : kBlockNormRows) {
+        const bool own = std::any_of(rows.begin(), rows.end(), [&](const auto* r) { return r->member == row.member; });
+        EXPECT_EQ((m.layers()[l].*row.member).defined(), own) << what << " " << row.name;
+      }
+    }
+    for (const auto* row : final_norm_rows(c))
+      EXPECT_TRUE((m.final_norms().*(row->member)).is_same(m.parameter(row->name)));
+  }
+}
+
+// Each topology's parameter names, as SPEC.md section 7 lists its norms, in checkpoint order per layer.
+TEST(ParameterTables, TopologyKeyspaces) {
+  const std::map<std::string, std::vector<std::string>> layer_norms = {
+      {"reordered", {"post_attention_layernorm.weight", "post_feedforward_layernorm.weight"}},
+      {"pre", {"input_layernorm.weight", "pre_feedforward_layernorm.weight"}},
+      {"peri",
+       {"input_layernorm.weight", "post_attention_layernorm.weight", "pre_feedforward_layernorm.weight",
+        "post_feedforward_layernorm.weight"}},
+      {"post", {"post_attention_layernorm.weight", "post_feedforward_layernorm.weight"}},
+      {"deepnorm", {"post_attention_layernorm.weight", "post_feedforward_layernorm.weight"}},
+      {"hybrid", {"self_attn.v_norm.weight", "pre_feedforward_layernorm.weight"}},
+      {"residual", {"post_attention_layernorm.weight", "post_feedforward_layernorm.weight"}},
+      {"siamese_hybrid_pre",
+       {"pre_mlp_layernorm.weight", "siamese_attn_pre_norm.weight", "siamese_mlp_pre_norm.weight",
+        "siamese_mlp_input_norm.weight", "siamese_hybrid_attn_scale"}},
+      {"siamese_post_pre",
+       {"siamese_attn_pre_norm.weight", "siamese_attn_input_norm.weight", "post_attention_layernorm.weight",
+        "siamese_mlp_pre_norm.weight", "siamese_mlp_input_norm.weight", "post_feedforward_layernorm.weight"}},
+  };
+  ASSERT_EQ(layer_norms.size(), norm_topology_choices().size());
+  for (const auto& [name, norms] : layer_norms) {
+    ModelConfig c = preset("tiny", Variant::kSiameseDepth);
+    VariantSwitches s;
+    s.norm_topology = parse_norm_topology(name, "test");
+    s.apply_to(c, "test");
+    c.validate();
+    const auto specs = parameter_specs(c);
+    std::vector<std::string> got;
+    for (const auto& spec : specs) {
+      const std::string p = "model.layers.1.";
+      if (spec.name.rfind(p, 0) == 0 && spec.name.find("proj") == std::string::npos &&
+          spec.name.find("q_norm") == std::string::npos && spec.name.find("k_norm") == std::string::npos)
+        got.push_back(spec.name.substr(p.size()));
+    }
+    EXPECT_EQ(got, norms) << name;
+    const bool siamese = name.rfind("siamese_", 0) == 0;
+    const size_t base_count = 1 + 4 * (9 + norms.size()) + 2;
+    const size_t final_count = siamese ? 2 : name == "residual" ? 1 : 0;
+    EXPECT_EQ(specs.size(), base_count + final_count) << name;
+    if (name == "hybrid") {
+      for (const auto& spec : specs) {
+        if (spec.name == "model.layers.0.self_attn.v_norm.weight") {
+          EXPECT_EQ(spec.shape, std::vector<int64_t>{c.num_key_value_heads * c.head_dim});
+        }
       }
     }
   }

@@ -29,11 +29,15 @@ Variant parse_variant(const std::string& text, const std::string& where);
 DType parse_dtype(const std::string& text, const std::string& where);
 DeviceSpec parse_device(const std::string& text, const std::string& where);
 DataFormat parse_data_format(const std::string& text, const std::string& where);
+NormTopology parse_norm_topology(const std::string& text, const std::string& where);
 
 // The spellings accepted, for --help and CLI11 checks.
-const std::vector<std::string>& variant_choices();      // base, siamese_depth
-const std::vector<std::string>& dtype_choices();        // fp32, bf16
-const std::vector<std::string>& data_format_choices();  // tokens, chat
+const std::vector<std::string>& variant_choices();        // base, siamese_depth
+const std::vector<std::string>& dtype_choices();          // fp32, bf16
+const std::vector<std::string>& data_format_choices();    // tokens, chat
+const std::vector<std::string>& norm_topology_choices();  // reordered, pre, peri, ... (SPEC.md section 7)
+
+std::string listed_choices(const std::vector<std::string>& choices);  // "a, b, c"
 
 const char* dtype_name(DType d);  // "fp32" / "bf16"
 const char* data_format_name(DataFormat f);

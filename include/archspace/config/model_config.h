@@ -13,6 +13,22 @@ namespace archspace {
 enum class Variant { kBase, kSiameseDepth };
 enum class LayerType { kSliding, kFull };
 
+// Where the block normalises (SPEC.md section 7; config field `norm_topology`). The base variant
+// (transformers' Olmo3) is always kReordered; the siamese_depth variant takes any of them.
+enum class NormTopology {
+  kReordered,         // OLMo 2/3: norm on each sublayer's output, before the residual add
+  kPre,               // Pre-Norm
+  kPeri,              // Peri-LN: norm on each sublayer's input and output
+  kPost,              // Post-Norm: norm after the residual add
+  kDeepNorm,          // DeepNet: Post-Norm with the residual scaled by alpha, init scaled by beta
+  kHybrid,            // HybridNorm: QKV-norm attention, Post-Norm MLP
+  kResidual,          // ResiDual: a Post-Norm stream plus an unnormalised dual stream, fused at the end
+  kSiameseHybridPre,  // SiameseNorm "hybrid_pre" (SPEC.md section 3.1)
+  kSiamesePostPre,    // SiameseNorm "post_pre"
+};
+const char* norm_topology_name(NormTopology t);  // the config/TOML spelling: "reordered", "pre", ...
+bool is_siamese(NormTopology t);                 // the two-stream SiameseNorm topologies
+
 const char* variant_name(Variant v);       // "base" / "siamese_depth"
 const char* model_type_name(Variant v);    // "olmo3" / "olmo3_siamese_depth"
 const char* layer_type_name(LayerType t);  // "sliding_attention" / "full_attention"
@@ -59,8 +75,20 @@ struct ModelConfig {
   bool use_depth_attention = true;
   int64_t depth_attention_stride = 8;
   int64_t depth_attention_recent_window = 0;
+  // SPEC.md section 7. nullopt: the compatibility rule (topology()). When set on the variant, it agrees
+  // with use_siamese_norm (validate checks).
+  std::optional<NormTopology> norm_topology;
+  bool siamese_depth_scaling = true;     // SiameseNorm ablation: false sets c_l = 1
+  bool siamese_normalized_input = true;  // SiameseNorm ablation: false drops the norm of the fused sublayer input
 
   int64_t kv_groups() const { return num_attention_heads / num_key_value_heads; }
+  // The block's topology: norm_topology when set; else reordered, or siamese_hybrid_pre for the variant
+  // with use_siamese_norm (the compatibility rule of SPEC.md section 7).
+  NormTopology topology() const;
+  // DeepNet's decoder-only constants (Wang et al. 2022, arXiv 2203.00555): alpha = (2L)^(1/4) scales the
+  // residual, beta = (8L)^(-1/4) scales v/o/MLP weights at init.
+  double deepnorm_alpha() const;
+  double deepnorm_beta() const;
 
   // Throws archspace::Error naming `source` and the first inconsistent field.
   void validate(const std::string& source = "config") const;
@@ -77,9 +105,14 @@ struct ModelConfig {
 struct VariantSwitches {
   std::optional<bool> use_siamese_norm, use_depth_attention;
   std::optional<int64_t> depth_attention_stride, depth_attention_recent_window;
+  // norm_topology also sets use_siamese_norm (on for the siamese topologies); use_siamese_norm alone picks
+  // siamese_hybrid_pre or reordered. `reordered` is accepted on base (its only topology).
+  std::optional<NormTopology> norm_topology;
+  std::optional<bool> siamese_depth_scaling, siamese_normalized_input;
 
   bool any() const {
-    return use_siamese_norm || use_depth_attention || depth_attention_stride || depth_attention_recent_window;
+    return use_siamese_norm || use_depth_attention || depth_attention_stride || depth_attention_recent_window ||
+           norm_topology || siamese_depth_scaling || siamese_normalized_input;
   }
   // Throws naming `where` when a switch is set on a model that is not siamese_depth.
   void apply_to(ModelConfig& config, const std::string& where) const;

@@ -48,10 +48,17 @@ struct TrainConfig {
   // A step whose loss or gradient norm is not finite: stop (error, nothing of it saved) or skip it (no
   // update, logged with "skipped": true).
   bool skip_nonfinite_steps = false;
-  bool log_all_ranks = false;    // data-parallel runs: every rank prints its progress line (labelled), not rank 0 alone
-                                 // // train.nonfinite = "stop" (default) | "skip"
-  int64_t dist_timeout_s = 300;  // data-parallel runs: how long any wait on other ranks (a collective, rank 0's
-                                 // checkpoint write) may last before it fails
+  bool log_all_ranks = false;  // data-parallel runs: every rank prints its progress line (labelled), not rank 0 alone
+                               // // train.nonfinite = "stop" (default) | "skip"
+  // Stability traces (README "Stability"): per-layer gradient norms every N steps (0: off); loss spikes,
+  // a loss above spike_factor x the median of the last spike_window losses (spike_factor 0: off), and what a
+  // spike does: record it, skip the step (no update), or stop.
+  int64_t grad_norm_interval = 0;
+  double spike_factor = 0;
+  int64_t spike_window = 20;
+  std::string spike_policy = "record";  // train.spike
+  int64_t dist_timeout_s = 300;         // data-parallel runs: how long any wait on other ranks (a collective, rank 0's
+                                        // checkpoint write) may last before it fails
 
   // [optim]
   double lr = 1e-3;

@@ -61,13 +61,11 @@ class CausalLM {
   at::Tensor head(const at::Tensor& final_hidden) const;
 
   // Each layer's weights as its block reads them, bound from parameters() through the tables of
-  // model/parameters.h: base_layers() for the base block, siamese_layers() for the SiameseNorm block; the
-  // other is empty.
-  const std::vector<BaseLayerWeights>& base_layers() const { return base_layers_; }
-  const std::vector<SiameseLayerWeights>& siamese_layers() const { return siamese_layers_; }
+  // model/parameters.h (the norms of the config's topology; the others are undefined).
+  const std::vector<BlockWeights>& layers() const { return layers_; }
+  const FinalNorms& final_norms() const { return final_norms_; }
 
  private:
-  bool uses_siamese_norm() const { return config_.variant == Variant::kSiameseDepth && config_.use_siamese_norm; }
   bool uses_depth_attention() const { return config_.variant == Variant::kSiameseDepth && config_.use_depth_attention; }
 
   // What one layer needs besides its weights and input.
@@ -82,19 +80,28 @@ class CausalLM {
     void record(const char* name, const at::Tensor& t) const;
   };
 
-  at::Tensor attention(const LayerWeights& layer, const at::Tensor& x, const LayerContext& ctx) const;
-  at::Tensor base_block(const BaseLayerWeights& layer, const at::Tensor& x, const LayerContext& ctx) const;
-  // SiameseNorm "hybrid_pre" block: updates the two residual streams X and Y in place.
-  void siamese_block(const SiameseLayerWeights& layer, at::Tensor& X, at::Tensor& Y, const LayerContext& ctx) const;
+  // The residual streams between blocks: x (SiameseNorm's X), y (SiameseNorm's Y), dual (ResiDual's
+  // unnormalised stream); y and dual are undefined where the topology has none.
+  struct Streams {
+    at::Tensor x, y, dual;
+  };
+
+  at::Tensor attention(const BlockWeights& layer, const at::Tensor& x, const LayerContext& ctx) const;
   at::Tensor mlp(const LayerWeights& layer, const at::Tensor& x, const LayerContext& ctx) const;
+  // model/norm_topology.cpp: one block of the config's topology (SPEC.md section 7), updating the streams.
+  Streams initial_streams(const at::Tensor& embeddings) const;
+  void block(const BlockWeights& layer, Streams& streams, const LayerContext& ctx) const;
+  void record_streams(const Streams& streams, const LayerContext& ctx) const;
+  // The last hidden state the final norm reads (SiameseNorm and ResiDual fuse their streams here).
+  at::Tensor last_hidden(const Streams& streams) const;
+  double siamese_scale(int64_t layer) const;  // c_l of SPEC.md section 3.1 (1 without depth-wise scaling)
 
   ModelConfig config_;
   NamedTensors params_;
   std::map<std::string, size_t> index_;
   ModelWeights weights_;
-  std::optional<SiameseFinalWeights> siamese_final_;  // with SiameseNorm only
-  std::vector<BaseLayerWeights> base_layers_;
-  std::vector<SiameseLayerWeights> siamese_layers_;
+  FinalNorms final_norms_;  // the topology's rows bound, the others undefined
+  std::vector<BlockWeights> layers_;
   Rope sliding_rope_, full_rope_;
 };
 

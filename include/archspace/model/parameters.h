@@ -1,4 +1,4 @@
-// The model's parameters, declared once per block kind (SPEC.md sections 1 and 3.1).
+// The model's parameters, declared once (SPEC.md sections 1, 3.1 and 7).
 //
 // Each table row names one parameter: its checkpoint name (after "model.layers.{l}." for layer rows), its
 // shape in config dimensions, its init kind, and the member of the block's weight struct it binds.
@@ -23,11 +23,12 @@ struct ParamSpec {
   std::string name;  // HF parameter path, e.g. "model.layers.0.self_attn.q_proj.weight"
   std::vector<int64_t> shape;
   ParamKind kind;
+  double init_scale = 1.0;  // multiplies the init draw (DeepNorm's beta on v/o/MLP weights); 1 elsewhere
 };
 
 // Every parameter the model of `config` has, in checkpoint order: the embedding; per layer the
-// attention/MLP rows then the block's own rows; with SiameseNorm the two final stream norms; the final norm
-// and the LM head.
+// attention/MLP rows then the block's norms; the topology's final-norm rows (SiameseNorm's two stream norms,
+// ResiDual's dual norm); the final norm and the LM head.
 std::vector<ParamSpec> parameter_specs(const ModelConfig& config);
 int64_t parameter_count(const ModelConfig& config);
 
@@ -38,21 +39,22 @@ struct LayerWeights {
   at::Tensor q_proj, k_proj, v_proj, o_proj, q_norm, k_norm;
   at::Tensor gate_proj, up_proj, down_proj;
 };
-// The base OLMo 3 block (and the variant with SiameseNorm off): norms on each sublayer's output.
-struct BaseLayerWeights : LayerWeights {
-  at::Tensor post_attention_layernorm, post_feedforward_layernorm;
+// The norms (and SiameseNorm's scale vector) a block may read, SPEC.md sections 3.1 and 7. Each topology
+// binds its own rows (block_norm_rows); the others stay undefined.
+struct BlockNorms {
+  at::Tensor input_layernorm, post_attention_layernorm, pre_feedforward_layernorm, post_feedforward_layernorm;
+  at::Tensor v_norm;  // HybridNorm: RMSNorm over the full V projection width
+  at::Tensor pre_mlp_layernorm, siamese_attn_pre_norm, siamese_attn_input_norm, siamese_mlp_pre_norm,
+      siamese_mlp_input_norm, siamese_hybrid_attn_scale;
 };
-// The SiameseNorm "hybrid_pre" block (SPEC.md section 3.1).
-struct SiameseLayerWeights : LayerWeights {
-  at::Tensor pre_mlp_layernorm, siamese_attn_pre_norm, siamese_mlp_pre_norm, siamese_mlp_input_norm,
-      siamese_hybrid_attn_scale;
-};
+struct BlockWeights : LayerWeights, BlockNorms {};
 struct ModelWeights {
   at::Tensor embed_tokens, norm, lm_head;
 };
-// With SiameseNorm the final norm reads RMS_post(X) + RMS_pre(Y).
-struct SiameseFinalWeights {
-  at::Tensor siamese_post_final_layernorm, siamese_pre_final_layernorm;
+// Norms before the final one: SiameseNorm's per-stream norms (RMS_post(X) + RMS_pre(Y)), ResiDual's dual-stream
+// norm (x + RMS_dual(d)). Bound per topology (final_norm_rows).
+struct FinalNorms {
+  at::Tensor siamese_post_final_layernorm, siamese_pre_final_layernorm, residual_dual_norm;
 };
 
 // ---- the tables ----------------------------------------------------------------------------------------
@@ -93,21 +95,25 @@ inline constexpr ParamRow<LayerWeights> kAttentionMlpRows[] = {
     {"mlp.up_proj.weight", {kIntermediate, kHidden}, kLinear, &LayerWeights::up_proj},
     {"mlp.down_proj.weight", {kHidden, kIntermediate}, kLinear, &LayerWeights::down_proj},
 };
-inline constexpr ParamRow<BaseLayerWeights> kBaseBlockRows[] = {
-    {"post_attention_layernorm.weight", {kHidden}, kNorm, &BaseLayerWeights::post_attention_layernorm},
-    {"post_feedforward_layernorm.weight", {kHidden}, kNorm, &BaseLayerWeights::post_feedforward_layernorm},
-};
-inline constexpr ParamRow<SiameseLayerWeights> kSiameseBlockRows[] = {
-    {"pre_mlp_layernorm.weight", {kHidden}, kNorm, &SiameseLayerWeights::pre_mlp_layernorm},
-    {"siamese_attn_pre_norm.weight", {kHidden}, kNorm, &SiameseLayerWeights::siamese_attn_pre_norm},
-    {"siamese_mlp_pre_norm.weight", {kHidden}, kNorm, &SiameseLayerWeights::siamese_mlp_pre_norm},
-    {"siamese_mlp_input_norm.weight", {kHidden}, kNorm, &SiameseLayerWeights::siamese_mlp_input_norm},
+// Every block norm, once; which of them a block has is the topology's (block_norm_rows).
+inline constexpr ParamRow<BlockNorms> kBlockNormRows[] = {
+    {"input_layernorm.weight", {kHidden}, kNorm, &BlockNorms::input_layernorm},
+    {"post_attention_layernorm.weight", {kHidden}, kNorm, &BlockNorms::post_attention_layernorm},
+    {"pre_feedforward_layernorm.weight", {kHidden}, kNorm, &BlockNorms::pre_feedforward_layernorm},
+    {"post_feedforward_layernorm.weight", {kHidden}, kNorm, &BlockNorms::post_feedforward_layernorm},
+    {"self_attn.v_norm.weight", {kKvWidth}, kNorm, &BlockNorms::v_norm},
+    {"pre_mlp_layernorm.weight", {kHidden}, kNorm, &BlockNorms::pre_mlp_layernorm},
+    {"siamese_attn_pre_norm.weight", {kHidden}, kNorm, &BlockNorms::siamese_attn_pre_norm},
+    {"siamese_attn_input_norm.weight", {kHidden}, kNorm, &BlockNorms::siamese_attn_input_norm},
+    {"siamese_mlp_pre_norm.weight", {kHidden}, kNorm, &BlockNorms::siamese_mlp_pre_norm},
+    {"siamese_mlp_input_norm.weight", {kHidden}, kNorm, &BlockNorms::siamese_mlp_input_norm},
     // A scale vector, not a norm, but initialised like one (ones) and not weight-decayed by default.
-    {"siamese_hybrid_attn_scale", {kHidden}, kNorm, &SiameseLayerWeights::siamese_hybrid_attn_scale},
+    {"siamese_hybrid_attn_scale", {kHidden}, kNorm, &BlockNorms::siamese_hybrid_attn_scale},
 };
-inline constexpr ParamRow<SiameseFinalWeights> kSiameseFinalRows[] = {
-    {"model.siamese_post_final_layernorm.weight", {kHidden}, kNorm, &SiameseFinalWeights::siamese_post_final_layernorm},
-    {"model.siamese_pre_final_layernorm.weight", {kHidden}, kNorm, &SiameseFinalWeights::siamese_pre_final_layernorm},
+inline constexpr ParamRow<FinalNorms> kFinalNormRows[] = {
+    {"model.siamese_post_final_layernorm.weight", {kHidden}, kNorm, &FinalNorms::siamese_post_final_layernorm},
+    {"model.siamese_pre_final_layernorm.weight", {kHidden}, kNorm, &FinalNorms::siamese_pre_final_layernorm},
+    {"model.residual_dual_norm.weight", {kHidden}, kNorm, &FinalNorms::residual_dual_norm},
 };
 inline constexpr ParamRow<ModelWeights> kHeadRows[] = {
     {"model.norm.weight", {kHidden}, kNorm, &ModelWeights::norm},
@@ -117,17 +123,25 @@ inline constexpr ParamRow<ModelWeights> kHeadRows[] = {
 // Every member has a row (the structs hold tensors only; unit tests check the rows' members are distinct).
 constexpr size_t kTensorSize = sizeof(at::Tensor);
 static_assert(sizeof(LayerWeights) == std::size(kAttentionMlpRows) * kTensorSize);
-static_assert(sizeof(BaseLayerWeights) == (std::size(kAttentionMlpRows) + std::size(kBaseBlockRows)) * kTensorSize);
-static_assert(sizeof(SiameseLayerWeights) ==
-              (std::size(kAttentionMlpRows) + std::size(kSiameseBlockRows)) * kTensorSize);
+static_assert(sizeof(BlockNorms) == std::size(kBlockNormRows) * kTensorSize);
+static_assert(sizeof(BlockWeights) == sizeof(LayerWeights) + sizeof(BlockNorms));
 static_assert(sizeof(ModelWeights) == (std::size(kEmbeddingRows) + std::size(kHeadRows)) * kTensorSize);
-static_assert(sizeof(SiameseFinalWeights) == std::size(kSiameseFinalRows) * kTensorSize);
+static_assert(sizeof(FinalNorms) == std::size(kFinalNormRows) * kTensorSize);
 }  // namespace param_tables
+
+// The block norms a model of `config` has, in checkpoint order (SPEC.md section 7, "norms per layer";
+// SiameseNorm's normalized-input ablation drops the fused-input norms), and its FinalNorms rows.
+std::vector<const ParamRow<BlockNorms>*> block_norm_rows(const ModelConfig& config);
+std::vector<const ParamRow<FinalNorms>*> final_norm_rows(const ModelConfig& config);
 
 // Sets each row's member of `weights` to lookup(prefix + row.name). W may derive from the rows' struct.
 template <class W, class Rows, class Lookup>
 void bind_parameters(W& weights, const Rows& rows, const std::string& prefix, const Lookup& lookup) {
   for (const auto& row : rows) weights.*row.member = lookup(prefix + row.name);
+}
+template <class W, class Row, class Lookup>
+void bind_parameters(W& weights, const std::vector<const Row*>& rows, const std::string& prefix, const Lookup& lookup) {
+  for (const Row* row : rows) weights.*(row->member) = lookup(prefix + row->name);
 }
 
 // "model.layers.{l}.": the prefix of layer l's parameter and activation names.

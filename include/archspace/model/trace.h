@@ -7,16 +7,17 @@
 //
 //   model.embeddings                 [B, T, d]     embedding lookup
 //   per layer, prefix model.layers.{l}.
-//     attn_input                     [B, T, d]     attention's input (base: the residual stream;
-//                                                  SiameseNorm: RMS(Y) + scale * X)
+//     attn_input                     [B, T, d]     attention's input (reordered: the residual stream;
+//                                                  SiameseNorm: RMS(Y) + scale * X; pre: RMS(x); ...)
 //     q                              [B, H, T, D]  queries after q_norm and RoPE
 //     k                              [B, G, T, D]  keys after k_norm and RoPE
-//     v                              [B, G, T, D]  values (v_proj)
+//     v                              [B, G, T, D]  values (v_proj; then v_norm under the hybrid topology)
 //     v_mixed                        [B, G, T, D]  Depth-Attention's mixed values (only with Depth-Attention)
 //     attn_output                    [B, T, d]     attention output after o_proj (before any norm)
 //     mlp_output                     [B, T, d]     MLP output after down_proj (before any norm)
-//     hidden                         [B, T, d]     base block: the residual stream after the block
-//     X, Y                           [B, T, d]     SiameseNorm block: the two streams after the block
+//     hidden                         [B, T, d]     one-stream topologies: the residual stream after the block
+//     dual                           [B, T, d]     residual (ResiDual): the unnormalised dual stream after the block
+//     X, Y                           [B, T, d]     SiameseNorm topologies: the two streams after the block
 //   model.final_hidden               [B, T, d]     after the final norm: the LM head's input
 //   logits                           [B, T, V]     (trace_activations only)
 //

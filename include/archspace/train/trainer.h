@@ -21,6 +21,7 @@
 #include "archspace/train/loss.h"
 #include "archspace/train/metrics_log.h"
 #include "archspace/train/optimizer.h"
+#include "archspace/train/stability.h"
 #include "archspace/util/progress.h"
 
 namespace archspace {
@@ -42,7 +43,9 @@ struct StepStats {
   double loss = 0, z_loss = 0;  // per labelled token
   double lr = 0, grad_norm = 0;
   std::string batch_hash;
-  bool skipped = false;  // not finite, and train.nonfinite = "skip": no update
+  bool skipped = false;  // not finite, and train.nonfinite = "skip"; or a spike under train.spike = "skip": no update
+  std::optional<double> spike_baseline;  // a loss spike: the mean of the recent losses it exceeded
+  nlohmann::json layer_grad_norms;       // null, or per-layer gradient norms (train.grad_norm_interval)
 };
 
 class Trainer {
@@ -72,6 +75,7 @@ class Trainer {
   double evaluate();
   void save(int64_t step, bool is_final);
   void log_step(int64_t step, const StepStats& stats, double step_seconds);
+  void log_spike(int64_t step, const StepStats& stats);
   void show_progress(int64_t step, const StepStats& stats, double step_seconds);
 
   TrainConfig cfg_;
@@ -100,6 +104,7 @@ class Trainer {
   std::unique_ptr<ProgressLine> progress_;
   std::chrono::steady_clock::time_point started_;
   std::string last_checkpoint_;
+  SpikeDetector spikes_{0, 1};
 };
 
 // The CLI's entry point: Trainer(config, options).run().
