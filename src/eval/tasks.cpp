@@ -214,8 +214,7 @@ TaskFiles load_task(const std::string& variant_dir, const std::string& task, con
     const std::string type = string_field(*j, "request_type", where);
     if (type != "loglikelihood") {
       throw Error(where + ": task " + task + " has a \"" + type +
-                  "\" request; only loglikelihood (multiple-choice) tasks are supported, generation-based ones "
-                  "are not");
+                  "\" request: generation-based tasks are not supported (only loglikelihood, multiple-choice ones)");
     }
     TaskRequest r;
     r.doc_id = int_field(*j, "doc_id", where);
