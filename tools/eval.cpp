@@ -89,9 +89,12 @@ int run_downstream(const DownstreamArgs& a, bool limit_given) {
   CausalLM model = load_model(
       model_dir, {scalar_type(parse_dtype(a.dtype, "--dtype")), parse_device(a.device, "--device").device()});
   auto tokenizer = model_tokenizer(model_dir, a.tokenizer, model.config().vocab_size);
+  const double scoring_start = progress.elapsed_seconds();  // tokenizing and scoring, for throughput figures
   std::vector<PreparedTask> tasks;
   for (auto& f : files) tasks.push_back(prepare_task(std::move(f), *tokenizer, model.config(), a.max_length));
 
+  int64_t requests = 0;
+  for (const auto& t : tasks) requests += static_cast<int64_t>(t.requests.size());
   ScoreOptions options;
   options.max_batch_sequences = a.batch_size;
   options.max_batch_tokens = a.batch_tokens;
@@ -103,6 +106,7 @@ int run_downstream(const DownstreamArgs& a, bool limit_given) {
                     static_cast<double>(done) / total, done == total);
   });
   progress.finish();
+  const double scoring_seconds = progress.elapsed_seconds() - scoring_start;
   std::cout << results_table(results) << std::flush;
 
   if (!a.requests_out.empty()) {
@@ -118,6 +122,8 @@ int run_downstream(const DownstreamArgs& a, bool limit_given) {
                               {"device", a.device},
                               {"tokenizer", tokenizer->name()},
                               {"elapsed_seconds", progress.elapsed_seconds()},
+                              {"requests", requests},
+                              {"scoring_seconds", scoring_seconds},
                               {"stderr", "lm-eval's standard error of the mean: sqrt(sample variance / n)"},
                               {"results", results_rows(results)}};
     write_result(a.out, j.dump(2) + "\n");

