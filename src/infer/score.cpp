@@ -114,7 +114,7 @@ void score_batch(const CausalLM& model, const std::vector<ScoreRequest>& request
         s.greedy = argmax_a[i] == targets[row];
       }
       if (options.top_logprobs > 0) {
-        const at::Tensor values_i = top_values[i], ids_i = top_ids[i];  // accessor() needs a named tensor
+        const at::Tensor values_i = top_values[i], ids_i = top_ids[i];  // accessors need lvalues
         const auto v = values_i.accessor<float, 1>();
         const auto k = ids_i.accessor<int64_t, 1>();
         for (int64_t j = 0; j < v.size(0); ++j) s.top.emplace_back(static_cast<uint32_t>(k[j]), v[j]);
