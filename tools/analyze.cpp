@@ -2,6 +2,8 @@
 // stream norms, layer pruning, logit lens per stream, input intensity, fusion and Depth-Attention weights.
 // The analyses are the library's (eval/analyze.h); this reads the data, writes OUT/analysis.json, prints a
 // per-layer table and draws OUT/analysis.png with scripts/plot_analysis.py.
+#include "archspace/eval/analyze.h"
+
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -11,7 +13,6 @@
 #include <iostream>
 
 #include "archspace/data/token_shards.h"
-#include "archspace/eval/analyze.h"
 #include "archspace/io/run_dir.h"
 #include "archspace/model/model_io.h"
 #include "archspace/tokenizer/tokenizer.h"
@@ -48,12 +49,13 @@ at::Tensor read_tokens(const AnalyzeArgs& a, const std::string& model_dir, int64
     for (uint32_t id : encode_text_file(*tokenizer, a.data)) ids.push_back(id);
   }
   if (static_cast<int64_t>(ids.size()) < need) {
-    throw Error(a.data + ": " + std::to_string(ids.size()) + " tokens, fewer than --sequences x --sequence-length = " +
-                std::to_string(need));
+    throw Error(a.data + ": " + std::to_string(ids.size()) +
+                " tokens, fewer than --sequences x --sequence-length = " + std::to_string(need));
   }
   ids.resize(need);
   for (int64_t id : ids) {
-    if (id < 0 || id >= vocab) throw Error(a.data + ": token id " + std::to_string(id) + " is outside the model's vocabulary");
+    if (id < 0 || id >= vocab)
+      throw Error(a.data + ": token id " + std::to_string(id) + " is outside the model's vocabulary");
   }
   return at::tensor(ids, at::kLong).view({a.sequences, a.sequence_length});
 }
@@ -106,8 +108,8 @@ int run(const AnalyzeArgs& a) {
   const at::Tensor tokens = read_tokens(a, model_dir, model.config().vocab_size);
   ProgressLine progress("analyze");
   json r = analyze_model(model, tokens, {}, [&](int64_t done, int64_t total) {
-    progress.update(std::to_string(done) + "/" + std::to_string(total) + " forwards",
-                    static_cast<double>(done) / total, done == total);
+    progress.update(std::to_string(done) + "/" + std::to_string(total) + " forwards", static_cast<double>(done) / total,
+                    done == total);
   });
   progress.finish();
   r["model"] = a.model;
