@@ -44,6 +44,7 @@ bench: build
 	$(PY) bench/bench_train.py
 	$(PY) bench/bench_generate.py
 	$(PY) bench/bench_threads.py
+	$(PY) bench/bench_downstream.py
 	$(PY) bench/bench_dist.py
 	mkdir -p bench/results && $(BUILD)/bench_linear --out bench/results/linear-$$(date +%Y%m%d-%H%M%S).json
 

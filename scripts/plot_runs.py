@@ -4,8 +4,10 @@
 
 Each run's metrics.jsonl gives a training-loss line (solid) and, where present, validation loss
 (dashed markers), labelled by the run directory's name; loss spikes (train.spike_factor) are marked
-with an x. Runs that traced per-layer gradient norms (train.grad_norm_interval) get a second panel:
-one line per layer (colour from the first layer to the last), embedding and head dotted, log scale.
+with an x. Runs that traced per-layer gradient norms (train.grad_norm_interval) get a panel below: one line
+per layer (colour from the first layer to the last), embedding and head dotted, log scale. Runs with in-loop
+downstream evaluation ([eval] downstream: lines with "downstream") get a panel beside: each task's primary
+metric per run.
 """
 import argparse
 import json
@@ -32,10 +34,13 @@ def main():
         runs[run] = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     traced = {run: [r for r in rows if "grad_norms" in r] for run, rows in runs.items()}
     traced = {run: rows for run, rows in traced.items() if rows}
-    if traced:
-        fig, (ax, gax) = plt.subplots(2, 1, figsize=(9, 9), sharex=True)
-    else:
-        fig, ax = plt.subplots(figsize=(9, 5.5))
+    downstream = any("downstream" in r for rows in runs.values() for r in rows)
+    nrows, ncols = (2 if traced else 1), (2 if downstream else 1)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(9 + 6 * (ncols - 1), 5.5 + 3.5 * (nrows - 1)), squeeze=False)
+    ax = axes[0][0]
+    gax = axes[1][0] if traced else None
+    if traced and downstream:
+        axes[1][1].axis("off")
     x_of = {}  # step -> tokens of each run, for the gradient panel's x axis
     for run, rows in runs.items():
         train = [r for r in rows if "loss" in r]
@@ -52,6 +57,8 @@ def main():
             ax.plot([steps[r["step"]][args.x] if r["step"] in steps else r["step"] for r in spikes],
                     [r["spike_loss"] for r in spikes], "x", color=line.get_color(), markersize=9,
                     label=f"{label} spikes ({len(spikes)})")
+        if downstream:
+            draw_downstream(axes[0][1], rows, label, args.x)
     for i, (run, rows) in enumerate(traced.items()):
         style = ["-", "--", ":", "-."][i % 4]
         xs = [x_of[run].get(r["step"], r["step"]) for r in rows]
@@ -73,9 +80,25 @@ def main():
     ax.set_ylabel("loss (nats/token)")
     ax.grid(alpha=0.3)
     ax.legend()
+    if downstream:
+        axes[0][1].set_xlabel("step" if args.x == "step" else "tokens")
+        axes[0][1].set_ylabel("primary metric (accuracy)")
+        axes[0][1].set_title("downstream tasks")
+        axes[0][1].grid(alpha=0.3)
+        axes[0][1].legend(fontsize="small")
     fig.tight_layout()
     fig.savefig(args.out, dpi=120)
     print(f"wrote {args.out}")
+
+
+def draw_downstream(ax, rows, label, x):
+    """One line per task: its primary metric at each in-loop evaluation."""
+    evals = [r for r in rows if "downstream" in r]
+    for task in sorted({t for r in evals for t in r["downstream"]}):
+        points = [(r[x], r["downstream"][task]["value"]) for r in evals if task in r["downstream"]]
+        metric = next(r["downstream"][task]["metric"] for r in evals if task in r["downstream"])
+        ax.plot([p[0] for p in points], [p[1] for p in points], "o-", markersize=4,
+                label=f"{label} {task} ({metric})")
 
 
 if __name__ == "__main__":

@@ -1,11 +1,15 @@
 // archspace eval ppl: perplexity with strided sliding windows on token shards or a text file.
+// archspace eval downstream: OLMES multiple-choice tasks (eval/downstream.h), a table and a JSON file.
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <optional>
+#include <sstream>
 
 #include "archspace/data/token_shards.h"
+#include "archspace/eval/downstream.h"
 #include "archspace/eval/perplexity.h"
 #include "archspace/io/run_dir.h"
 #include "archspace/model/model_io.h"
@@ -48,6 +52,83 @@ void write_result(const std::string& path, const std::string& text) {
     }
   }
   std::filesystem::rename(tmp, path);
+}
+
+struct DownstreamArgs {
+  std::string model, tasks, format = "rc", out, requests_out, tokenizer, dtype = "fp32", device = "cpu";
+  std::vector<std::string> tasks_dirs;
+  std::optional<int64_t> shots;
+  int64_t limit = 0, batch_size = 0, batch_tokens = 8192, max_length = 0;
+};
+
+std::vector<std::string> split_commas(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream in(s);
+  for (std::string part; std::getline(in, part, ',');) {
+    if (!part.empty()) out.push_back(part);
+  }
+  return out;
+}
+
+int run_downstream(const DownstreamArgs& a, bool limit_given) {
+  if (limit_given && a.limit < 1) throw Error("--limit must be at least 1 (got " + std::to_string(a.limit) + ")");
+  if (a.batch_size < 0 || a.batch_tokens < 1) throw Error("--batch-size must be >= 0 and --batch-tokens >= 1");
+  for (const auto* path : {&a.out, &a.requests_out}) {
+    if (!path->empty()) check_writable(*path);
+  }
+  // Every task variant is found before the model loads: a typo fails at once.
+  const auto dirs = a.tasks_dirs.empty() ? default_task_dirs() : a.tasks_dirs;
+  std::vector<std::string> notes;
+  const auto variants = select_task_variants(dirs, split_commas(a.tasks), a.format, a.shots, &notes);
+  ProgressLine progress("eval downstream");
+  for (const auto& n : notes) progress.note(n);
+  std::vector<TaskFiles> files;
+  for (const auto& v : variants) files.push_back(load_task(v.dir, v.task, v.format, v.shots, a.limit));
+
+  const std::string model_dir = resolve_model_dir(a.model);
+  CausalLM model = load_model(
+      model_dir, {scalar_type(parse_dtype(a.dtype, "--dtype")), parse_device(a.device, "--device").device()});
+  auto tokenizer = model_tokenizer(model_dir, a.tokenizer, model.config().vocab_size);
+  const double scoring_start = progress.elapsed_seconds();  // tokenizing and scoring, for throughput figures
+  std::vector<PreparedTask> tasks;
+  for (auto& f : files) tasks.push_back(prepare_task(std::move(f), *tokenizer, model.config(), a.max_length));
+
+  int64_t requests = 0;
+  for (const auto& t : tasks) requests += static_cast<int64_t>(t.requests.size());
+  ScoreOptions options;
+  options.max_batch_sequences = a.batch_size;
+  options.max_batch_tokens = a.batch_tokens;
+  const std::vector<TaskResult> results = evaluate_tasks(model, tasks, options, [&](int64_t done, int64_t total) {
+    const double s = progress.elapsed_seconds();
+    char rate[48];
+    std::snprintf(rate, sizeof(rate), " | %.1f requests/s", s > 0 ? done / s : 0.0);
+    progress.update(std::to_string(done) + "/" + std::to_string(total) + " requests" + rate,
+                    static_cast<double>(done) / total, done == total);
+  });
+  progress.finish();
+  const double scoring_seconds = progress.elapsed_seconds() - scoring_start;
+  std::cout << results_table(results) << std::flush;
+
+  if (!a.requests_out.empty()) {
+    std::string text;
+    for (size_t t = 0; t < tasks.size(); ++t) {
+      for (const auto& row : request_rows(tasks[t].files, results[t])) text += row.dump() + "\n";
+    }
+    write_result(a.requests_out, text);
+  }
+  if (!a.out.empty()) {
+    const nlohmann::json j = {{"model", a.model},
+                              {"dtype", a.dtype},
+                              {"device", a.device},
+                              {"tokenizer", tokenizer->name()},
+                              {"elapsed_seconds", progress.elapsed_seconds()},
+                              {"requests", requests},
+                              {"scoring_seconds", scoring_seconds},
+                              {"stderr", "lm-eval's standard error of the mean: sqrt(sample variance / n)"},
+                              {"results", results_rows(results)}};
+    write_result(a.out, j.dump(2) + "\n");
+  }
+  return 0;
 }
 
 int run_ppl(const PplArgs& a) {
@@ -97,7 +178,7 @@ int run_ppl(const PplArgs& a) {
 
 Command add(CLI::App& parent) {
   auto a = std::make_shared<PplArgs>();
-  auto* eval = parent.add_subcommand("eval", "Evaluate a model (ppl: perplexity)");
+  auto* eval = parent.add_subcommand("eval", "Evaluate a model (ppl: perplexity; downstream: OLMES tasks)");
   eval->require_subcommand(1);
   auto* ppl = eval->add_subcommand("ppl", "Perplexity on token shards or a text file (JSON result)");
   ppl->add_option("--model", a->model, "model directory, or a checkpoint or finished run directory holding one")
@@ -112,8 +193,34 @@ Command add(CLI::App& parent) {
   ppl->add_option("--out", a->out, "also write the JSON result here");
   add_dtype_option(ppl, a->dtype, "compute dtype");
   add_device_option(ppl, a->device);
-  return {eval, [a, ppl]() -> int {
+
+  auto d = std::make_shared<DownstreamArgs>();
+  auto* ds = eval->add_subcommand("downstream", "Multiple-choice tasks from the OLMES request files (table + JSON)");
+  ds->add_option("--model", d->model, "model directory, or a checkpoint or finished run directory holding one")
+      ->required();
+  ds->add_option("--tasks", d->tasks,
+                 "comma-separated: arc_easy,arc_challenge,hellaswag,piqa,winogrande,openbookqa,basic_arithmetic,...")
+      ->required();
+  ds->add_option("--format", d->format, "rc (ranked classification), mc (lettered choices) or both")
+      ->check(CLI::IsMember({"rc", "mc", "both"}))
+      ->capture_default_str();
+  ds->add_option("--shots", d->shots, "few-shot examples (default: 5 where the task has them, else its only count)");
+  auto* limit = ds->add_option("--limit", d->limit, "evaluate only each task's first N documents");
+  ds->add_option("--batch-size", d->batch_size, "sequences per forward (default: as many as --batch-tokens allows)");
+  ds->add_option("--batch-tokens", d->batch_tokens, "padded tokens per forward")->capture_default_str();
+  ds->add_option("--max-length", d->max_length,
+                 "longest sequence run; longer ones lose their start (default: max_position_embeddings)");
+  ds->add_option("--tasks-dir", d->tasks_dirs,
+                 "directory of OLMES task directories (repeatable; default: the built-in ones, or "
+                 "ARCHSPACE_EVAL_TASKS)");
+  ds->add_option("--tokenizer", d->tokenizer, "tokenizer (default: the one the model directory carries)");
+  ds->add_option("--out", d->out, "write the results as JSON here");
+  ds->add_option("--requests-out", d->requests_out, "write every request's log-likelihood here (JSON lines)");
+  add_dtype_option(ds, d->dtype, "compute dtype");
+  add_device_option(ds, d->device);
+  return {eval, [a, ppl, d, ds, limit]() -> int {
             if (ppl->parsed()) return run_ppl(*a);
+            if (ds->parsed()) return run_downstream(*d, limit->count() > 0);
             return 1;  // unreachable: eval requires a subcommand
           }};
 }

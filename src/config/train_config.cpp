@@ -21,7 +21,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-enum class KeyType { kBool, kInt, kFloat, kString, kTable };
+enum class KeyType { kBool, kInt, kFloat, kString, kStringList, kTable };
 
 const char* expected(KeyType t) {
   switch (t) {
@@ -33,6 +33,8 @@ const char* expected(KeyType t) {
       return "a number";
     case KeyType::kString:
       return "a string";
+    case KeyType::kStringList:
+      return "a list of strings";
     case KeyType::kTable:
       return "a table";
   }
@@ -68,6 +70,14 @@ class Section {
         out = n->as_floating_point()->get();
       else
         fail(key, "must be a number");
+    } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
+      const toml::array* a = n->as_array();
+      if (!a) fail(key, "must be a list of strings");
+      out.clear();
+      for (const auto& item : *a) {
+        if (!item.is_string()) fail(key, "must be a list of strings");
+        out.push_back(item.as_string()->get());
+      }
     } else {
       if (!n->is_string()) fail(key, "must be a string");
       out = n->as_string()->get();
@@ -109,6 +119,8 @@ class Section {
       return KeyType::kInt;
     else if constexpr (std::is_floating_point_v<T>)
       return KeyType::kFloat;
+    else if constexpr (std::is_same_v<T, std::vector<std::string>>)
+      return KeyType::kStringList;
     else
       return KeyType::kString;
   }
@@ -221,6 +233,10 @@ ChoiceTexts read_keys(const toml::table& root, TrainConfig& c, const std::string
   Section eval(eval_t, "eval", path, schema);
   eval.get("interval", c.eval_interval);
   eval.get("batches", c.eval_batches);
+  eval.get("downstream", c.downstream);
+  eval.get("downstream_format", c.downstream_format);
+  eval.get("downstream_shots", c.downstream_shots);
+  eval.get("downstream_limit", c.downstream_limit);
   eval.check_unknown();
 
   Section debug(debug_t, "debug", path, schema);
@@ -294,6 +310,15 @@ void apply_override(toml::table& root, const std::string& text, const std::strin
     case KeyType::kString:
       table.insert_or_assign(name, value);
       break;
+    case KeyType::kStringList: {  // "a,b,c" (empty: an empty list)
+      toml::array items;
+      std::stringstream in(value);
+      for (std::string item; std::getline(in, item, ',');) {
+        if (!item.empty()) items.push_back(item);
+      }
+      table.insert_or_assign(name, std::move(items));
+      break;
+    }
     case KeyType::kTable:
       throw fail("key '" + key + "' is a table; set it in the TOML file");
   }
@@ -351,6 +376,10 @@ void validate(TrainConfig& c, const ChoiceTexts& choices, const std::string& pat
           "must be in [0, train.max_steps]");
   require(c.final_lr_factor >= 0 && c.final_lr_factor <= 1, "optim.final_lr_factor", "must be in [0, 1]");
   require(c.keep_last >= 1, "checkpoint.keep_last", "must be >= 1");
+  require(c.downstream_format == "rc" || c.downstream_format == "mc", "eval.downstream_format",
+          "must be rc or mc, not '" + c.downstream_format + "'");
+  require(c.downstream_limit >= 0, "eval.downstream_limit", "must be >= 0 (0: every document)");
+  require(!c.downstream_shots || *c.downstream_shots >= 0, "eval.downstream_shots", "must be >= 0");
   // Values that train to NaN, or run for ever, are refused before anything starts (nan fails every test).
   auto finite = [](double v) { return std::isfinite(v); };
   require(finite(c.lr) && c.lr <= 10, "optim.lr", "must be a finite number in (0, 10], got " + std::to_string(c.lr));

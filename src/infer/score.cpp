@@ -22,11 +22,16 @@ bool SequenceScore::all_greedy() const {
 
 namespace {
 
+// The tokens that go through the model: without next_token the last token is only a target, never an
+// input (as lm-eval, which feeds (context + continuation)[:-1]), so a sequence of max_position_embeddings + 1
+// tokens still fits.
+int64_t forward_length(const ScoreRequest& q) { return static_cast<int64_t>(q.ids.size()) - (q.next_token ? 0 : 1); }
+
 void validate(const CausalLM& model, const std::vector<ScoreRequest>& requests, const ScoreOptions& options) {
   const ModelConfig& c = model.config();
   if (options.top_logprobs < 0) throw Error("scoring: top_logprobs must be >= 0");
-  if (options.max_batch_tokens < 1 || options.head_chunk < 1) {
-    throw Error("scoring: max_batch_tokens and head_chunk must be at least 1");
+  if (options.max_batch_tokens < 1 || options.head_chunk < 1 || options.max_batch_sequences < 0) {
+    throw Error("scoring: max_batch_tokens and head_chunk must be at least 1, max_batch_sequences at least 0");
   }
   for (size_t r = 0; r < requests.size(); ++r) {
     const ScoreRequest& q = requests[r];
@@ -37,8 +42,8 @@ void validate(const CausalLM& model, const std::vector<ScoreRequest>& requests, 
       throw Error(which + "first scored token " + std::to_string(q.first_scored) + " is outside [1, " +
                   std::to_string(n) + "] (the first token has no context)");
     }
-    if (n > c.max_position_embeddings) {
-      throw Error(which + std::to_string(n) + " tokens exceed the model's context of " +
+    if (forward_length(q) > c.max_position_embeddings) {
+      throw Error(which + std::to_string(forward_length(q)) + " tokens to run exceed the model's context of " +
                   std::to_string(c.max_position_embeddings) + " (max_position_embeddings)");
     }
     for (uint32_t id : q.ids) {
@@ -54,8 +59,8 @@ void validate(const CausalLM& model, const std::vector<ScoreRequest>& requests, 
 void score_batch(const CausalLM& model, const std::vector<ScoreRequest>& requests, const std::vector<size_t>& batch,
                  const ScoreOptions& options, std::vector<SequenceScore>& out) {
   const auto B = static_cast<int64_t>(batch.size());
-  int64_t T = 0;
-  for (size_t r : batch) T = std::max<int64_t>(T, requests[r].ids.size());
+  int64_t T = 1;
+  for (size_t r : batch) T = std::max<int64_t>(T, forward_length(requests[r]));
   at::Tensor ids = at::zeros({B, T}, at::kLong);
   auto ids_a = ids.accessor<int64_t, 2>();
   // rows: flat hidden-state rows to put through the head; targets: the token each row must predict (-1:
@@ -64,7 +69,7 @@ void score_batch(const CausalLM& model, const std::vector<ScoreRequest>& request
   for (int64_t b = 0; b < B; ++b) {
     const ScoreRequest& q = requests[batch[b]];
     const auto n = static_cast<int64_t>(q.ids.size());
-    for (int64_t t = 0; t < n; ++t) ids_a[b][t] = q.ids[t];
+    for (int64_t t = 0; t < forward_length(q); ++t) ids_a[b][t] = q.ids[t];
     for (int64_t t = q.first_scored; t < n; ++t) {
       rows.push_back(b * T + t - 1);
       targets.push_back(q.ids[t]);
@@ -143,8 +148,9 @@ std::vector<SequenceScore> score_sequences(const CausalLM& model, const std::vec
   int64_t done = 0;
   for (size_t i = 0; i < order.size();) {
     // Sorted descending, so the first sequence sets the padded length of the batch.
-    const auto longest = static_cast<int64_t>(requests[order[i]].ids.size());
-    const int64_t fit = std::max<int64_t>(1, options.max_batch_tokens / longest);
+    const int64_t longest = std::max<int64_t>(1, forward_length(requests[order[i]]));
+    int64_t fit = std::max<int64_t>(1, options.max_batch_tokens / longest);
+    if (options.max_batch_sequences > 0) fit = std::min(fit, options.max_batch_sequences);
     const size_t end = std::min(order.size(), i + static_cast<size_t>(fit));
     const std::vector<size_t> batch(order.begin() + i, order.begin() + end);
     score_batch(model, requests, batch, options, out);

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <numeric>
 
+#include "archspace/eval/tasks.h"
 #include "archspace/io/run_dir.h"
 #include "archspace/model/model_io.h"
 #include "archspace/tokenizer/tokenizer.h"
@@ -127,6 +128,7 @@ Trainer::Trainer(const TrainConfig& config, const TrainOptions& options)
                 " (a long-context stage sets model.max_position_embeddings)");
   }
   setup_data();
+  setup_downstream();
   setup_optimizer();
 }
 
@@ -215,6 +217,29 @@ void Trainer::setup_data() {
     train_batches_ = std::make_unique<ChatBatches>(load_chat_jsonl(cfg_.train_data, *tokenizer), cfg_.sequence_length,
                                                    pad, cfg_.seed, cfg_.shuffle);
     tokenizer_file_ = tokenizer->path();
+  }
+}
+
+// The downstream tasks are read and tokenized once, before the first step: a bad task name fails at once,
+// and each evaluation only scores.
+void Trainer::setup_downstream() {
+  if (cfg_.downstream.empty()) return;
+  const std::string key = cfg_.source + ": key 'eval.downstream'";
+  if (tokenizer_file_.empty()) {
+    throw Error(key + " needs the run's tokenizer, and " + cfg_.train_data +
+                " carries none (tokenize the data with `archspace tokenize`, which stores it)");
+  }
+  const auto tokenizer = Tokenizer::load(tokenizer_file_);
+  std::vector<TaskVariant> variants;
+  try {
+    variants =
+        select_task_variants(default_task_dirs(), cfg_.downstream, cfg_.downstream_format, cfg_.downstream_shots);
+  } catch (const Error& e) {
+    throw Error(key + ": " + e.what());
+  }
+  for (const auto& v : variants) {
+    downstream_.push_back(prepare_task(load_task(v.dir, v.task, v.format, v.shots, cfg_.downstream_limit), *tokenizer,
+                                       model_->config(), cfg_.sequence_length));
   }
 }
 
@@ -365,7 +390,9 @@ TrainResult Trainer::run() {
     result.losses.push_back(stats.loss);
 
     const bool last = step + 1 == cfg_.max_steps;
-    if (valid_loader_ && (every(cfg_.eval_interval, step + 1) || last)) {
+    const bool evaluation = every(cfg_.eval_interval, step + 1) || last;
+    if (!downstream_.empty() && evaluation) evaluate_downstream(step);
+    if (valid_loader_ && evaluation) {
       const double loss = evaluate();  // every rank evaluates the same batches: no rank waits on another
       if (metrics_) metrics_->write({{"step", step + 1}, {"tokens", tokens_seen_}, {"valid_loss", loss}});
       char line[96];
@@ -555,6 +582,31 @@ double Trainer::evaluate() {
     count += s.count;
   }
   return loss / std::max<int64_t>(count, 1);
+}
+
+// The downstream tasks' metrics, one metrics.jsonl line: {"step", "tokens", "downstream": {task: {"metric" (the
+// task's primary), "value", "stderr", "n", "format", "shots"}}}. Every rank scores (no collective inside, so
+// none waits on another); rank 0 logs. Scoring draws no random numbers, so a resumed run stays exact.
+void Trainer::evaluate_downstream(int64_t step) {
+  const std::vector<TaskResult> results = evaluate_tasks(*model_, downstream_);
+  nlohmann::json tasks = nlohmann::json::object();
+  std::string line = "step " + std::to_string(step + 1) + " | downstream";
+  for (const auto& r : results) {
+    for (const auto& m : r.metrics) {
+      if (!m.primary) continue;
+      tasks[r.task] = {{"metric", m.name},
+                       {"value", m.value},
+                       {"stderr", std::isfinite(m.stderr_) ? nlohmann::json(m.stderr_) : nlohmann::json()},
+                       {"n", r.documents},
+                       {"format", r.format},
+                       {"shots", r.shots}};
+      char v[160];
+      std::snprintf(v, sizeof(v), " %s %s %.4f", r.task.c_str(), m.name.c_str(), m.value);
+      line += v;
+    }
+  }
+  if (metrics_) metrics_->write({{"step", step + 1}, {"tokens", tokens_seen_}, {"downstream", tasks}});
+  progress_->note(line);
 }
 
 // Rank 0 writes (all ranks hold the same weights and moments, so the checkpoint is the same whatever the

@@ -2,6 +2,8 @@
 // its logits), for both variants; bad requests are refused naming the request.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "archspace/infer/score.h"
 #include "test_support.h"
 
@@ -113,6 +115,13 @@ TEST(Score, BadRequestsNameTheRequest) {
         score_sequences(m, {ScoreRequest{{1, vocab}, 1}});
       },
       {"token id " + std::to_string(vocab), "vocabulary"});
-  std::vector<uint32_t> too_long(m.config().max_position_embeddings + 1, 1);
+  // Without next_token the last token is only a target: max_position_embeddings + 1 tokens fit, one more does
+  // not; with next_token every token is run.
+  const int64_t max_pos = m.config().max_position_embeddings;
+  std::vector<uint32_t> fits(max_pos + 1, 1), too_long(max_pos + 2, 1);
+  const auto scored = score_sequences(m, {ScoreRequest{fits, max_pos}});
+  ASSERT_EQ(scored[0].tokens.size(), 1u);
+  EXPECT_TRUE(std::isfinite(scored[0].tokens[0].logprob));
   expect_error([&] { score_sequences(m, {ScoreRequest{too_long, 1}}); }, {"max_position_embeddings"});
+  expect_error([&] { score_sequences(m, {ScoreRequest{fits, 1, /*next_token=*/true}}); }, {"max_position_embeddings"});
 }

@@ -114,6 +114,25 @@ TEST(TrainConfig, OverridesSetKeysWithTheirTypes) {
                {"key 'model.variant'", "'big'", "base, siamese_depth"});
 }
 
+TEST(TrainConfig, DownstreamKeysFromTheFileAndOverrides) {
+  const fs::path dir = archspace::testing::fresh_dir("downstream_keys");
+  const std::string path = run_toml(dir);
+  write_file(path, read_file(path) + "\n[eval]\ndownstream = [\"arc_easy\", \"piqa\"]\ndownstream_limit = 5\n");
+  TrainConfig c = TrainConfig::load(path);
+  EXPECT_EQ(c.downstream, (std::vector<std::string>{"arc_easy", "piqa"}));
+  EXPECT_EQ(c.downstream_limit, 5);
+  EXPECT_EQ(c.downstream_format, "rc");
+  EXPECT_FALSE(c.downstream_shots.has_value());
+  // A list override is comma-separated.
+  TrainConfig d = TrainConfig::load(path, {"eval.downstream=hellaswag,winogrande,basic_arithmetic",
+                                           "eval.downstream_shots=0", "eval.downstream_format=mc"});
+  EXPECT_EQ(d.downstream, (std::vector<std::string>{"hellaswag", "winogrande", "basic_arithmetic"}));
+  EXPECT_EQ(d.downstream_shots, 0);
+  EXPECT_EQ(d.downstream_format, "mc");
+  expect_error([&] { TrainConfig::load(path, {"eval.downstream_format=gen"}); },
+               {"key 'eval.downstream_format'", "rc or mc"});
+}
+
 TEST(TrainConfig, BadOverridesAreRefused) {
   const fs::path dir = archspace::testing::fresh_dir("bad_overrides");
   const std::string path = run_toml(dir);

@@ -78,6 +78,13 @@ struct TrainConfig {
   // [eval]
   int64_t eval_interval = 0;
   int64_t eval_batches = 4;
+  // Downstream tasks (OLMES names, eval/tasks.h) scored at every evaluation, their first downstream_limit
+  // documents each (0: all), in downstream_format (rc or mc) with downstream_shots (unset: 5 where the task
+  // has them, else its only count).
+  std::vector<std::string> downstream;
+  std::string downstream_format = "rc";
+  std::optional<int64_t> downstream_shots;
+  int64_t downstream_limit = 0;
 
   // [debug]
   int64_t dump_gradients_steps = 0;  // write the gradients of the first N steps (tests)

@@ -31,6 +31,7 @@ struct ScoreRequest {
 struct ScoreOptions {
   int64_t top_logprobs = 0;         // per scored position, the n most likely tokens with their log-probabilities
   int64_t max_batch_tokens = 8192;  // padded tokens per forward (a longer sequence goes alone)
+  int64_t max_batch_sequences = 0;  // sequences per forward (0: as many as max_batch_tokens allows)
   int64_t head_chunk = 512;         // positions per output-head matmul
 };
 
@@ -48,7 +49,8 @@ struct SequenceScore {
 };
 
 // Throws naming the request when a sequence is empty, first_scored is out of [1, size] (size itself: nothing
-// scored), an id is outside the vocabulary, or a sequence exceeds max_position_embeddings.
+// scored), an id is outside the vocabulary, or the tokens it runs exceed max_position_embeddings (without
+// next_token the last token is only scored, not run: max_position_embeddings + 1 tokens fit).
 // progress(done, total) counts sequences.
 std::vector<SequenceScore> score_sequences(const CausalLM& model, const std::vector<ScoreRequest>& requests,
                                            const ScoreOptions& options = {},

@@ -15,6 +15,7 @@
 
 #include "archspace/config/train_config.h"
 #include "archspace/dist/process_group.h"
+#include "archspace/eval/downstream.h"
 #include "archspace/io/run_dir.h"
 #include "archspace/model/causal_lm.h"
 #include "archspace/train/batches.h"
@@ -63,6 +64,7 @@ class Trainer {
   void setup_dist();
   void setup_run_dir();
   void setup_data();
+  void setup_downstream();
   void setup_optimizer();
   void resume();
   void sync_ranks();
@@ -73,6 +75,7 @@ class Trainer {
   StepStats train_step(int64_t step);
   void dump_gradients(int64_t step) const;
   double evaluate();
+  void evaluate_downstream(int64_t step);
   void save(int64_t step, bool is_final);
   void log_step(int64_t step, const StepStats& stats, double step_seconds);
   void log_spike(int64_t step, const StepStats& stats);
@@ -94,7 +97,8 @@ class Trainer {
   std::unique_ptr<CausalLM> model_;
   std::unique_ptr<BatchSource> train_batches_;
   std::shared_ptr<InstanceLoader> valid_loader_;
-  std::string tokenizer_file_;  // carried by checkpoints; "" for none
+  std::string tokenizer_file_;            // carried by checkpoints; "" for none
+  std::vector<PreparedTask> downstream_;  // eval.downstream, tokenized
   std::vector<AdamW::Group> params_;
   std::unique_ptr<AdamW> optimizer_;
 

@@ -1,0 +1,93 @@
+"""Downstream-evaluation speed: `archspace eval downstream` against lm-evaluation-harness's HFLM (transformers)
+on the same requests and model (CPU, fp32, the same threads): requests per second for the scoring alone.
+
+The engine's figure is requests / the JSON's scoring_seconds (tokenizing and the batched forwards; reading
+the task files and loading the model come before); lm-eval's is requests / the time of HFLM.loglikelihood (its
+tokenization and scoring) at --hf-batch sequences per batch. Each side: the best of
+--repeat runs (the machine is shared and noisy). Prints the CPU flags and /proc/loadavg before and after.
+Results: bench/results/downstream-<time>.json and a line per side.
+
+    .venv/bin/python bench/bench_downstream.py [--preset micro] [--task arc_easy] [--limit 40] [--repeat 2]
+"""
+import argparse
+import json
+import pathlib
+import subprocess
+import tempfile
+import time
+
+import torch
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+BINARY = REPO / "build" / "archspace"
+
+
+def cpu_flags():
+    for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("flags"):
+            flags = set(line.split(":", 1)[1].split())
+            return [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
+    return []
+
+
+def loadavg():
+    return pathlib.Path("/proc/loadavg").read_text().strip()
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--preset", default="micro")
+    parser.add_argument("--task", default="arc_easy")
+    parser.add_argument("--format", default="rc")
+    parser.add_argument("--limit", type=int, default=40)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--hf-batch", type=int, default=8)
+    parser.add_argument("--repeat", type=int, default=2)
+    args = parser.parse_args()
+    print(f"CPU flags: {' '.join(cpu_flags())}; load before: {loadavg()}")
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix="bench_downstream_"))
+    subprocess.run([str(BINARY), "init", "--preset", args.preset, "--out", str(tmp / "m")], check=True,
+                   capture_output=True)
+    subprocess.run([str(BINARY), "export-hf", str(tmp / "m"), str(tmp / "hf")], check=True, capture_output=True)
+
+    engine_rate, rows = 0.0, []
+    for _ in range(args.repeat):
+        subprocess.run([str(BINARY), "--threads", str(args.threads), "eval", "downstream", "--model", str(tmp / "hf"),
+                        "--tasks", args.task, "--format", args.format, "--limit", str(args.limit),
+                        "--out", str(tmp / "out.json"), "--requests-out", str(tmp / "req.jsonl")],
+                       check=True, capture_output=True)
+        rows = [json.loads(line) for line in (tmp / "req.jsonl").read_text().splitlines()]
+        seconds = json.loads((tmp / "out.json").read_text())["scoring_seconds"]
+        engine_rate = max(engine_rate, len(rows) / seconds)
+
+    from lm_eval.api.instance import Instance
+    from lm_eval.models.huggingface import HFLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.set_num_threads(args.threads)
+    model = AutoModelForCausalLM.from_pretrained(tmp / "hf", dtype=torch.float32).eval()
+    lm = HFLM(pretrained=model, tokenizer=AutoTokenizer.from_pretrained(tmp / "hf"), batch_size=args.hf_batch,
+              device="cpu", max_length=model.config.max_position_embeddings)
+    requests = [Instance(request_type="loglikelihood", doc={}, arguments=(r["context"], r["continuation"]), idx=i)
+                for i, r in enumerate(rows)]
+    hf_rate = 0.0
+    for _ in range(args.repeat):
+        start = time.perf_counter()
+        lm.loglikelihood(requests, disable_tqdm=True)
+        hf_rate = max(hf_rate, len(requests) / (time.perf_counter() - start))
+
+    result = {"preset": args.preset, "task": args.task, "format": args.format, "limit": args.limit,
+              "requests": len(rows), "threads": args.threads, "engine_requests_per_s": engine_rate,
+              "lm_eval_hf_requests_per_s": hf_rate, "hf_batch": args.hf_batch, "ratio": engine_rate / hf_rate,
+              "cpu_flags": cpu_flags(), "loadavg_after": loadavg()}
+    print(f"{args.task} {args.format} ({len(rows)} requests, {args.preset}, {args.threads} threads): engine "
+          f"{engine_rate:.1f} requests/s, lm-eval HFLM {hf_rate:.1f} requests/s (batch {args.hf_batch}): "
+          f"{engine_rate / hf_rate:.2f}x")
+    print(f"load after: {loadavg()}")
+    out = REPO / "bench" / "results" / f"downstream-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,91 @@
+// Downstream evaluation on OLMES multiple-choice tasks (eval/tasks.h): every request's continuation
+// log-likelihood, scored in batches (infer/score.h), then per document the choice each normalisation
+// prefers, against the gold label.
+//
+// Tokenization is lm-evaluation-harness's (HFLM._encode_pair), so that the per-request log-likelihoods
+// equal lm-eval's on the same model: trailing whitespace of the context moves to the front of the
+// continuation; whole = encode(context + continuation), context_enc = encode(context), continuation_enc =
+// whole[len(context_enc):] (the continuation's tokens as they come out of the joint text); an empty context
+// becomes the one prefix token (bos_token_id, else eos_token_id; when the continuation's first token is that
+// token already, it serves as the context instead); then context_enc + continuation_enc is
+// left-truncated to max_length + 1 tokens (the last one is only scored, never run), keeping the continuation.
+//
+// Metrics (OLMES names; per document argmax over choices, the first maximum on ties):
+//   acc_raw        sum of the continuation's token log-probabilities
+//   acc_per_token  that sum / its number of tokens
+//   acc_per_char   that sum / its number of characters (Unicode code points of the continuation as the
+//                  file gives it, leading space included, as OLMES counts; OLMo's in-loop len_norm drops it)
+//   acc_uncond     that sum minus the same continuation's after the unconditional context ("Answer:"),
+//                  where the task has unconditional requests (PMI, OLMo's pmi_dc)
+// Each with lm-eval's standard error of a mean: sqrt(sample variance / n), the sample variance with n - 1.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "archspace/eval/tasks.h"
+#include "archspace/infer/score.h"
+#include "archspace/model/causal_lm.h"
+#include "archspace/tokenizer/tokenizer.h"
+
+namespace archspace {
+
+// lm-eval's (context_enc, continuation_enc) of one request; throws when the continuation has no tokens.
+std::pair<std::vector<uint32_t>, std::vector<uint32_t>> encode_request(const Tokenizer& tokenizer,
+                                                                       const std::string& context,
+                                                                       const std::string& continuation,
+                                                                       uint32_t prefix_token);
+
+// A task with its requests tokenized, ready to score any number of times (in-loop evaluation).
+struct PreparedTask {
+  TaskFiles files;
+  std::vector<ScoreRequest> requests;  // one per files.requests entry, in the same order
+};
+
+// max_length: the longest sequence the model runs (0: the model's max_position_embeddings).
+PreparedTask prepare_task(TaskFiles files, const Tokenizer& tokenizer, const ModelConfig& config,
+                          int64_t max_length = 0);
+
+struct RequestScore {
+  double loglikelihood = 0;  // sum over the continuation's tokens
+  bool is_greedy = false;    // every continuation token is the argmax there
+  int64_t tokens = 0;        // continuation tokens
+};
+
+struct MetricValue {
+  std::string name;  // acc_raw, acc_per_token, acc_per_char, acc_uncond
+  double value = 0, stderr_ = 0;
+  bool primary = false;
+};
+
+struct TaskResult {
+  std::string task, format;
+  int64_t shots = 0, documents = 0;
+  std::string primary_metric;
+  std::vector<MetricValue> metrics;
+  std::vector<RequestScore> requests;  // per files.requests entry
+};
+
+// The metrics of one task from its requests' scores (in files.requests order).
+TaskResult task_metrics(const TaskFiles& files, const std::vector<RequestScore>& scores);
+
+// Scores every request of every task in one batched pass (sequences of all tasks share batches);
+// progress(done, total) counts requests.
+std::vector<TaskResult> evaluate_tasks(const CausalLM& model, const std::vector<PreparedTask>& tasks,
+                                       const ScoreOptions& options = {},
+                                       const std::function<void(int64_t, int64_t)>& progress = nullptr);
+
+// The results as JSON rows {task, format, shots, n, metric, value, stderr, primary}, one per metric.
+nlohmann::json results_rows(const std::vector<TaskResult>& results);
+
+// A fixed-width table: one line per task and format, the primary metric first, then the others.
+std::string results_table(const std::vector<TaskResult>& results);
+
+// One JSON object per request {task, format, doc_id, idx, native_id, context, continuation, loglikelihood,
+// is_greedy, n_continuation_tokens} (context and continuation as the file gives them).
+std::vector<nlohmann::json> request_rows(const TaskFiles& files, const TaskResult& result);
+
+}  // namespace archspace

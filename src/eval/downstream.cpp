@@ -1,0 +1,242 @@
+#include "archspace/eval/downstream.h"
+
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <map>
+
+#include "archspace/util/error.h"
+
+namespace archspace {
+
+namespace {
+
+// Python's str.isspace for the ASCII range (what rstrip() removes in OLMES contexts).
+bool is_space(char c) { return c == ' ' || (c >= '\t' && c <= '\r') || (c >= '\x1c' && c <= '\x1f'); }
+
+// Code points, as Python's len(str).
+int64_t utf8_length(const std::string& s) {
+  int64_t n = 0;
+  for (unsigned char c : s) n += (c & 0xC0) != 0x80;
+  return n;
+}
+
+// Index of the first maximum (numpy.argmax).
+size_t argmax(const std::vector<double>& v) {
+  size_t best = 0;
+  for (size_t i = 1; i < v.size(); ++i) {
+    if (v[i] > v[best]) best = i;
+  }
+  return best;
+}
+
+MetricValue mean_with_stderr(const std::string& name, const std::vector<double>& xs) {
+  MetricValue m;
+  m.name = name;
+  const auto n = static_cast<double>(xs.size());
+  for (double x : xs) m.value += x;
+  m.value /= n;
+  double ss = 0;
+  for (double x : xs) ss += (x - m.value) * (x - m.value);
+  m.stderr_ = xs.size() > 1 ? std::sqrt(ss / (n - 1) / n) : std::numeric_limits<double>::quiet_NaN();
+  return m;
+}
+
+}  // namespace
+
+std::pair<std::vector<uint32_t>, std::vector<uint32_t>> encode_request(const Tokenizer& tokenizer,
+                                                                       const std::string& context,
+                                                                       const std::string& continuation,
+                                                                       uint32_t prefix_token) {
+  std::vector<uint32_t> context_enc, continuation_enc;
+  if (context.empty()) {
+    // lm-eval 0.4.13: the prefix token is the context, unless the continuation starts with it already.
+    continuation_enc = tokenizer.encode(continuation);
+    if (!continuation_enc.empty() && continuation_enc[0] == prefix_token) {
+      context_enc = {prefix_token};
+      continuation_enc.erase(continuation_enc.begin());
+    } else {
+      context_enc = {prefix_token};
+    }
+  } else {
+    size_t end = context.size();
+    while (end > 0 && is_space(context[end - 1])) --end;
+    const std::string ctx = context.substr(0, end), cont = context.substr(end) + continuation;
+    const std::vector<uint32_t> whole = tokenizer.encode(ctx + cont);
+    context_enc = tokenizer.encode(ctx);
+    if (context_enc.size() <= whole.size())
+      continuation_enc.assign(whole.begin() + static_cast<std::ptrdiff_t>(context_enc.size()), whole.end());
+  }
+  if (continuation_enc.empty()) throw Error("the continuation \"" + continuation + "\" has no tokens of its own");
+  return {context_enc, continuation_enc};
+}
+
+PreparedTask prepare_task(TaskFiles files, const Tokenizer& tokenizer, const ModelConfig& config, int64_t max_length) {
+  if (max_length <= 0) max_length = config.max_position_embeddings;
+  const auto prefix = static_cast<uint32_t>(config.bos_token_id.value_or(config.eos_token_id.value_or(0)));
+  PreparedTask p;
+  p.requests.reserve(files.requests.size());
+  for (const TaskRequest& r : files.requests) {
+    std::vector<uint32_t> ids, cont;
+    try {
+      std::tie(ids, cont) = encode_request(tokenizer, r.context, r.continuation, prefix);
+    } catch (const Error& e) {
+      throw Error(files.dir + ": document " + std::to_string(r.doc_id) + " choice " + std::to_string(r.idx) + ": " +
+                  e.what());
+    }
+    if (static_cast<int64_t>(cont.size()) > max_length) {
+      throw Error(files.dir + ": document " + std::to_string(r.doc_id) + " choice " + std::to_string(r.idx) +
+                  ": its continuation alone has " + std::to_string(cont.size()) + " tokens, more than the " +
+                  std::to_string(max_length) + " the model runs");
+    }
+    ids.insert(ids.end(), cont.begin(), cont.end());
+    // Left truncation keeps the last max_length + 1 tokens (the last is a target only).
+    const auto keep = static_cast<size_t>(max_length + 1);
+    if (ids.size() > keep) ids.erase(ids.begin(), ids.end() - static_cast<std::ptrdiff_t>(keep));
+    ScoreRequest q;
+    q.first_scored = static_cast<int64_t>(ids.size() - cont.size());
+    q.ids = std::move(ids);
+    p.requests.push_back(std::move(q));
+  }
+  p.files = std::move(files);
+  return p;
+}
+
+TaskResult task_metrics(const TaskFiles& files, const std::vector<RequestScore>& scores) {
+  if (scores.size() != files.requests.size()) throw Error("task_metrics: one score per request expected");
+  TaskResult result;
+  result.task = files.task;
+  result.format = files.format;
+  result.shots = files.shots;
+  result.primary_metric = files.primary_metric;
+  result.requests = scores;
+
+  // doc_id -> choice -> request index, for conditional and unconditional requests.
+  std::map<int64_t, std::map<int64_t, size_t>> cond, uncond;
+  for (size_t i = 0; i < files.requests.size(); ++i) {
+    const TaskRequest& r = files.requests[i];
+    if (files.uncond_offset > 0 && r.doc_id >= files.uncond_offset) {
+      uncond[r.doc_id - files.uncond_offset][r.idx] = i;
+    } else {
+      cond[r.doc_id][r.idx] = i;
+    }
+  }
+  std::vector<double> raw, per_token, per_char, pmi;
+  for (const auto& [doc_id, choices] : cond) {
+    std::vector<double> s_raw, s_token, s_char, s_pmi;
+    int64_t label = 0;
+    for (const auto& [idx, i] : choices) {
+      const TaskRequest& r = files.requests[i];
+      label = r.label;
+      const double ll = scores[i].loglikelihood;
+      s_raw.push_back(ll);
+      s_token.push_back(ll / static_cast<double>(scores[i].tokens));
+      s_char.push_back(ll / static_cast<double>(std::max<int64_t>(1, utf8_length(r.continuation))));
+      if (!uncond.empty()) s_pmi.push_back(ll - scores[uncond.at(doc_id).at(idx)].loglikelihood);
+    }
+    const auto correct = [&](const std::vector<double>& v) {
+      return argmax(v) == static_cast<size_t>(label) ? 1.0 : 0.0;
+    };
+    raw.push_back(correct(s_raw));
+    per_token.push_back(correct(s_token));
+    per_char.push_back(correct(s_char));
+    if (!uncond.empty()) pmi.push_back(correct(s_pmi));
+  }
+  result.documents = static_cast<int64_t>(cond.size());
+  result.metrics = {mean_with_stderr("acc_raw", raw), mean_with_stderr("acc_per_token", per_token),
+                    mean_with_stderr("acc_per_char", per_char)};
+  if (!pmi.empty()) result.metrics.push_back(mean_with_stderr("acc_uncond", pmi));
+  bool found = false;
+  for (auto& m : result.metrics) {
+    m.primary = m.name == files.primary_metric;
+    found |= m.primary;
+  }
+  if (!found) {
+    throw Error(files.dir + "/config.json: primary_metric \"" + files.primary_metric +
+                "\" is not one this task's requests give (acc_raw, acc_per_token, acc_per_char" +
+                (pmi.empty() ? "" : ", acc_uncond") + ")");
+  }
+  return result;
+}
+
+std::vector<TaskResult> evaluate_tasks(const CausalLM& model, const std::vector<PreparedTask>& tasks,
+                                       const ScoreOptions& options,
+                                       const std::function<void(int64_t, int64_t)>& progress) {
+  std::vector<ScoreRequest> all;
+  for (const auto& t : tasks) all.insert(all.end(), t.requests.begin(), t.requests.end());
+  const std::vector<SequenceScore> scores = score_sequences(model, all, options, progress);
+  std::vector<TaskResult> results;
+  size_t next = 0;
+  for (const auto& t : tasks) {
+    std::vector<RequestScore> task_scores;
+    for (size_t i = 0; i < t.requests.size(); ++i, ++next) {
+      const SequenceScore& s = scores[next];
+      task_scores.push_back({s.sum_logprob(), s.all_greedy(), static_cast<int64_t>(s.tokens.size())});
+    }
+    results.push_back(task_metrics(t.files, task_scores));
+  }
+  return results;
+}
+
+nlohmann::json results_rows(const std::vector<TaskResult>& results) {
+  nlohmann::json rows = nlohmann::json::array();
+  for (const auto& r : results) {
+    for (const auto& m : r.metrics) {
+      rows.push_back({{"task", r.task},
+                      {"format", r.format},
+                      {"shots", r.shots},
+                      {"n", r.documents},
+                      {"metric", m.name},
+                      {"value", m.value},
+                      {"stderr", std::isfinite(m.stderr_) ? nlohmann::json(m.stderr_) : nlohmann::json()},
+                      {"primary", m.primary}});
+    }
+  }
+  return rows;
+}
+
+std::string results_table(const std::vector<TaskResult>& results) {
+  char line[256];
+  std::snprintf(line, sizeof(line), "%-18s %-6s %5s %6s  %-14s %-17s %s\n", "task", "format", "shots", "n", "primary",
+                "value +- stderr", "others");
+  std::string out = line;
+  for (const auto& r : results) {
+    std::string primary, others;
+    for (const auto& m : r.metrics) {
+      char v[64];
+      std::snprintf(v, sizeof(v), "%.4f +- %.4f", m.value, m.stderr_);
+      if (m.primary) {
+        primary = v;
+      } else {
+        std::snprintf(v, sizeof(v), "%s %.4f", m.name.c_str(), m.value);
+        others += (others.empty() ? "" : ", ") + std::string(v);
+      }
+    }
+    std::snprintf(line, sizeof(line), "%-18s %-6s %5lld %6lld  %-14s %-17s %s\n", r.task.c_str(), r.format.c_str(),
+                  static_cast<long long>(r.shots), static_cast<long long>(r.documents), r.primary_metric.c_str(),
+                  primary.c_str(), others.c_str());
+    out += line;
+  }
+  return out;
+}
+
+std::vector<nlohmann::json> request_rows(const TaskFiles& files, const TaskResult& result) {
+  std::vector<nlohmann::json> rows;
+  for (size_t i = 0; i < files.requests.size(); ++i) {
+    const TaskRequest& r = files.requests[i];
+    const RequestScore& s = result.requests.at(i);
+    rows.push_back({{"task", files.task},
+                    {"format", files.format},
+                    {"doc_id", r.doc_id},
+                    {"idx", r.idx},
+                    {"native_id", r.native_id},
+                    {"context", r.context},
+                    {"continuation", r.continuation},
+                    {"loglikelihood", s.loglikelihood},
+                    {"is_greedy", s.is_greedy},
+                    {"n_continuation_tokens", s.tokens}});
+  }
+  return rows;
+}
+
+}  // namespace archspace

@@ -1,0 +1,280 @@
+#include "archspace/eval/tasks.h"
+
+#include <zlib.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <regex>
+#include <set>
+#include <sstream>
+
+#include "archspace/util/error.h"
+#include "archspace/util/files.h"
+#include "archspace/util/json_lines.h"
+
+namespace archspace {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  std::stringstream in(s);
+  for (std::string part; std::getline(in, part, sep);) {
+    if (!part.empty()) out.push_back(part);
+  }
+  return out;
+}
+
+std::string join(const std::vector<std::string>& items, const std::string& sep = ", ") {
+  std::string out;
+  for (const auto& s : items) out += (out.empty() ? "" : sep) + s;
+  return out;
+}
+
+// The whole (decompressed) file. zlib reads an uncompressed file as it is, so a corrupt one shows as a
+// malformed line; a truncated or damaged gzip stream is reported by gzread/gzclose.
+std::string read_gzip_file(const std::string& path) {
+  check_readable_file(path);
+  gzFile f = gzopen(path.c_str(), "rb");
+  if (!f) throw Error(path + ": cannot open");
+  std::string out;
+  char buffer[1 << 16];
+  for (;;) {
+    const int n = gzread(f, buffer, sizeof(buffer));
+    if (n < 0) {
+      int code = 0;
+      const std::string what = gzerror(f, &code);
+      gzclose(f);
+      throw Error(path + ": corrupt gzip file (" + what + ")");
+    }
+    if (n == 0) break;
+    out.append(buffer, static_cast<size_t>(n));
+  }
+  if (gzclose(f) != Z_OK) throw Error(path + ": corrupt gzip file (truncated stream)");
+  return out;
+}
+
+const nlohmann::json& field(const nlohmann::json& j, const std::string& key, const std::string& where) {
+  if (!j.is_object() || !j.contains(key)) throw Error(where + ": missing field \"" + key + "\"");
+  return j.at(key);
+}
+
+int64_t int_field(const nlohmann::json& j, const std::string& key, const std::string& where) {
+  const auto& v = field(j, key, where);
+  if (!v.is_number_integer()) throw Error(where + ": field \"" + key + "\" must be an integer");
+  return v.get<int64_t>();
+}
+
+std::string string_field(const nlohmann::json& j, const std::string& key, const std::string& where) {
+  const auto& v = field(j, key, where);
+  if (!v.is_string()) throw Error(where + ": field \"" + key + "\" must be a string");
+  return v.get<std::string>();
+}
+
+// "rc_5shot" -> ("rc", 5); nullopt for the other variants (train_/val_/test_ splits).
+std::optional<std::pair<std::string, int64_t>> parse_variant(const std::string& name) {
+  static const std::regex pattern("^(rc|mc)_([0-9]+)shot$");
+  std::smatch m;
+  if (!std::regex_match(name, m, pattern)) return std::nullopt;
+  return std::make_pair(m[1].str(), std::stoll(m[2].str()));
+}
+
+}  // namespace
+
+std::vector<std::string> default_task_dirs() {
+  if (const char* env = std::getenv("ARCHSPACE_EVAL_TASKS"); env && *env) return split(env, ':');
+  return split(ARCHSPACE_EVAL_TASK_DIRS, ':');
+}
+
+std::vector<std::string> available_tasks(const std::vector<std::string>& dirs) {
+  std::set<std::string> names;
+  for (const auto& dir : dirs) {
+    std::error_code ec;
+    if (!fs::is_directory(dir, ec)) continue;
+    for (const auto& entry : fs::directory_iterator(dir, ec)) {
+      if (entry.is_directory() && !task_variants({dir}, entry.path().filename().string()).empty())
+        names.insert(entry.path().filename().string());
+    }
+  }
+  return {names.begin(), names.end()};
+}
+
+std::vector<std::string> task_variants(const std::vector<std::string>& dirs, const std::string& task) {
+  std::set<std::string> out;
+  for (const auto& dir : dirs) {
+    std::error_code ec;
+    const fs::path task_dir = fs::path(dir) / task;
+    if (!fs::is_directory(task_dir, ec)) continue;
+    for (const auto& entry : fs::directory_iterator(task_dir, ec)) {
+      const std::string name = entry.path().filename().string();
+      if (entry.is_directory() && parse_variant(name)) out.insert(name);
+    }
+  }
+  return {out.begin(), out.end()};
+}
+
+std::string find_task_variant(const std::vector<std::string>& dirs, const std::string& task, const std::string& format,
+                              std::optional<int64_t> shots) {
+  if (format != "rc" && format != "mc") throw Error("format must be rc or mc, not \"" + format + "\"");
+  const std::vector<std::string> variants = task_variants(dirs, task);
+  if (variants.empty()) {
+    const std::vector<std::string> known = available_tasks(dirs);
+    throw Error("unknown task \"" + task + "\" (looked in " + join(dirs) +
+                "); tasks: " + (known.empty() ? std::string("none (run scripts/setup.sh)") : join(known)));
+  }
+  if (!shots) {
+    std::vector<int64_t> counts;
+    for (const auto& v : variants) {
+      const auto parsed = parse_variant(v);
+      if (parsed->first == format) counts.push_back(parsed->second);
+    }
+    if (counts.empty()) {
+      throw Error("task " + task + ": no " + format + " files (in " + join(dirs) + "); it has: " + join(variants));
+    } else if (std::find(counts.begin(), counts.end(), 5) != counts.end()) {
+      shots = 5;
+    } else if (counts.size() == 1) {
+      shots = counts[0];
+    } else {
+      throw Error("task " + task + ": no " + format +
+                  " files with 5 shots; choose --shots among its variants: " + join(variants));
+    }
+  }
+  const std::string name = format + "_" + std::to_string(*shots) + "shot";
+  for (const auto& dir : dirs) {
+    const fs::path p = fs::path(dir) / task / name;
+    if (fs::is_directory(p)) return p.string();
+  }
+  throw Error("task " + task + ": no " + name + " files (no directory " + task + "/" + name + " in " + join(dirs) +
+              "); it has: " + join(variants));
+}
+
+std::vector<TaskVariant> select_task_variants(const std::vector<std::string>& dirs,
+                                              const std::vector<std::string>& tasks, const std::string& format,
+                                              std::optional<int64_t> shots, std::vector<std::string>* notes) {
+  if (format != "rc" && format != "mc" && format != "both")
+    throw Error("format must be rc, mc or both, not \"" + format + "\"");
+  if (tasks.empty()) throw Error("no tasks given; tasks: " + join(available_tasks(dirs)));
+  std::vector<TaskVariant> out;
+  for (const auto& task : tasks) {
+    for (const std::string f : {"rc", "mc"}) {
+      if (format != "both" && format != f) continue;
+      std::string dir;
+      try {
+        dir = find_task_variant(dirs, task, f, shots);
+      } catch (const Error& e) {
+        if (format != "both" || task_variants(dirs, task).empty()) throw;
+        if (notes) notes->push_back(std::string("skipping ") + task + " " + f + ": " + e.what());
+        continue;
+      }
+      out.push_back({task, f, dir, parse_variant(fs::path(dir).filename().string())->second});
+    }
+  }
+  if (out.empty()) throw Error("none of the tasks has " + format + " files");
+  return out;
+}
+
+TaskFiles load_task(const std::string& variant_dir, const std::string& task, const std::string& format, int64_t shots,
+                    int64_t limit) {
+  if (limit < 0) throw Error("the document limit must be at least 1 (0: all), got " + std::to_string(limit));
+  TaskFiles t;
+  t.task = task;
+  t.format = format;
+  t.shots = shots;
+  t.dir = variant_dir;
+
+  const std::string config_path = (fs::path(variant_dir) / "config.json").string();
+  nlohmann::json config;
+  try {
+    config = nlohmann::json::parse(read_text_file(config_path));
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(config_path + ": not valid JSON (" + e.what() + ")");
+  }
+  const nlohmann::json& task_config = field(config, "task_config", config_path);
+  t.primary_metric = string_field(task_config, "primary_metric", config_path + " task_config");
+  if (task_config.contains("metric_kwargs") && task_config["metric_kwargs"].is_object() &&
+      task_config["metric_kwargs"].contains("uncond_docid_offset")) {
+    t.uncond_offset = int_field(task_config["metric_kwargs"], "uncond_docid_offset", config_path + " metric_kwargs");
+  }
+
+  const std::string requests_path = (fs::path(variant_dir) / "requests.jsonl.gz").string();
+  const std::string text = read_gzip_file(requests_path);
+  std::vector<TaskRequest> conditional, unconditional;
+  std::set<int64_t> kept;  // conditional documents within the limit
+  std::istringstream lines(text);
+  int64_t line_no = 0;
+  for (std::string line; std::getline(lines, line);) {
+    ++line_no;
+    const std::string where = requests_path + ":" + std::to_string(line_no);
+    const auto j = parse_json_line(line, where);
+    if (!j) continue;
+    const std::string type = string_field(*j, "request_type", where);
+    if (type != "loglikelihood") {
+      throw Error(where + ": task " + task + " has a \"" + type +
+                  "\" request: generation-based tasks are not supported (only loglikelihood, multiple-choice ones)");
+    }
+    TaskRequest r;
+    r.doc_id = int_field(*j, "doc_id", where);
+    r.idx = int_field(*j, "idx", where);
+    r.label = int_field(*j, "label", where);
+    r.native_id = j->contains("native_id") ? (*j)["native_id"] : nlohmann::json();
+    const auto& request = field(*j, "request", where);
+    r.context = string_field(request, "context", where + " request");
+    r.continuation = string_field(request, "continuation", where + " request");
+    const bool uncond = t.uncond_offset > 0 && r.doc_id >= t.uncond_offset;
+    if (uncond) {
+      unconditional.push_back(std::move(r));
+    } else {
+      if (!kept.count(r.doc_id) && (limit == 0 || static_cast<int64_t>(kept.size()) < limit)) kept.insert(r.doc_id);
+      if (kept.count(r.doc_id)) conditional.push_back(std::move(r));
+    }
+  }
+  if (conditional.empty()) throw Error(requests_path + ": no requests");
+
+  // Each document's choices must be 0..k-1, once each, with one gold label among them.
+  std::map<int64_t, std::vector<const TaskRequest*>> docs;
+  for (const auto& r : conditional) docs[r.doc_id].push_back(&r);
+  for (auto& [doc_id, choices] : docs) {
+    std::sort(choices.begin(), choices.end(), [](auto* a, auto* b) { return a->idx < b->idx; });
+    for (size_t i = 0; i < choices.size(); ++i) {
+      if (choices[i]->idx != static_cast<int64_t>(i) || choices[i]->label != choices[0]->label) {
+        throw Error(requests_path + ": document " + std::to_string(doc_id) +
+                    ": choices must be numbered 0..k-1 once each, with one label");
+      }
+    }
+    if (choices[0]->label < 0 || choices[0]->label >= static_cast<int64_t>(choices.size())) {
+      throw Error(requests_path + ": document " + std::to_string(doc_id) + ": label " +
+                  std::to_string(choices[0]->label) + " is not one of its " + std::to_string(choices.size()) +
+                  " choices");
+    }
+  }
+  t.documents = static_cast<int64_t>(docs.size());
+  t.requests = std::move(conditional);
+
+  // Unconditional requests: all documents have them (acc_uncond) or none do.
+  std::map<int64_t, int64_t> uncond_choices;
+  for (auto& r : unconditional) {
+    if (docs.count(r.doc_id - t.uncond_offset)) {
+      ++uncond_choices[r.doc_id - t.uncond_offset];
+      t.requests.push_back(std::move(r));
+    }
+  }
+  if (uncond_choices.empty()) {
+    t.uncond_offset = 0;
+  } else {
+    for (const auto& [doc_id, choices] : docs) {
+      if (uncond_choices[doc_id] != static_cast<int64_t>(choices.size())) {
+        throw Error(requests_path + ": document " + std::to_string(doc_id) + " has " +
+                    std::to_string(uncond_choices[doc_id]) + " unconditional requests (doc_id " +
+                    std::to_string(doc_id + t.uncond_offset) + ") for its " + std::to_string(choices.size()) +
+                    " choices");
+      }
+    }
+  }
+  return t;
+}
+
+}  // namespace archspace
