@@ -258,6 +258,8 @@ at::Tensor CausalLM::forward(const at::Tensor& input_ids, const ForwardOptions& 
   return head(x);
 }
 
-at::Tensor CausalLM::head(const at::Tensor& final_hidden) const { return archspace::linear(final_hidden, weights_.lm_head); }
+at::Tensor CausalLM::head(const at::Tensor& final_hidden) const {
+  return archspace::linear(final_hidden, weights_.lm_head);
+}
 
 }  // namespace archspace
