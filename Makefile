@@ -46,6 +46,7 @@ bench: build
 	$(PY) bench/bench_threads.py
 	$(PY) bench/bench_downstream.py
 	$(PY) bench/bench_dist.py
+	$(PY) bench/bench_serve.py
 	mkdir -p bench/results && $(BUILD)/bench_linear --out bench/results/linear-$$(date +%Y%m%d-%H%M%S).json
 
 # libFuzzer targets of fuzz/ (clang, ASan + UBSan; README "Bad input and faults"): FUZZ_SECONDS each.

@@ -60,6 +60,46 @@ size_t incomplete_utf8_tail(const std::string& s) {
 }
 }  // namespace
 
+std::string CompletionText::add(const std::string& token_bytes) {
+  if (stopped_) return "";
+  bytes_ += token_bytes;
+  // A new occurrence ends in the new bytes; the earliest one of any stop string cuts the text.
+  const size_t added_from = bytes_.size() - token_bytes.size();
+  size_t cut = std::string::npos;
+  for (const auto& stop : stops_) {
+    const size_t at = bytes_.find(stop, added_from >= stop.size() ? added_from - stop.size() + 1 : 0);
+    cut = std::min(cut, at);
+  }
+  if (cut != std::string::npos) {
+    bytes_.resize(cut);
+    stopped_ = true;
+  }
+  if (stopped_) return flush();
+  size_t release = bytes_.size() - incomplete_utf8_tail(bytes_);
+  // Hold back a tail that may be the start of a stop string.
+  for (const auto& stop : stops_) {
+    for (size_t n = std::min(stop.size() - 1, bytes_.size()); n > 0; --n) {
+      if (bytes_.compare(bytes_.size() - n, n, stop, 0, n) == 0) {
+        release = std::min(release, bytes_.size() - n);
+        break;
+      }
+    }
+  }
+  if (release <= emitted_) return "";
+  std::string piece = utf8_lossy(std::string_view(bytes_).substr(emitted_, release - emitted_));
+  emitted_ = release;
+  return piece;
+}
+
+std::string CompletionText::flush() {
+  if (emitted_ >= bytes_.size()) return "";
+  std::string piece = utf8_lossy(std::string_view(bytes_).substr(emitted_));
+  emitted_ = bytes_.size();
+  return piece;
+}
+
+std::string CompletionText::text() const { return utf8_lossy(bytes_); }
+
 namespace {
 void check_prompt(const std::vector<uint32_t>& prompt, const ModelConfig& c, const std::string& which) {
   if (prompt.empty()) throw Error("generate: " + which + " is empty");
@@ -75,11 +115,10 @@ void check_prompt(const std::vector<uint32_t>& prompt, const ModelConfig& c, con
   }
 }
 
-// One row's decoding state: the raw bytes so far, how much of them was streamed, whether it stopped.
+// One row's decoding state.
 struct RowState {
   Completion completion;
-  std::string bytes;
-  size_t emitted = 0;
+  CompletionText text;
   bool done = false;
 };
 }  // namespace
@@ -123,13 +162,10 @@ GenerateResult generate(const CausalLM& model, const Tokenizer& tokenizer,
   r.prefill_seconds = std::chrono::duration<double>(now() - t0).count();
 
   // Decode.
-  std::vector<RowState> rows(B);
-  auto stream = [&](size_t b, size_t upto) {
-    RowState& row = rows[b];
-    if (upto > row.emitted) {
-      on_text(b, utf8_lossy(std::string_view(row.bytes).substr(row.emitted, upto - row.emitted)));
-      row.emitted = upto;
-    }
+  std::vector<RowState> rows;
+  for (size_t b = 0; b < B; ++b) rows.push_back({{}, CompletionText(o.stop_strings), false});
+  auto stream = [&](size_t b, const std::string& piece) {
+    if (!piece.empty()) on_text(b, piece);
   };
   t0 = now();
   const int64_t budget = std::min<int64_t>(o.max_new_tokens, c.max_position_embeddings - longest);
@@ -147,17 +183,8 @@ GenerateResult generate(const CausalLM& model, const Tokenizer& tokenizer,
       }
       next[b] = id;
       row.completion.ids.push_back(static_cast<uint32_t>(id));
-      row.bytes += tokenizer.id_to_token(static_cast<uint32_t>(id));
-      size_t printable = row.bytes.size() - incomplete_utf8_tail(row.bytes);
-      for (const auto& stop : o.stop_strings) {
-        const size_t at = row.bytes.find(stop);
-        if (at != std::string::npos) {
-          printable = std::min(printable, at);
-          row.bytes.resize(at);
-          row.done = true;
-        }
-      }
-      stream(b, printable);
+      stream(b, row.text.add(tokenizer.id_to_token(static_cast<uint32_t>(id))));
+      if (row.text.stopped()) row.done = true;
     }
     if (std::all_of(rows.begin(), rows.end(), [](const RowState& row) { return row.done; })) break;
     if (step + 1 == budget) break;  // no forward needed for tokens that will not be sampled from
@@ -168,8 +195,8 @@ GenerateResult generate(const CausalLM& model, const Tokenizer& tokenizer,
   }
   r.decode_seconds = std::chrono::duration<double>(now() - t0).count();
   for (size_t b = 0; b < B; ++b) {
-    stream(b, rows[b].bytes.size());
-    rows[b].completion.text = utf8_lossy(rows[b].bytes);
+    stream(b, rows[b].text.flush());
+    rows[b].completion.text = rows[b].text.text();
     r.decode_tokens += static_cast<int64_t>(rows[b].completion.ids.size());
     r.completions.push_back(std::move(rows[b].completion));
   }

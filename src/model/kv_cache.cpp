@@ -123,6 +123,114 @@ KVCache::View KVCache::append_sliding(LayerCache& c, const at::Tensor& k, const 
   return view;
 }
 
+int64_t KVCache::batch_size() const {
+  if (!left_padding_.empty()) return static_cast<int64_t>(left_padding_.size());
+  for (const LayerCache& c : layers_) {
+    if (c.k.defined()) return c.k.size(0);
+  }
+  return 0;
+}
+
+std::pair<at::Tensor, at::Tensor> KVCache::in_slot_order(int64_t layer) const {
+  const LayerCache& c = layers_[layer];
+  if (types_[layer] == LayerType::kSliding && length_ > window_) {
+    // A wrapped ring (capacity == window): the oldest slot held, length_ - window_, is at length_ % window_.
+    const int64_t oldest = length_ % window_;
+    auto unroll = [&](const at::Tensor& t) {
+      return at::cat({t.narrow(2, oldest, window_ - oldest), t.narrow(2, 0, oldest)}, 2);
+    };
+    return {unroll(c.k), unroll(c.v)};
+  }
+  return {c.k.narrow(2, 0, c.held), c.v.narrow(2, 0, c.held)};  // index == slot
+}
+
+void KVCache::store_in_slot_order(int64_t layer, const at::Tensor& k, const at::Tensor& v, int64_t length) {
+  LayerCache& c = layers_[layer];
+  c.held = k.size(2);
+  if (types_[layer] == LayerType::kSliding && length > window_) {
+    // Slot length - window_ (the first given) belongs at ring index length % window_.
+    c.k = at::roll(k, length % window_, 2).contiguous();
+    c.v = at::roll(v, length % window_, 2).contiguous();
+  } else {
+    c.k = k.contiguous();
+    c.v = v.contiguous();
+  }
+}
+
+void KVCache::keep_rows(const std::vector<int64_t>& rows) {
+  const int64_t B = batch_size();
+  for (int64_t r : rows) {
+    if (r < 0 || r >= B) throw Error("KVCache::keep_rows: row " + std::to_string(r) + " of " + std::to_string(B));
+  }
+  if (rows.empty()) {
+    for (LayerCache& c : layers_) c = LayerCache{};
+    left_padding_.clear();
+    padded_ = false;
+    length_ = 0;
+    return;
+  }
+  std::vector<int64_t> padding;
+  for (int64_t r : rows) padding.push_back(left_padding_.empty() ? 0 : left_padding_[r]);
+  // Slots that are padding in every kept row go: the batch keeps the length of its longest sequence.
+  const int64_t drop = *std::min_element(padding.begin(), padding.end());
+  const int64_t length = length_ - drop;
+  if (length_ > 0) {
+    for (size_t l = 0; l < layers_.size(); ++l) {
+      auto [k, v] = in_slot_order(static_cast<int64_t>(l));
+      at::Tensor index = at::tensor(rows, at::kLong).to(k.device());
+      const int64_t held = types_[l] == LayerType::kSliding ? std::min(length, window_) : length;
+      k = k.index_select(0, index).narrow(2, k.size(2) - held, held);
+      v = v.index_select(0, index).narrow(2, v.size(2) - held, held);
+      store_in_slot_order(static_cast<int64_t>(l), k, v, length);
+    }
+  }
+  for (int64_t& p : padding) p -= drop;
+  left_padding_ = padding;
+  padded_ = std::any_of(padding.begin(), padding.end(), [](int64_t p) { return p > 0; });
+  length_ = length;
+}
+
+void KVCache::append_rows(const KVCache& other) {
+  if (other.types_ != types_ || other.window_ != window_)
+    throw Error("KVCache::append_rows: caches of different models");
+  const int64_t B = batch_size(), other_B = other.batch_size();
+  if (other_B == 0) return;
+  if (B == 0) {
+    *this = other;
+    if (left_padding_.empty()) left_padding_.assign(other_B, 0);
+    return;
+  }
+  const int64_t length = std::max(length_, other.length_);
+  std::vector<int64_t> padding;
+  auto add_padding = [&](const KVCache& cache, int64_t rows) {
+    for (int64_t b = 0; b < rows; ++b)
+      padding.push_back((cache.left_padding_.empty() ? 0 : cache.left_padding_[b]) + length - cache.length_);
+  };
+  add_padding(*this, B);
+  add_padding(other, other_B);
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const int64_t held = types_[l] == LayerType::kSliding ? std::min(length, window_) : length;
+    std::vector<at::Tensor> ks, vs;
+    for (const KVCache* cache : {static_cast<const KVCache*>(this), &other}) {
+      auto [k, v] = cache->in_slot_order(static_cast<int64_t>(l));
+      // The slots this cache lacks at the front are padding for its rows (zeros: masked, and finite).
+      const int64_t missing = held - k.size(2);
+      if (missing > 0) {
+        std::vector<int64_t> shape = k.sizes().vec();
+        shape[2] = missing;
+        k = at::cat({at::zeros(shape, k.options()), k}, 2);
+        v = at::cat({at::zeros(shape, v.options()), v}, 2);
+      }
+      ks.push_back(k);
+      vs.push_back(v);
+    }
+    store_in_slot_order(static_cast<int64_t>(l), at::cat(ks, 0), at::cat(vs, 0), length);
+  }
+  left_padding_ = padding;
+  padded_ = std::any_of(padding.begin(), padding.end(), [](int64_t p) { return p > 0; });
+  length_ = length;
+}
+
 int64_t KVCache::bytes() const { return bytes(LayerType::kSliding) + bytes(LayerType::kFull); }
 
 int64_t KVCache::bytes(LayerType type) const {

@@ -3,8 +3,11 @@
 // each sequence run alone; sliding layers' cache stays bounded by the window.
 #include <gtest/gtest.h>
 
+#include <cstdio>
+
 #include "archspace/model/causal_lm.h"
 #include "archspace/model/kv_cache.h"
+#include "archspace/util/error.h"
 
 using namespace archspace;
 
@@ -148,4 +151,79 @@ TEST(KVCache, FullLayerGrowthStopsAtTheModelsMaximum) {
     model.forward(at::randint(0, c.vocab_size, {1, 1}, at::kLong), {AttentionImpl::kSdpa, &cache});
   EXPECT_EQ(cache.cached_positions(3), 40);
   EXPECT_EQ(cache.bytes(LayerType::kFull), 1 * 2 * 2 * 40 * 16 * 4);  // 16, 32, then 40 rather than 64
+}
+
+// Continuous batching: sequences prefilled alone join a running batch (append_rows) and leave it
+// (keep_rows) between decode steps; every row's logits at every step equal that sequence decoded alone
+// (fp32, <= 1e-5), for sliding (window 8, rings wrapped and not) and full layers, both variants.
+TEST_P(IncrementalDecoding, JoiningAndLeavingABatchEqualsEachSequenceAlone) {
+  const ModelConfig c = config_for(GetParam());
+  CausalLM model = random_model(c, 6);
+  // Prompt lengths: shorter than the window, past it, and far past it (its ring wraps during prefill).
+  const std::vector<int64_t> lengths = {3, 11, 25, 6};
+  const int64_t steps = 16;
+  std::vector<at::Tensor> prompts, feeds;  // feeds: the token each sequence is given at each decode step
+  for (int64_t n : lengths) {
+    prompts.push_back(at::randint(0, c.vocab_size, {1, n}, at::kLong));
+    feeds.push_back(at::randint(0, c.vocab_size, {steps}, at::kLong));
+  }
+  // Alone: each sequence's decode-step logits with its own unpadded cache.
+  std::vector<std::vector<at::Tensor>> alone(lengths.size());
+  for (size_t s = 0; s < lengths.size(); ++s) {
+    KVCache cache(c);
+    model.forward(prompts[s], {AttentionImpl::kSdpa, &cache});
+    for (int64_t t = 0; t < steps; ++t)
+      alone[s].push_back(model.forward(feeds[s][t].view({1, 1}), {AttentionImpl::kSdpa, &cache})[0][0]);
+  }
+  // Batched: when each sequence joins (the decode step) and leaves (the step after its last).
+  const std::vector<int64_t> joins = {0, 0, 3, 5}, leaves = {9, 16, 12, 16};
+  KVCache batch(c);
+  std::vector<int64_t> rows;       // sequence of each batch row
+  std::vector<int64_t> fed(4, 0);  // decode steps each sequence has had
+  double worst = 0;
+  for (int64_t t = 0; t < 16; ++t) {
+    // Leave first (the longest sequence leaves at 12: the slots only it needed are dropped), then join.
+    std::vector<int64_t> keep, kept_seq;
+    for (size_t r = 0; r < rows.size(); ++r) {
+      if (leaves[rows[r]] > t) {
+        keep.push_back(static_cast<int64_t>(r));
+        kept_seq.push_back(rows[r]);
+      }
+    }
+    if (keep.size() != rows.size()) {
+      batch.keep_rows(keep);
+      rows = kept_seq;
+    }
+    for (size_t s = 0; s < lengths.size(); ++s) {
+      if (joins[s] != t) continue;
+      KVCache joining(c);
+      model.forward(prompts[s], {AttentionImpl::kSdpa, &joining});
+      batch.append_rows(joining);
+      rows.push_back(static_cast<int64_t>(s));
+    }
+    std::vector<at::Tensor> next;
+    for (int64_t s : rows) next.push_back(feeds[s][fed[s]]);
+    at::Tensor logits = model.forward(at::stack(next).view({-1, 1}), {AttentionImpl::kSdpa, &batch});
+    for (size_t r = 0; r < rows.size(); ++r) {
+      const int64_t s = rows[r];
+      const double diff = (logits[r][0] - alone[s][fed[s]]).abs().max().item<double>();
+      worst = std::max(worst, diff);
+      EXPECT_LE(diff, 1e-5) << "sequence " << s << " at its decode step " << fed[s] << " (batch step " << t << ")";
+      ++fed[s];
+    }
+  }
+  EXPECT_EQ(fed, (std::vector<int64_t>{9, 16, 9, 11}));    // every sequence decoded while others came and went
+  EXPECT_GT(alone[2][0].abs().max().item<double>(), 1.0);  // logits of a real scale
+  // The batch ends with sequences 1 and 3 only: its length is the longer one's, 11 + 16.
+  EXPECT_EQ(batch.length(), 11 + 16);
+  std::printf("worst difference batched vs alone: %.3g\n", worst);
+}
+
+TEST(KVCache, KeepRowsChecksTheRows) {
+  const ModelConfig c = config_for(Variant::kBase);
+  KVCache cache(c, {0, 1});
+  EXPECT_THROW(cache.keep_rows({2}), Error);
+  cache.keep_rows({});
+  EXPECT_EQ(cache.batch_size(), 0);
+  EXPECT_EQ(cache.length(), 0);
 }

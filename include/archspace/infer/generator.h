@@ -45,6 +45,26 @@ struct GenerateResult {
   int64_t cache_bytes = 0, cache_sliding_bytes = 0, cache_full_bytes = 0;
 };
 
+// A completion's text as its tokens arrive: stop strings cut it (before the stop), and only whole UTF-8
+// characters that cannot be the start of a stop string are released for streaming, so the pieces
+// streamed always add up to the final text.
+class CompletionText {
+ public:
+  explicit CompletionText(std::vector<std::string> stop_strings = {}) : stops_(std::move(stop_strings)) {}
+  // Adds one token's bytes; returns the text that became safe to stream (may be empty).
+  std::string add(const std::string& token_bytes);
+  // Releases whatever is held back (at the end of the completion).
+  std::string flush();
+  bool stopped() const { return stopped_; }  // a stop string appeared
+  std::string text() const;                  // the whole text so far (invalid UTF-8 replaced)
+
+ private:
+  std::vector<std::string> stops_;
+  std::string bytes_;
+  size_t emitted_ = 0;
+  bool stopped_ = false;
+};
+
 // Picks the next token from logits [V] (fp32).
 int64_t sample_token(const at::Tensor& logits, const SamplingOptions& options, at::Generator& gen);
 

@@ -11,6 +11,11 @@
 // s - left_padding[b]. Real queries never attend to padding; padding queries attend causally to whatever
 // precedes them (their outputs are never used, but must stay finite: a fully masked softmax is NaN, and
 // NaN values would leak through zero attention weights).
+//
+// Continuous batching (the server): rows leave a running batch (keep_rows) and prefilled sequences join
+// it (append_rows). Joining left-pads the shorter side so that every row still ends at the shared slot;
+// leaving drops the slots that are padding in every remaining row, so the batch's length stays that of
+// its longest sequence. Sliding layers' rings are rebuilt for the new slot numbering.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -45,6 +50,14 @@ class KVCache {
   // Marks the chunk as consumed by every layer.
   void advance(int64_t tokens) { length_ += tokens; }
 
+  // Rows in the batch (0 before the first forward when built without left_padding).
+  int64_t batch_size() const;
+  // Keeps only the given rows, in that order (empty: the cache becomes empty, length 0).
+  void keep_rows(const std::vector<int64_t>& rows);
+  // Adds other's rows after this cache's (same model; both on one device and dtype). A cache with no rows
+  // takes other's as they are.
+  void append_rows(const KVCache& other);
+
   int64_t bytes() const;                          // allocated by all layers
   int64_t bytes(LayerType type) const;            // allocated by layers of one type
   int64_t cached_positions(int64_t layer) const;  // positions a layer holds
@@ -59,6 +72,11 @@ class KVCache {
   // Grows c's buffers to hold `needed` positions, keeping the first c.held; doubling stops at `limit`
   // (the window for a sliding layer, max_position_embeddings for a full one).
   void reserve(LayerCache& c, const at::Tensor& like, int64_t needed, int64_t limit);
+  // A layer's cached keys and values in slot order: slots [length_ - held, length_) as [B, G, held, h].
+  std::pair<at::Tensor, at::Tensor> in_slot_order(int64_t layer) const;
+  // Replaces a layer's cache with keys and values in slot order ending at slot `length` (the inverse of
+  // in_slot_order for that length: sliding layers get their ring layout back).
+  void store_in_slot_order(int64_t layer, const at::Tensor& k, const at::Tensor& v, int64_t length);
   // Padding mask for queries at slots length_ .. length_ + T - 1 over keys at the given slots [S].
   at::Tensor padding_mask(int64_t tokens, const at::Tensor& key_slots) const;
 

@@ -1,0 +1,42 @@
+// The HTTP side of `archspace serve` (cpp-httplib): OpenAI-compatible routes over the scheduler.
+//   POST /v1/completions, /v1/chat/completions   (stream: server-sent events ending in "data: [DONE]")
+//   GET  /v1/models, /health (no key needed; also running and waiting counts), /tokenizer_info
+//   POST /tokenize, /detokenize                 (what lm-eval's RemoteTokenizer calls)
+// Every error is an OpenAI error body. With an API key, every route but /health wants
+// "Authorization: Bearer KEY" (401 otherwise).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "archspace/model/causal_lm.h"
+#include "archspace/serve/scheduler.h"
+#include "archspace/tokenizer/tokenizer.h"
+
+namespace archspace::serve {
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 8000;  // 0: any free port (bind() returns it)
+  std::string api_key;
+  std::string model_id;  // the "model" clients name
+  SchedulerOptions scheduler;
+};
+
+class HttpServer {
+ public:
+  HttpServer(const CausalLM& model, std::shared_ptr<const Tokenizer> tokenizer, ServerOptions options);
+  ~HttpServer();
+  // Binds the listening socket; returns the port (throws naming host and port when it cannot).
+  int bind();
+  // Serves until stop(): then accepts nothing new, finishes the requests in flight and returns.
+  void run();
+  // Safe from another thread (the signal watcher).
+  void stop();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace archspace::serve

@@ -1,0 +1,297 @@
+#include "archspace/serve/http_server.h"
+
+#include <httplib.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+
+#include "archspace/infer/prompts.h"
+#include "archspace/serve/openai_schema.h"
+#include "archspace/util/error.h"
+
+namespace archspace::serve {
+
+using nlohmann::json;
+
+namespace {
+std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+void send_json(httplib::Response& res, const json& j, int status = 200) {
+  res.status = status;
+  res.set_content(dump(j), "application/json");
+}
+
+void send_error(httplib::Response& res, const ApiError& e) { send_json(res, e.body(), e.status); }
+
+int64_t now_seconds() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+bool write_event(httplib::DataSink& sink, const std::string& data) {
+  const std::string event = "data: " + data + "\n\n";
+  return sink.write(event.data(), event.size());
+}
+}  // namespace
+
+struct HttpServer::Impl {
+  Impl(const CausalLM& m, std::shared_ptr<const Tokenizer> t, ServerOptions o)
+      : tokenizer(std::move(t)),
+        options(std::move(o)),
+        model{options.model_id, m.config(), *tokenizer, stop_token_ids(*tokenizer, m.config(), false),
+              stop_token_ids(*tokenizer, m.config(), true)},
+        scheduler(m, tokenizer, options.scheduler) {
+    // One handler thread per connection: enough for every sequence being decoded, every request queued,
+    // and a few more so that a full queue is answered (429) rather than left waiting for a thread.
+    const size_t threads = static_cast<size_t>(options.scheduler.max_batch + options.scheduler.max_queue + 8);
+    server.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+    server.set_keep_alive_timeout(2);  // idle keep-alive connections do not delay a shutdown long
+    server.set_payload_max_length(64 << 20);
+    routes();
+  }
+
+  std::shared_ptr<const Tokenizer> tokenizer;
+  ServerOptions options;
+  ServedModel model;
+  Scheduler scheduler;
+  httplib::Server server;
+  std::atomic<int64_t> next_id{1};
+
+  std::string new_id(const char* prefix) { return prefix + std::to_string(next_id++); }
+
+  std::shared_ptr<Ticket> submit(std::vector<SequenceRequest> sequences) {
+    auto ticket = scheduler.submit(std::move(sequences));
+    if (!ticket) {
+      throw ApiError(429,
+                     "The server is busy: " + std::to_string(options.scheduler.max_queue) +
+                         " requests are already waiting (--max-queue); retry later",
+                     "", "queue_full");
+    }
+    return ticket;
+  }
+
+  static void check_failed(const Ticket& ticket) {
+    const std::string error = ticket.error();
+    if (!error.empty()) throw ApiError(500, "the model failed on this request: " + error);
+  }
+
+  // Server-sent events of one request: each choice's text as it comes, its finish reason, then usage
+  // (when asked) and [DONE]. `chunk(index, text, finish_reason)` builds one event's JSON.
+  template <typename Chunk>
+  void stream(httplib::Response& res, std::shared_ptr<Ticket> ticket, size_t choices, Chunk chunk,
+              std::function<json()> final_usage, std::function<void(httplib::DataSink&)> opening) {
+    res.set_chunked_content_provider(
+        "text/event-stream",
+        [ticket, choices, chunk, final_usage, opening](size_t, httplib::DataSink& sink) {
+          if (opening) opening(sink);
+          while (auto event = ticket->next_event()) {
+            if (!event->text.empty() && !write_event(sink, dump(chunk(event->index, event->text, json(nullptr))))) {
+              ticket->cancel();
+              return false;
+            }
+            if (event->final) {
+              const std::string& reason = ticket->results()[event->index].finish_reason;
+              if (!write_event(sink, dump(chunk(event->index, "", json(reason))))) {
+                ticket->cancel();
+                return false;
+              }
+            }
+          }
+          const std::string error = ticket->error();
+          if (!error.empty()) {
+            write_event(sink, dump(ApiError(500, "the model failed on this request: " + error).body()));
+          } else if (final_usage) {
+            write_event(sink, dump(final_usage()));
+          }
+          write_event(sink, "[DONE]");
+          sink.done();
+          return true;
+        },
+        [ticket](bool success) {
+          if (!success) ticket->cancel();
+        });
+    (void)choices;
+  }
+
+  void completions(const httplib::Request& req, httplib::Response& res) {
+    auto request = std::make_shared<CompletionRequest>(parse_completion_request(parse_body(req.body), model));
+    auto ticket = submit(completion_sequences(*request, model));
+    const std::string id = new_id("cmpl-");
+    const int64_t created = now_seconds();
+    if (!request->params.stream) {
+      ticket->wait();
+      check_failed(*ticket);
+      send_json(res, completion_response(*request, ticket->results(), model, id, created));
+      return;
+    }
+    const std::string model_id = model.id;
+    auto chunk = [id, created, model_id](size_t index, const std::string& text, json finish) {
+      return json{{"id", id},
+                  {"object", "text_completion"},
+                  {"created", created},
+                  {"model", model_id},
+                  {"choices", {{{"index", index}, {"text", text}, {"logprobs", nullptr}, {"finish_reason", finish}}}}};
+    };
+    std::function<json()> final_usage;
+    if (request->params.include_usage) {
+      final_usage = [=] {
+        return json{{"id", id},
+                    {"object", "text_completion"},
+                    {"created", created},
+                    {"model", model_id},
+                    {"choices", json::array()},
+                    {"usage", usage(request->prompts, request->params.n, ticket->results())}};
+      };
+    }
+    std::function<void(httplib::DataSink&)> opening;
+    if (request->echo) {
+      const Tokenizer& tok = *tokenizer;
+      opening = [=, &tok](httplib::DataSink& sink) {
+        for (size_t i = 0; i < request->prompts.size() * request->params.n; ++i)
+          write_event(sink, dump(chunk(i, tok.decode(request->prompts[i / request->params.n]), json(nullptr))));
+      };
+    }
+    stream(res, ticket, request->prompts.size() * request->params.n, chunk, final_usage, opening);
+  }
+
+  void chat_completions(const httplib::Request& req, httplib::Response& res) {
+    auto request = std::make_shared<ChatRequest>(parse_chat_request(parse_body(req.body), model));
+    auto ticket = submit(chat_sequences(*request, model));
+    const std::string id = new_id("chatcmpl-");
+    const int64_t created = now_seconds();
+    if (!request->params.stream) {
+      ticket->wait();
+      check_failed(*ticket);
+      send_json(res, chat_response(*request, ticket->results(), model, id, created));
+      return;
+    }
+    const std::string model_id = model.id;
+    auto chunk = [id, created, model_id](size_t index, const std::string& text, json finish) {
+      json delta = finish.is_null() ? json{{"content", text}} : json::object();
+      return json{
+          {"id", id},
+          {"object", "chat.completion.chunk"},
+          {"created", created},
+          {"model", model_id},
+          {"choices", {{{"index", index}, {"delta", delta}, {"logprobs", nullptr}, {"finish_reason", finish}}}}};
+    };
+    std::function<json()> final_usage;
+    if (request->params.include_usage) {
+      final_usage = [=] {
+        return json{{"id", id},
+                    {"object", "chat.completion.chunk"},
+                    {"created", created},
+                    {"model", model_id},
+                    {"choices", json::array()},
+                    {"usage", usage({request->prompt}, request->params.n, ticket->results())}};
+      };
+    }
+    const int64_t n = request->params.n;
+    auto opening = [=](httplib::DataSink& sink) {  // the assistant role first, as OpenAI sends it
+      for (int64_t i = 0; i < n; ++i) {
+        write_event(sink, dump(json{{"id", id},
+                                    {"object", "chat.completion.chunk"},
+                                    {"created", created},
+                                    {"model", model_id},
+                                    {"choices",
+                                     {{{"index", i},
+                                       {"delta", {{"role", "assistant"}, {"content", ""}}},
+                                       {"logprobs", nullptr},
+                                       {"finish_reason", nullptr}}}}}));
+      }
+    };
+    stream(res, ticket, static_cast<size_t>(n), chunk, final_usage, opening);
+  }
+
+  // Wraps a handler: ApiError and bad input answer with OpenAI's error body.
+  template <typename F>
+  httplib::Server::Handler guarded(F f) {
+    return [this, f](const httplib::Request& req, httplib::Response& res) {
+      try {
+        (this->*f)(req, res);
+      } catch (const ApiError& e) {
+        send_error(res, e);
+      } catch (const Error& e) {
+        send_error(res, ApiError(400, e.what()));
+      }
+    };
+  }
+
+  void routes() {
+    server.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+      if (options.api_key.empty() || req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
+      if (req.get_header_value("Authorization") == "Bearer " + options.api_key)
+        return httplib::Server::HandlerResponse::Unhandled;
+      send_error(res, ApiError(401,
+                               req.has_header("Authorization") ? "Incorrect API key provided"
+                                                               : "Missing API key: send 'Authorization: Bearer KEY'",
+                               "", "invalid_api_key"));
+      return httplib::Server::HandlerResponse::Handled;
+    });
+    server.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+      if (!res.body.empty()) return;  // an error the route already answered
+      const std::string message =
+          res.status == 404 ? "no route " + req.method + " " + req.path : "HTTP " + std::to_string(res.status);
+      send_json(res, ApiError(res.status, message).body(), res.status);
+    });
+    server.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+      std::string message = "internal error";
+      try {
+        std::rethrow_exception(ep);
+      } catch (const std::exception& e) {
+        message = std::string("internal error: ") + e.what();
+      } catch (...) {
+      }
+      send_error(res, ApiError(500, message));
+    });
+    server.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+      const SchedulerStats s = scheduler.stats();
+      send_json(res, {{"status", "ok"},
+                      {"running", s.running},
+                      {"waiting", s.waiting},
+                      {"completed_sequences", s.completed_sequences},
+                      {"generated_tokens", s.generated_tokens}});
+    });
+    server.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+      send_json(res, models_response(model, now_seconds()));
+    });
+    server.Get("/tokenizer_info",
+               [this](const httplib::Request&, httplib::Response& res) { send_json(res, tokenizer_info(model)); });
+    server.Post("/tokenize", guarded(&Impl::tokenize));
+    server.Post("/detokenize", guarded(&Impl::detokenize));
+    server.Post("/v1/completions", guarded(&Impl::completions));
+    server.Post("/v1/chat/completions", guarded(&Impl::chat_completions));
+  }
+
+  void tokenize(const httplib::Request& req, httplib::Response& res) {
+    send_json(res, tokenize_response(parse_body(req.body), model));
+  }
+  void detokenize(const httplib::Request& req, httplib::Response& res) {
+    send_json(res, detokenize_response(parse_body(req.body), model));
+  }
+};
+
+HttpServer::HttpServer(const CausalLM& model, std::shared_ptr<const Tokenizer> tokenizer, ServerOptions options)
+    : impl_(std::make_unique<Impl>(model, std::move(tokenizer), std::move(options))) {}
+
+HttpServer::~HttpServer() = default;
+
+int HttpServer::bind() {
+  const ServerOptions& o = impl_->options;
+  const int port =
+      o.port == 0 ? impl_->server.bind_to_any_port(o.host) : (impl_->server.bind_to_port(o.host, o.port) ? o.port : -1);
+  if (port < 0) {
+    throw Error("serve: cannot listen on " + o.host + ":" + std::to_string(o.port) +
+                " (--host/--port: address in use or not local?)");
+  }
+  return port;
+}
+
+void HttpServer::run() {
+  impl_->server.listen_after_bind();
+  impl_->scheduler.stop();  // the handlers have returned: nothing more will be submitted
+}
+
+void HttpServer::stop() { impl_->server.stop(); }
+
+}  // namespace archspace::serve

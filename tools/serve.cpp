@@ -1,0 +1,104 @@
+// archspace serve: an OpenAI-compatible HTTP server over one model (see serve/http_server.h).
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <filesystem>
+#include <thread>
+
+#include "archspace/io/run_dir.h"
+#include "archspace/model/model_io.h"
+#include "archspace/serve/http_server.h"
+#include "archspace/util/error.h"
+#include "command.h"
+
+namespace archspace::cli {
+namespace {
+
+struct ServeArgs {
+  std::string model, tokenizer, model_name, dtype = "fp32", device = "cpu";
+  serve::ServerOptions server;
+};
+
+// SIGINT/SIGTERM: the handler only writes the signal to a pipe; a watcher thread reads it and stops the
+// server (which finishes the requests in flight). A second signal ends the process at once.
+int g_signal_pipe[2] = {-1, -1};
+std::atomic<int> g_signals{0};
+
+void on_signal(int sig) {
+  if (g_signals.fetch_add(1) > 0) ::_exit(128 + sig);
+  const char byte = static_cast<char>(sig);
+  [[maybe_unused]] ssize_t n = ::write(g_signal_pipe[1], &byte, 1);
+}
+
+int run(ServeArgs a) {
+  a.model = resolve_model_dir(a.model);
+  const ModelConfig config = load_model_config(a.model);
+  auto tokenizer = model_tokenizer(a.model, a.tokenizer, config.vocab_size);
+  CausalLM model =
+      load_model(a.model, {scalar_type(parse_dtype(a.dtype, "--dtype")), parse_device(a.device, "--device").device()});
+  if (a.model_name.empty()) a.model_name = std::filesystem::path(a.model).lexically_normal().filename().string();
+  if (a.model_name.empty())
+    a.model_name = std::filesystem::path(a.model).lexically_normal().parent_path().filename().string();
+  a.server.model_id = a.model_name;
+
+  serve::HttpServer server(model, tokenizer, a.server);
+  const int port = server.bind();
+  if (::pipe(g_signal_pipe) != 0) throw Error("serve: cannot create the signal pipe");
+  struct sigaction action {};
+  action.sa_handler = on_signal;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;
+  sigaction(SIGTERM, &action, nullptr);
+  sigaction(SIGINT, &action, nullptr);
+  std::thread watcher([&] {
+    char sig = 0;
+    if (::read(g_signal_pipe[0], &sig, 1) == 1 && sig != 0) {
+      std::fprintf(stderr, "archspace serve: %s: no new connections; finishing the requests in flight\n",
+                   sig == SIGINT ? "SIGINT" : "SIGTERM");
+      server.stop();
+    }
+  });
+  std::printf("archspace serve: model '%s' on http://%s:%d (max batch %lld, max queue %lld)\n", a.model_name.c_str(),
+              a.server.host.c_str(), port, static_cast<long long>(a.server.scheduler.max_batch),
+              static_cast<long long>(a.server.scheduler.max_queue));
+  std::fflush(stdout);
+  server.run();
+  const char none = 0;  // wakes the watcher when the server ended without a signal
+  [[maybe_unused]] ssize_t n = ::write(g_signal_pipe[1], &none, 1);
+  watcher.join();
+  std::fprintf(stderr, "archspace serve: stopped\n");
+  return 0;
+}
+
+Command add(CLI::App& parent) {
+  auto a = std::make_shared<ServeArgs>();
+  serve::ServerOptions& s = a->server;
+  auto* app = parent.add_subcommand(
+      "serve",
+      "OpenAI-compatible HTTP server (completions, chat, tokenize; continuous batching) for lm-eval and clients");
+  app->add_option("--model", a->model, "model directory, or a checkpoint or finished run directory holding one")
+      ->required();
+  app->add_option("--host", s.host, "address to listen on (loopback by default; 0.0.0.0 for all)")
+      ->capture_default_str();
+  app->add_option("--port", s.port, "TCP port (0: any free port, printed at start)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 65535));
+  app->add_option("--api-key", s.api_key, "require 'Authorization: Bearer KEY' (all routes but /health)");
+  app->add_option("--model-name", a->model_name, "the model id clients send (default: the directory's name)");
+  app->add_option("--max-batch", s.scheduler.max_batch, "sequences decoded together")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{4096}));
+  app->add_option("--max-queue", s.scheduler.max_queue, "requests waiting to start; beyond, 429")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{0}, int64_t{100000}));
+  app->add_option("--tokenizer", a->tokenizer, "tokenizer (default: the one the model directory carries)");
+  add_dtype_option(app, a->dtype, "compute dtype");
+  add_device_option(app, a->device);
+  return {app, [a] { return run(*a); }};
+}
+
+}  // namespace
+ARCHSPACE_COMMAND(110, add);
+}  // namespace archspace::cli
