@@ -189,6 +189,7 @@ ChoiceTexts read_keys(const toml::table& root, TrainConfig& c, const std::string
   train.get("shard_optimizer", c.shard_optimizer);
   train.get("nonfinite", choices.nonfinite);
   train.get("log_all_ranks", c.log_all_ranks);
+  train.get("activation_checkpointing", c.activation_checkpointing);
   train.check_unknown();
 
   Section optim(optim_t, "optim", path, schema);
@@ -197,6 +198,7 @@ ChoiceTexts read_keys(const toml::table& root, TrainConfig& c, const std::string
   optim.get("beta2", c.beta2);
   optim.get("eps", c.eps);
   optim.get("weight_decay", c.weight_decay);
+  optim.get("fused", c.fused);
   optim.get("decay_norms", c.decay_norms);
   optim.get("decay_embeddings", c.decay_embeddings);
   optim.get("warmup_steps", c.warmup_steps);

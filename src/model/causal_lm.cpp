@@ -1,9 +1,11 @@
 #include "archspace/model/causal_lm.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <c10/core/GradMode.h>
 
 #include <cmath>
 
+#include "archspace/model/activation_checkpoint.h"
 #include "archspace/model/linear.h"
 #include "archspace/model/trace.h"
 #include "archspace/util/error.h"
@@ -195,6 +197,59 @@ void CausalLM::siamese_block(const SiameseLayerWeights& layer, at::Tensor& X, at
   Y = Y + O;
 }
 
+std::vector<at::Tensor> CausalLM::checkpointed_block(const LayerContext& ctx,
+                                                     const std::vector<at::Tensor>& streams) const {
+  const int64_t l = ctx.index;
+  const size_t n = streams.size();
+  std::vector<at::Tensor> inputs(streams);
+  std::vector<int64_t> sources;
+  const bool has_depth = ctx.depth != nullptr, keeps = has_depth && ctx.depth->is_source(l);
+  if (has_depth) {
+    sources = ctx.depth->sources(l);
+    for (int64_t j : sources) {
+      auto [k, vhat] = ctx.depth->recorded(j);
+      inputs.push_back(k);
+      inputs.push_back(vhat);
+    }
+  }
+  std::vector<at::Tensor> params;
+  const std::string prefix = layer_prefix(l);
+  for (const auto& [name, p] : params_)
+    if (name.rfind(prefix, 0) == 0) params.push_back(p);
+  // Everything by value: the function runs again in backward, after forward() has returned.
+  ForwardOptions options;
+  options.attention = ctx.options.attention;
+  const int64_t window = ctx.window;
+  const at::Tensor cos = ctx.cos, sin = ctx.sin;
+  BlockFunction fn = [this, l, n, window, cos, sin, options, sources, has_depth,
+                      keeps](const std::vector<at::Tensor>& in) {
+    std::optional<DepthAttentionState> depth;
+    if (has_depth) {
+      depth.emplace(config_.num_hidden_layers, config_.depth_attention_stride, config_.depth_attention_recent_window);
+      for (size_t s = 0; s < sources.size(); ++s) depth->record(sources[s], in[n + 2 * s], in[n + 2 * s + 1]);
+    }
+    const LayerContext block_ctx{l, window, cos, sin, options, depth ? &*depth : nullptr};
+    std::vector<at::Tensor> out;
+    if (uses_siamese_norm()) {
+      at::Tensor X = in[0], Y = in[1];
+      siamese_block(siamese_layers_[l], X, Y, block_ctx);
+      out = {X, Y};
+    } else {
+      out = {base_block(base_layers_[l], in[0], block_ctx)};
+    }
+    if (keeps) {
+      auto [k, vhat] = depth->recorded(l);
+      out.push_back(k);
+      out.push_back(vhat);
+    }
+    return out;
+  };
+  std::vector<at::Tensor> out = checkpointed(std::move(fn), inputs, params);
+  if (keeps) ctx.depth->record(l, out[n], out[n + 1]);
+  out.resize(n);
+  return out;
+}
+
 at::Tensor CausalLM::forward(const at::Tensor& input_ids, const ForwardOptions& options) const {
   if (input_ids.dim() != 2)
     throw Error("forward: input_ids must be [batch, time], got " + shape_string(input_ids.sizes().vec()));
@@ -230,13 +285,21 @@ at::Tensor CausalLM::forward(const at::Tensor& input_ids, const ForwardOptions& 
   };
 
   ActivationRecorder* recorder = options.recorder;
+  const bool checkpoint =
+      options.activation_checkpointing && c10::GradMode::is_enabled() && !options.cache && !recorder;
   at::Tensor x = at::embedding(weights_.embed_tokens, ids);
   if (recorder) recorder->record("model.embeddings", x);
   if (uses_siamese_norm()) {
     at::Tensor X = x, Y = x;
     for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
       const LayerContext ctx = context(l);
-      siamese_block(siamese_layers_[l], X, Y, ctx);
+      if (checkpoint) {
+        const std::vector<at::Tensor> streams = checkpointed_block(ctx, {X, Y});
+        X = streams[0];
+        Y = streams[1];
+      } else {
+        siamese_block(siamese_layers_[l], X, Y, ctx);
+      }
       ctx.record("X", X);
       ctx.record("Y", Y);
     }
@@ -246,7 +309,7 @@ at::Tensor CausalLM::forward(const at::Tensor& input_ids, const ForwardOptions& 
   } else {
     for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
       const LayerContext ctx = context(l);
-      x = base_block(base_layers_[l], x, ctx);
+      x = checkpoint ? checkpointed_block(ctx, {x})[0] : base_block(base_layers_[l], x, ctx);
       ctx.record("hidden", x);
     }
   }
@@ -258,6 +321,8 @@ at::Tensor CausalLM::forward(const at::Tensor& input_ids, const ForwardOptions& 
   return head(x);
 }
 
-at::Tensor CausalLM::head(const at::Tensor& final_hidden) const { return archspace::linear(final_hidden, weights_.lm_head); }
+at::Tensor CausalLM::head(const at::Tensor& final_hidden) const {
+  return archspace::linear(final_hidden, weights_.lm_head);
+}
 
 }  // namespace archspace

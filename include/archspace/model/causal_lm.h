@@ -33,6 +33,9 @@ struct ForwardOptions {
   bool final_hidden_only = false;
   // Receives every named intermediate (model/trace.h lists the names); null: nothing is recorded.
   ActivationRecorder* recorder = nullptr;
+  // Training: autograd keeps each block's inputs only and backward recomputes the block
+  // (model/activation_checkpoint.h). Applies only when grad mode is on, without cache or recorder.
+  bool activation_checkpointing = false;
 };
 
 class CausalLM {
@@ -83,6 +86,10 @@ class CausalLM {
   // SiameseNorm "hybrid_pre" block: updates the two residual streams X and Y in place.
   void siamese_block(const SiameseLayerWeights& layer, at::Tensor& X, at::Tensor& Y, const LayerContext& ctx) const;
   at::Tensor mlp(const LayerWeights& layer, const at::Tensor& x, const LayerContext& ctx) const;
+  // One block through activation checkpointing: its residual streams (x, or X and Y) in and out. The
+  // Depth-Attention values it reads are inputs of the checkpoint and the pair it records an output, so
+  // gradients flow between blocks through them as through the streams.
+  std::vector<at::Tensor> checkpointed_block(const LayerContext& ctx, const std::vector<at::Tensor>& streams) const;
 
   ModelConfig config_;
   NamedTensors params_;

@@ -29,6 +29,16 @@ class DepthAttentionState {
   // Mixes layer l's values with its sources' and records (k, vhat) if a later layer will read them.
   at::Tensor mix(int64_t layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
 
+  // For running one layer apart (activation checkpointing): the layers it reads, whether later layers
+  // read it, and the recorded (key, mixed value) of a layer, read or set.
+  std::vector<int64_t> sources(int64_t layer) const { return depth_sources(layer, stride_, recent_window_); }
+  bool is_source(int64_t layer) const { return is_source_[layer]; }
+  std::pair<at::Tensor, at::Tensor> recorded(int64_t layer) const { return {keys_[layer], values_[layer]}; }
+  void record(int64_t layer, const at::Tensor& k, const at::Tensor& vhat) {
+    keys_[layer] = k;
+    values_[layer] = vhat;
+  }
+
  private:
   int64_t stride_, recent_window_;
   std::vector<at::Tensor> keys_, values_;  // indexed by layer; undefined where not kept
