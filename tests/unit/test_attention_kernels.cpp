@@ -45,8 +45,7 @@ TEST(AttentionPath, FlashForWholeHalfPrecisionSequencesOnCuda) {
   // Head sizes the kernel was not built for; the reference implementation when asked for.
   EXPECT_EQ(path(cuda, at::kBFloat16, 64, 64, 0, 0, false, /*head_dim=*/12), AttentionPath::kSdpaCausal);
   EXPECT_EQ(path(cuda, at::kBFloat16, 64, 64, 0, 0, false, /*head_dim=*/512), AttentionPath::kSdpaCausal);
-  EXPECT_EQ(path(cuda, at::kBFloat16, 64, 64, 0, 0, false, 128, AttentionImpl::kReference),
-            AttentionPath::kReference);
+  EXPECT_EQ(path(cuda, at::kBFloat16, 64, 64, 0, 0, false, 128, AttentionImpl::kReference), AttentionPath::kReference);
 }
 
 TEST(FlashArguments, WindowCountsTheQueryItself) {
@@ -105,8 +104,8 @@ TEST(FlashAttention, Bf16OutputWithinBf16Rounding) {
              v = at::randn({1, 2, 30, 16}).to(at::kBFloat16);
   at::Tensor got = flash_causal_attention(q, k, v, 8, true);
   EXPECT_EQ(got.scalar_type(), at::kBFloat16);
-  at::Tensor expected = causal_attention(q.to(at::kFloat), k.to(at::kFloat), v.to(at::kFloat), 8, 0,
-                                         AttentionImpl::kReference);
+  at::Tensor expected =
+      causal_attention(q.to(at::kFloat), k.to(at::kFloat), v.to(at::kFloat), 8, 0, AttentionImpl::kReference);
   EXPECT_LE((got.to(at::kFloat) - expected).abs().max().item<double>(), 8e-3);
 }
 

@@ -20,7 +20,7 @@ struct Pass {
 };
 
 Pass forward_backward(const CausalLM& model, const at::Tensor& ids, const at::Tensor& labels, bool checkpointing,
-                     bool autocast = false) {
+                      bool autocast = false) {
   ForwardOptions options;
   options.activation_checkpointing = checkpointing;
   Pass run;

@@ -1,7 +1,8 @@
 // Activation checkpointing: run a block without keeping its intermediates, and recompute them in
 // backward. LibTorch's C++ API has no torch.utils.checkpoint; this is one custom autograd
-// node doing what its reentrant variant does, with autograd::grad in place of a nested backward. The parameters the block reads are inputs of that node, so their gradients reach
-// them through the outer backward as usual (data-parallel gradient hooks see nothing unusual).
+// node doing what its reentrant variant does, with autograd::grad in place of a nested backward. The parameters the
+// block reads are inputs of that node, so their gradients reach them through the outer backward as usual (data-parallel
+// gradient hooks see nothing unusual).
 #pragma once
 
 #include <ATen/ATen.h>
