@@ -18,6 +18,7 @@
 #include "archspace/train/metrics_log.h"
 #include "archspace/train/optimizer.h"
 #include "archspace/train/run_tokenizer.h"
+#include "archspace/train/sweep.h"
 #include "archspace/util/error.h"
 #include "archspace/util/sha256.h"
 #include "test_support.h"
@@ -369,4 +370,42 @@ TEST(AdamW, FusedUpdatesOnlyOwnedParameters) {
   EXPECT_LE(weights, 2e-6);
   EXPECT_LE(moments, 1e-6);
   EXPECT_TRUE(at::equal(fused.groups()[1].param, init[1]));
+}
+
+// ---- sweeps (train/sweep.h) ----------------------------------------------------------------------
+
+TEST(Sweep, GridIsTheCartesianProductFirstAxisSlowest) {
+  const auto points = expand_sweep_grid(
+      {parse_sweep_axis("model.norm_topology=pre,post"), parse_sweep_axis("optim.lr=1e-3,3e-3,1e-2")});
+  ASSERT_EQ(points.size(), 6u);
+  EXPECT_EQ(points[0].name, "norm_topology=pre,lr=1e-3");
+  EXPECT_EQ(points[2].name, "norm_topology=pre,lr=1e-2");
+  EXPECT_EQ(points[3].name, "norm_topology=post,lr=1e-3");
+  EXPECT_EQ(points[5].settings,
+            (std::vector<std::pair<std::string, std::string>>{{"model.norm_topology", "post"}, {"optim.lr", "1e-2"}}));
+  // Keys whose last parts collide keep their section in the name; unsafe characters become '_'.
+  const auto named = expand_sweep_grid({parse_sweep_axis("train.seed=1"), parse_sweep_axis("data.seed=a/b")});
+  EXPECT_EQ(named[0].name, "train.seed=1,data.seed=a_b");
+}
+
+TEST(Sweep, BadAxesAreRefusedNamingThem) {
+  expect_error([] { parse_sweep_axis("lr=1,2"); }, {"--grid 'lr=1,2'", "section.key"});
+  expect_error([] { parse_sweep_axis("optim.lr=1,,2"); }, {"empty value"});
+  expect_error([] { parse_sweep_axis("optim.lr=1,1"); }, {"'1' appears twice"});
+  expect_error(
+      [] {
+        expand_sweep_grid({parse_sweep_axis("optim.lr=1"), parse_sweep_axis("optim.lr=2")});
+      },
+      {"'optim.lr' is given twice"});
+}
+
+TEST(Sweep, LossSpikesAreRelativeToTheRunningMedian) {
+  std::vector<double> losses;
+  for (int i = 0; i < 40; ++i) losses.push_back(5.0 - 0.05 * i);  // a falling curve: no spikes
+  EXPECT_TRUE(loss_spikes(losses, {10, 1.2}).empty());
+  losses[25] = 1.3 * losses[24];  // one step jumps 30% above its neighbours (~24% above the lagging median)
+  losses[33] = 1.1 * losses[32];  // 10%: below the rule's 20%
+  losses[30] = std::nan("");      // non-finite losses are not spikes and do not enter the median
+  EXPECT_EQ(loss_spikes(losses, {10, 1.2}), (std::vector<int64_t>{25}));
+  EXPECT_TRUE(loss_spikes({9, 9, 50}, {10, 1.2}).empty());  // the first `window` steps are never spikes
 }

@@ -8,12 +8,12 @@
 // sequence never holds [T, vocab] logits at once.
 #pragma once
 
+#include <ATen/ATen.h>
+
 #include <cstdint>
 #include <functional>
 #include <utility>
 #include <vector>
-
-#include <ATen/ATen.h>
 
 #include "archspace/model/causal_lm.h"
 
