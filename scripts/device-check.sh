@@ -14,8 +14,8 @@
 #   there:  the device tool's run with carry [".device-deps"] and the command
 #           bash scripts/device-check.sh --out $OUT/device-check.json
 #           (configures build-device/ against .device-deps/root with the system python's torch, builds
-#            archspace and check_attention with all cores, runs the checks; about 3 min of build and
-#            4-5 min of checks on one H200: give it timeout_s 540 or more)
+#            archspace and check_attention with all cores, runs the checks; meant to finish within 8
+#            minutes on one H200, an estimate: it has not yet run on a GPU. Give it timeout_s 540 or more)
 #
 # `bash scripts/device-check.sh --cpu` is the dry run on the CPU with tiny sizes, using build/ as it is
 # (tests/python/test_device_check.py runs the same python part in CI). Other arguments go to the driver.
