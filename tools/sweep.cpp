@@ -1,6 +1,8 @@
 // archspace sweep: one run config over a grid of overrides, matched data and seed, one summary (README,
 // "Sweeps"). The grid, the resumption rules and the summary are the library's (train/sweep.h); this prints the
 // table and draws the curves with the project's plot script.
+#include "archspace/train/sweep.h"
+
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -8,7 +10,6 @@
 #include <filesystem>
 #include <iostream>
 
-#include "archspace/train/sweep.h"
 #include "archspace/util/error.h"
 #include "command.h"
 
@@ -92,7 +93,8 @@ Command add(CLI::App& parent) {
   app->add_option("--set", a->overrides, "override a key for every point: section.key=value (repeatable)");
   app->add_option("--out", a->options.out_dir, "the sweep directory (default: the config's train.run_dir)");
   app->add_flag("--retry-diverged", a->options.retry_diverged, "train diverged points again (default: keep them)");
-  app->add_flag("--dry-run", a->options.dry_run, "check every point's configuration and list the points; train nothing");
+  app->add_flag("--dry-run", a->options.dry_run,
+                "check every point's configuration and list the points; train nothing");
   app->add_flag("--no-plot", a->no_plot, "do not draw OUT/sweep.png");
   app->add_option("--spike-window", a->options.spikes.window, "loss spikes: steps of the running median")
       ->check(CLI::PositiveNumber)

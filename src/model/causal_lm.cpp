@@ -149,7 +149,8 @@ at::Tensor CausalLM::attention(const LayerWeights& layer, const at::Tensor& x, c
   ctx.record("v", v_BGTD);
   // Depth-Attention replaces the values with their cross-layer mix; token attention reads the mix.
   if (ctx.depth) {
-    v_BGTD = ctx.depth->mix(ctx.index, q_BHTD, k_BGTD, v_BGTD);
+    at::Tensor* weights = ctx.options.depth_weights ? &(*ctx.options.depth_weights)[ctx.index] : nullptr;
+    v_BGTD = ctx.depth->mix(ctx.index, q_BHTD, k_BGTD, v_BGTD, weights);
     ctx.record("v_mixed", v_BGTD);
   }
   int64_t q_offset = 0;
@@ -284,6 +285,17 @@ at::Tensor CausalLM::forward(const at::Tensor& input_ids, const ForwardOptions& 
                         depth ? &*depth : nullptr};
   };
 
+  if (options.skip_layer >= config_.num_hidden_layers || (options.skip_layer >= 0 && options.cache)) {
+    throw Error("skip_layer " + std::to_string(options.skip_layer) + ": needs a layer below " +
+                std::to_string(config_.num_hidden_layers) + " and no KV cache");
+  }
+  if (options.depth_weights) options.depth_weights->assign(config_.num_hidden_layers, at::Tensor());
+  // Layer pruning: the dropped block leaves its stream(s) as they are and is no Depth-Attention source.
+  auto skipped = [&](int64_t l) {
+    if (l != options.skip_layer) return false;
+    if (depth) depth->drop(l);
+    return true;
+  };
   ActivationRecorder* recorder = options.recorder;
   const bool checkpoint =
       options.activation_checkpointing && c10::GradMode::is_enabled() && !options.cache && !recorder;
@@ -292,6 +304,7 @@ at::Tensor CausalLM::forward(const at::Tensor& input_ids, const ForwardOptions& 
   if (uses_siamese_norm()) {
     at::Tensor X = x, Y = x;
     for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
+      if (skipped(l)) continue;
       const LayerContext ctx = context(l);
       if (checkpoint) {
         const std::vector<at::Tensor> streams = checkpointed_block(ctx, {X, Y});
@@ -308,6 +321,7 @@ at::Tensor CausalLM::forward(const at::Tensor& input_ids, const ForwardOptions& 
         rms_norm(Y, siamese_final_->siamese_pre_final_layernorm, eps);
   } else {
     for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
+      if (skipped(l)) continue;
       const LayerContext ctx = context(l);
       x = checkpoint ? checkpointed_block(ctx, {x})[0] : base_block(base_layers_[l], x, ctx);
       ctx.record("hidden", x);

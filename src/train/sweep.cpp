@@ -48,7 +48,8 @@ namespace {
 // Characters a run directory's name keeps as they are; others become '_'.
 std::string directory_safe(const std::string& s) {
   std::string out;
-  for (char c : s) out += std::isalnum(static_cast<unsigned char>(c)) || std::string("._+-=").find(c) != std::string::npos ? c : '_';
+  for (char c : s)
+    out += std::isalnum(static_cast<unsigned char>(c)) || std::string("._+-=").find(c) != std::string::npos ? c : '_';
   return out;
 }
 
@@ -67,7 +68,8 @@ std::vector<std::string> short_names(const std::vector<SweepAxis>& axes) {
 std::vector<SweepPoint> expand_sweep_grid(const std::vector<SweepAxis>& axes) {
   std::set<std::string> keys;
   for (const auto& a : axes) {
-    if (!keys.insert(a.key).second) throw Error("--grid: key '" + a.key + "' is given twice (list all values in one --grid)");
+    if (!keys.insert(a.key).second)
+      throw Error("--grid: key '" + a.key + "' is given twice (list all values in one --grid)");
     if (a.values.empty()) throw Error("--grid: key '" + a.key + "' has no values");
   }
   const std::vector<std::string> names = short_names(axes);

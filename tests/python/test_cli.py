@@ -202,7 +202,7 @@ def test_help_lists_every_command():
     out = run_cli("--help").stdout
     commands = [line.split()[0] for line in out.split("Subcommands:")[1].strip().splitlines() if line.strip()]
     assert commands == ["info", "logits", "trace", "init", "encode", "tokenize", "train", "sweep", "plan", "export-hf", "plot", "generate",
-                        "eval"]
+                        "eval", "analyze"]
     for tool in (REPO / "tools").glob("*.cpp"):
         if tool.stem not in ("main", "command"):
             assert tool.stem.replace("_", "-") in commands, f"tools/{tool.name} registers no command in --help"

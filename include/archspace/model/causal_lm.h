@@ -31,6 +31,10 @@ struct ForwardOptions {
   // Returns the final normalised hidden states [B, T, d] instead of logits (scoring applies head() to the
   // positions it needs, a chunk at a time: all logits of a long batch would not fit).
   bool final_hidden_only = false;
+  // Analysis (archspace analyze): run without block `skip_layer` (-1: none; not with a cache), and receive each
+  // layer's Depth-Attention mixing weights [B, G, T, sources + 1] (undefined for layers without the mix).
+  int64_t skip_layer = -1;
+  std::vector<at::Tensor>* depth_weights = nullptr;
   // Receives every named intermediate (model/trace.h lists the names); null: nothing is recorded.
   ActivationRecorder* recorder = nullptr;
   // Training: autograd keeps each block's inputs only and backward recomputes the block

@@ -23,7 +23,7 @@ SweepAxis parse_sweep_axis(const std::string& text);
 
 struct SweepPoint {
   std::vector<std::pair<std::string, std::string>> settings;  // key, value: one per axis, in axis order
-  std::string name;                                           // the run directory's name, e.g. "lr=0.001,warmup_steps=10"
+  std::string name;  // the run directory's name, e.g. "lr=0.001,warmup_steps=10"
 };
 // The cartesian product, the first axis varying slowest. Throws when an axis repeats a key.
 std::vector<SweepPoint> expand_sweep_grid(const std::vector<SweepAxis>& axes);

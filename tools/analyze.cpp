@@ -1,0 +1,149 @@
+// archspace analyze: the SiameseNorm paper's analyses of one model on held-out tokens (README, "Analysis"):
+// stream norms, layer pruning, logit lens per stream, input intensity, fusion and Depth-Attention weights.
+// The analyses are the library's (eval/analyze.h); this reads the data, writes OUT/analysis.json, prints a
+// per-layer table and draws OUT/analysis.png with scripts/plot_analysis.py.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+
+#include "archspace/data/token_shards.h"
+#include "archspace/eval/analyze.h"
+#include "archspace/io/run_dir.h"
+#include "archspace/model/model_io.h"
+#include "archspace/tokenizer/tokenizer.h"
+#include "archspace/util/error.h"
+#include "archspace/util/progress.h"
+#include "command.h"
+
+namespace archspace::cli {
+namespace {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+struct AnalyzeArgs {
+  std::string model, data, tokenizer, out = "analysis", dtype = "fp32", device = "cpu";
+  int64_t sequences = 8, sequence_length = 256;
+  bool no_plot = false;
+};
+
+// The first sequences x length tokens of the data (token shards, or a text file the model's tokenizer encodes).
+at::Tensor read_tokens(const AnalyzeArgs& a, const std::string& model_dir, int64_t vocab) {
+  const int64_t need = a.sequences * a.sequence_length;
+  std::vector<int64_t> ids;
+  if (fs::exists(fs::path(a.data) / "manifest.json")) {
+    auto shards = TokenShards::open(a.data);
+    std::vector<uint32_t> buf;
+    for (size_t s = 0; s < shards->num_shards() && static_cast<int64_t>(ids.size()) < need; ++s) {
+      const uint64_t n = std::min<uint64_t>(shards->shard_tokens(s), need - ids.size());
+      buf.resize(n);
+      shards->read(s, 0, n, buf.data());
+      ids.insert(ids.end(), buf.begin(), buf.end());
+    }
+  } else {
+    auto tokenizer = model_tokenizer(model_dir, a.tokenizer, vocab);
+    for (uint32_t id : encode_text_file(*tokenizer, a.data)) ids.push_back(id);
+  }
+  if (static_cast<int64_t>(ids.size()) < need) {
+    throw Error(a.data + ": " + std::to_string(ids.size()) + " tokens, fewer than --sequences x --sequence-length = " +
+                std::to_string(need));
+  }
+  ids.resize(need);
+  for (int64_t id : ids) {
+    if (id < 0 || id >= vocab) throw Error(a.data + ": token id " + std::to_string(id) + " is outside the model's vocabulary");
+  }
+  return at::tensor(ids, at::kLong).view({a.sequences, a.sequence_length});
+}
+
+std::string fixed(double v, int digits = 4) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.*f", digits, v);
+  return buf;
+}
+
+void print_table(const json& r) {
+  std::printf("loss %.4f over %lld x %lld tokens\n", r["loss"].get<double>(), r["sequences"].get<long long>(),
+              r["sequence_length"].get<long long>());
+  std::printf("%5s  %12s", "layer", "prune dloss");
+  for (const auto& [name, s] : r["streams"].items()) std::printf("  %10s %8s", (name + " norm").c_str(), "lens");
+  std::printf("\n");
+  for (int64_t l = 0; l < r["layers"].get<int64_t>(); ++l) {
+    std::printf("%5lld  %12s", static_cast<long long>(l), fixed(r["pruning"][l]["delta"].get<double>()).c_str());
+    for (const auto& [name, s] : r["streams"].items()) {
+      std::printf("  %10s %8s", fixed(s["norm"][l + 1].get<double>(), 2).c_str(),
+                  fixed(s["lens_agreement"][l].get<double>(), 3).c_str());
+    }
+    std::printf("\n");
+  }
+}
+
+void plot(const std::string& json_path, const std::string& png) {
+  const char* python = std::getenv("ARCHSPACE_PYTHON") ? std::getenv("ARCHSPACE_PYTHON") : ARCHSPACE_PLOT_PYTHON;
+  std::vector<std::string> args = {python, ARCHSPACE_ANALYSIS_PLOT_SCRIPT, json_path, "--out", png};
+  std::vector<char*> argv;
+  for (auto& s : args) argv.push_back(s.data());
+  argv.push_back(nullptr);
+  std::fflush(stdout);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::execvp(argv[0], argv.data());
+    ::_exit(127);
+  }
+  int status = 0;
+  if (pid < 0 || ::waitpid(pid, &status, 0) < 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    std::cerr << "warning: the analysis plot failed (" << python << " " << ARCHSPACE_ANALYSIS_PLOT_SCRIPT << ")\n";
+  }
+}
+
+int run(const AnalyzeArgs& a) {
+  const std::string model_dir = resolve_model_dir(a.model);  // a run directory, checkpoint or model directory
+  fs::create_directories(a.out);
+  CausalLM model = load_model(
+      model_dir, {scalar_type(parse_dtype(a.dtype, "--dtype")), parse_device(a.device, "--device").device()});
+  const at::Tensor tokens = read_tokens(a, model_dir, model.config().vocab_size);
+  ProgressLine progress("analyze");
+  json r = analyze_model(model, tokens, {}, [&](int64_t done, int64_t total) {
+    progress.update(std::to_string(done) + "/" + std::to_string(total) + " forwards",
+                    static_cast<double>(done) / total, done == total);
+  });
+  progress.finish();
+  r["model"] = a.model;
+  r["data"] = a.data;
+  r["dtype"] = a.dtype;
+  const std::string json_path = (fs::path(a.out) / "analysis.json").string();
+  {
+    std::ofstream f(json_path + ".tmp", std::ios::trunc);
+    f << r.dump(2) << "\n";
+    if (!f) throw Error(json_path + ": write failed (--out)");
+  }
+  fs::rename(json_path + ".tmp", json_path);
+  print_table(r);
+  std::cout << "wrote " << json_path << "\n";
+  if (!a.no_plot) plot(json_path, (fs::path(a.out) / "analysis.png").string());
+  return 0;
+}
+
+Command add(CLI::App& parent) {
+  auto a = std::make_shared<AnalyzeArgs>();
+  auto* app = parent.add_subcommand(
+      "analyze", "Stream norms, layer pruning, logit lens, input intensity and Depth-Attention weights of a model");
+  app->add_option("MODEL", a->model, "a run directory, checkpoint or model directory")->required();
+  app->add_option("--data", a->data, "held-out token shards, or a text file")->required();
+  app->add_option("--out", a->out, "output directory (analysis.json, analysis.png)")->capture_default_str();
+  app->add_option("--sequences", a->sequences, "sequences analysed")->check(CLI::PositiveNumber)->capture_default_str();
+  app->add_option("--sequence-length", a->sequence_length, "tokens per sequence")
+      ->check(CLI::Range(int64_t{2}, int64_t{1} << 20))
+      ->capture_default_str();
+  app->add_option("--tokenizer", a->tokenizer, "for a text file: tokenizer.json (default: the model's)");
+  add_dtype_option(app, a->dtype, "compute dtype");
+  add_device_option(app, a->device);
+  app->add_flag("--no-plot", a->no_plot, "do not draw OUT/analysis.png");
+  return {app, [a] { return run(*a); }};
+}
+
+}  // namespace
+ARCHSPACE_COMMAND(105, add);
+}  // namespace archspace::cli
