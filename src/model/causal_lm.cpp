@@ -297,8 +297,9 @@ at::Tensor CausalLM::forward(const at::Tensor& input_ids, const ForwardOptions& 
     return true;
   };
   ActivationRecorder* recorder = options.recorder;
-  const bool checkpoint =
-      options.activation_checkpointing && c10::GradMode::is_enabled() && !options.cache && !recorder;
+  // Not with the analyses' options either (skip_layer, depth_weights): they run without grad anyway.
+  const bool checkpoint = options.activation_checkpointing && c10::GradMode::is_enabled() && !options.cache &&
+                          !recorder && options.skip_layer < 0 && !options.depth_weights;
   at::Tensor x = at::embedding(weights_.embed_tokens, ids);
   if (recorder) recorder->record("model.embeddings", x);
   if (uses_siamese_norm()) {
