@@ -20,6 +20,7 @@ import time
 
 import numpy as np
 import torch
+from bench_threads import cpu_flags  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 BINARY = REPO / "build" / "archspace"
@@ -78,6 +79,7 @@ def main():
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--model-cache", default=str(REPO / "bench" / "results" / "models"))
     args = parser.parse_args()
+    print(f"CPU flags: {' '.join(cpu_flags())}; load before: {pathlib.Path('/proc/loadavg').read_text().strip()}")
     rng = np.random.default_rng(0)
     prompt = rng.integers(0, 100000, args.prompt).tolist()
     batch = [rng.integers(0, 100000, max(1, args.prompt * k // 4)).tolist() for k in (4, 1, 3, 2)]

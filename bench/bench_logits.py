@@ -19,6 +19,7 @@ import time
 import numpy as np
 import torch
 from safetensors.numpy import load_file
+from bench_threads import cpu_flags  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 BINARY = REPO / "build" / "archspace"
@@ -60,6 +61,7 @@ def main():
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--model-cache", default=str(REPO / "bench" / "results" / "models"))
     args = parser.parse_args()
+    print(f"CPU flags: {' '.join(cpu_flags())}; load before: {pathlib.Path('/proc/loadavg').read_text().strip()}")
 
     model_dir = pathlib.Path(args.model_cache) / f"{args.preset}-base-seed0"
     if not (model_dir / "config.json").exists():

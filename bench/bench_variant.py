@@ -17,6 +17,7 @@ import time
 import numpy as np
 
 from bench_logits import BINARY, REPO, engine_forward_seconds
+from bench_threads import cpu_flags  # noqa: E402
 
 MODELS = {
     "base": ["--variant", "base"],
@@ -35,6 +36,7 @@ def main():
     parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds over the models")
     parser.add_argument("--model-cache", default=str(REPO / "bench" / "results" / "models"))
     args = parser.parse_args()
+    print(f"CPU flags: {' '.join(cpu_flags())}; load before: {pathlib.Path('/proc/loadavg').read_text().strip()}")
 
     rng = np.random.default_rng(0)
     result = {"benchmark": "variant_forward", "preset": args.preset, "tokens": args.tokens,

@@ -16,6 +16,7 @@ struct PlanArgs {
   std::string preset, config, variant = "base", dtype = "bf16";
   int64_t world = 1, sequence_length = 0, micro_batch = 1, grad_accum = 1;
   bool shard_optimizer = false, activation_checkpointing = false, json = false;
+  std::string device = "cuda";
 };
 
 void print_plan(const ModelConfig& c, const PlanOptions& o, const MemoryPlan& p) {
@@ -28,8 +29,9 @@ void print_plan(const ModelConfig& c, const PlanOptions& o, const MemoryPlan& p)
             << "parameters:         " << p.parameter_count << " (" << human_count(p.parameter_count) << ")\n"
             << "run:                world " << o.world << ", sequence " << o.sequence_length << ", micro-batch "
             << o.micro_batch << ", grad-accum " << o.grad_accum << ", " << dtype_name(o.dtype)
-            << (o.dtype == DType::kBf16 ? " autocast" : "") << (o.shard_optimizer ? ", ZeRO-1" : "")
-            << (o.activation_checkpointing ? ", activation checkpointing (what-if: not in the engine yet)" : "") << "\n"
+            << (o.dtype == DType::kBf16 ? " autocast" : "") << (o.cuda ? ", CUDA" : ", CPU")
+            << (o.shard_optimizer ? ", ZeRO-1" : "") << (o.activation_checkpointing ? ", activation checkpointing" : "")
+            << "\n"
             << "tokens per step:    " << p.tokens_per_step << " (" << human_count(p.tokens_per_step) << ")\n"
             << "memory per rank:\n";
   row("parameters", p.parameters, "fp32 master weights");
@@ -39,7 +41,10 @@ void print_plan(const ModelConfig& c, const PlanOptions& o, const MemoryPlan& p)
   row("autocast weights", p.autocast_weights, "bf16 copies of the matmul weights");
   row("activations", p.activations, "one micro-batch, kept for backward");
   row("  layers", p.layer_activations,
-      "of which masks " + human_bytes(p.attention_masks) + ", Depth-Attention " + human_bytes(p.depth_attention));
+      o.activation_checkpointing
+          ? "block inputs, Depth-Attention " + human_bytes(p.depth_attention) + ", one block recomputed in backward " +
+                human_bytes(p.recompute)
+          : "of which masks " + human_bytes(p.attention_masks) + ", Depth-Attention " + human_bytes(p.depth_attention));
   row("  head and loss", p.head_and_loss, "final norm, logits [B, T, V], loss");
   row("  rope tables", p.rope_tables);
   row("total", p.total());
@@ -57,6 +62,9 @@ int run(const PlanArgs& a) {
   o.dtype = parse_dtype(a.dtype, "--dtype");
   o.shard_optimizer = a.shard_optimizer;
   o.activation_checkpointing = a.activation_checkpointing;
+  if (a.device != "cuda" && a.device != "cpu")
+    throw Error("--device: unknown device '" + a.device + "' (valid: cuda, cpu)");
+  o.cuda = a.device == "cuda";
   const MemoryPlan p = plan_memory(config, o);
   if (a.json) {
     nlohmann::json j = p.to_json();
@@ -67,7 +75,8 @@ int run(const PlanArgs& a) {
                     {"grad_accum", o.grad_accum},
                     {"dtype", dtype_name(o.dtype)},
                     {"shard_optimizer", o.shard_optimizer},
-                    {"activation_checkpointing", o.activation_checkpointing}};
+                    {"activation_checkpointing", o.activation_checkpointing},
+                    {"device", a.device}};
     std::cout << j.dump(2) << "\n";
   } else {
     print_plan(config, o, p);
@@ -92,7 +101,11 @@ Command add(CLI::App& parent) {
   add_dtype_option(app, a->dtype, "training precision: fp32, or bf16 autocast over fp32 master weights");
   app->add_flag("--shard-optimizer", a->shard_optimizer, "ZeRO-1: AdamW state divided over the ranks");
   app->add_flag("--activation-checkpointing", a->activation_checkpointing,
-                "what-if: keep only block inputs plus one block's internals");
+                "train.activation_checkpointing: keep block inputs, recompute one block at a time in backward");
+  app->add_option("--device", a->device,
+                  "cuda (bf16 attention through the flash kernel: sliding layers keep no masks) or cpu")
+      ->check(CLI::IsMember({"cuda", "cpu"}))
+      ->capture_default_str();
   app->add_flag("--json", a->json, "print the figures as JSON");
   return {app, [a] { return run(*a); }, /*computes=*/false};
 }

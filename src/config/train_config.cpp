@@ -209,6 +209,7 @@ ChoiceTexts read_keys(const toml::table& root, TrainConfig& c, const std::string
   train.get("spike_factor", c.spike_factor);
   train.get("spike_window", c.spike_window);
   train.get("spike", c.spike_policy);
+  train.get("activation_checkpointing", c.activation_checkpointing);
   train.check_unknown();
 
   Section optim(optim_t, "optim", path, schema);
@@ -217,6 +218,7 @@ ChoiceTexts read_keys(const toml::table& root, TrainConfig& c, const std::string
   optim.get("beta2", c.beta2);
   optim.get("eps", c.eps);
   optim.get("weight_decay", c.weight_decay);
+  optim.get("fused", c.fused);
   optim.get("decay_norms", c.decay_norms);
   optim.get("decay_embeddings", c.decay_embeddings);
   optim.get("warmup_steps", c.warmup_steps);

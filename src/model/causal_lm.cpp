@@ -1,9 +1,11 @@
 #include "archspace/model/causal_lm.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <c10/core/GradMode.h>
 
 #include <cmath>
 
+#include "archspace/model/activation_checkpoint.h"
 #include "archspace/model/linear.h"
 #include "archspace/model/trace.h"
 #include "archspace/util/error.h"
@@ -172,6 +174,69 @@ at::Tensor CausalLM::mlp(const LayerWeights& layer, const at::Tensor& x, const L
   return out;
 }
 
+CausalLM::Streams CausalLM::checkpointed_block(const LayerContext& ctx, const Streams& streams) const {
+  const int64_t l = ctx.index;
+  // The streams (x; X and Y; x and ResiDual's dual) go in and come out as one list. ResiDual's dual stream
+  // starts undefined (d = 0) and the first block creates it, so it enters as zeros (0 + o == o exactly).
+  const bool has_y = streams.y.defined();
+  const bool has_dual = streams.dual.defined() || config_.topology() == NormTopology::kResidual;
+  std::vector<at::Tensor> inputs = {streams.x};
+  if (has_y) inputs.push_back(streams.y);
+  if (has_dual) inputs.push_back(streams.dual.defined() ? streams.dual : at::zeros_like(streams.x));
+  const size_t n = inputs.size();
+  std::vector<int64_t> sources;
+  const bool has_depth = ctx.depth != nullptr, keeps = has_depth && ctx.depth->is_source(l);
+  if (has_depth) {
+    sources = ctx.depth->sources(l);
+    for (int64_t j : sources) {
+      auto [k, vhat] = ctx.depth->recorded(j);
+      inputs.push_back(k);
+      inputs.push_back(vhat);
+    }
+  }
+  std::vector<at::Tensor> params;
+  const std::string prefix = layer_prefix(l);
+  for (const auto& [name, p] : params_)
+    if (name.rfind(prefix, 0) == 0) params.push_back(p);
+  // Everything by value: the function runs again in backward, after forward() has returned.
+  ForwardOptions options;
+  options.attention = ctx.options.attention;
+  const int64_t window = ctx.window;
+  const at::Tensor cos = ctx.cos, sin = ctx.sin;
+  BlockFunction fn = [this, l, n, window, cos, sin, options, sources, has_depth, keeps, has_y,
+                      has_dual](const std::vector<at::Tensor>& in) {
+    std::optional<DepthAttentionState> depth;
+    if (has_depth) {
+      depth.emplace(config_.num_hidden_layers, config_.depth_attention_stride, config_.depth_attention_recent_window);
+      for (size_t s = 0; s < sources.size(); ++s) depth->record(sources[s], in[n + 2 * s], in[n + 2 * s + 1]);
+    }
+    const LayerContext block_ctx{l, window, cos, sin, options, depth ? &*depth : nullptr};
+    Streams s;
+    size_t i = 0;
+    s.x = in[i++];
+    if (has_y) s.y = in[i++];
+    if (has_dual) s.dual = in[i++];
+    block(layers_[l], s, block_ctx);
+    std::vector<at::Tensor> out = {s.x};
+    if (has_y) out.push_back(s.y);
+    if (has_dual) out.push_back(s.dual);
+    if (keeps) {
+      auto [k, vhat] = depth->recorded(l);
+      out.push_back(k);
+      out.push_back(vhat);
+    }
+    return out;
+  };
+  std::vector<at::Tensor> out = checkpointed(std::move(fn), inputs, params);
+  if (keeps) ctx.depth->record(l, out[n], out[n + 1]);
+  Streams result;
+  size_t i = 0;
+  result.x = out[i++];
+  if (has_y) result.y = out[i++];
+  if (has_dual) result.dual = out[i++];
+  return result;
+}
+
 at::Tensor CausalLM::forward(const at::Tensor& input_ids, const ForwardOptions& options) const {
   if (input_ids.dim() != 2)
     throw Error("forward: input_ids must be [batch, time], got " + shape_string(input_ids.sizes().vec()));
@@ -218,13 +283,20 @@ at::Tensor CausalLM::forward(const at::Tensor& input_ids, const ForwardOptions& 
     return true;
   };
   ActivationRecorder* recorder = options.recorder;
+  // Not with the analyses' options either (skip_layer, depth_weights): they run without grad anyway.
+  const bool checkpoint = options.activation_checkpointing && c10::GradMode::is_enabled() && !options.cache &&
+                          !recorder && options.skip_layer < 0 && !options.depth_weights;
   at::Tensor x = at::embedding(weights_.embed_tokens, ids);
   if (recorder) recorder->record("model.embeddings", x);
   Streams streams = initial_streams(x);
   for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
     if (skipped(l)) continue;
     const LayerContext ctx = context(l);
-    block(layers_[l], streams, ctx);
+    if (checkpoint) {
+      streams = checkpointed_block(ctx, streams);
+    } else {
+      block(layers_[l], streams, ctx);
+    }
     record_streams(streams, ctx);
   }
   x = last_hidden(streams);

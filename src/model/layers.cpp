@@ -53,24 +53,85 @@ at::Tensor reference_attention(const at::Tensor& q, const at::Tensor& k, const a
 
 }  // namespace
 
+AttentionPath attention_path(AttentionImpl impl, at::Device device, at::ScalarType dtype, int64_t tq, int64_t tk,
+                             int64_t head_dim, int64_t window, int64_t q_offset, bool padded) {
+  if (impl == AttentionImpl::kReference) return AttentionPath::kReference;
+  const bool whole_sequence = !padded && q_offset == 0 && tq == tk;
+  // The flash kernel: CUDA, half precision, head sizes it was built for. It takes the window itself, so
+  // sliding layers need no mask at any length (the path below this one builds masks block by block).
+  const bool half = dtype == at::kBFloat16 || dtype == at::kHalf;
+  if (whole_sequence && device.is_cuda() && half && head_dim % 8 == 0 && head_dim <= 256) return AttentionPath::kFlash;
+  if (whole_sequence && (window == 0 || window >= tk)) return AttentionPath::kSdpaCausal;
+  if (!padded && tq == 1 && q_offset == tk - 1 && (window == 0 || window >= tk)) return AttentionPath::kSdpaNoMask;
+  if (window > 0 && tq > 2 * window) return AttentionPath::kSdpaBlocked;
+  return AttentionPath::kSdpaMasked;
+}
+
+FlashArguments flash_arguments(int64_t window, int64_t head_dim) {
+  const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
+  // Sliding: query i sees keys i - (window - 1) .. i, the window counting the query itself. Full: causal.
+  if (window > 0) return {/*is_causal=*/false, window - 1, 0, scale};
+  return {/*is_causal=*/true, -1, -1, scale};
+}
+
+at::Tensor flash_kernel(const at::Tensor& q_BTHD, const at::Tensor& k_BTGD, const at::Tensor& v_BTGD,
+                        const FlashArguments& args, bool cpu_stand_in) {
+  const int64_t T = q_BTHD.size(1), Tk = k_BTGD.size(1);
+  if (!cpu_stand_in) {
+    auto opt = [](int64_t w) { return w < 0 ? std::nullopt : std::optional<int64_t>(w); };
+    return std::get<0>(at::_flash_attention_forward(q_BTHD, k_BTGD, v_BTGD, std::nullopt, std::nullopt, T, Tk, 0.0,
+                                                    args.is_causal, false, args.scale, opt(args.window_left),
+                                                    opt(args.window_right)));
+  }
+  // The kernel's definition, written from its arguments alone (not from causal_mask): query i sees key j
+  // when i - left <= j <= i + right (a negative bound is none), and j <= i when is_causal; query head
+  // h reads kv head h / (H / G).
+  auto opts = at::TensorOptions().dtype(at::kLong).device(q_BTHD.device());
+  at::Tensor i = at::arange(T, opts).unsqueeze(1), j = at::arange(Tk, opts).unsqueeze(0);
+  at::Tensor allowed = at::ones({T, Tk}, opts.dtype(at::kBool));
+  if (args.window_left >= 0) allowed = allowed & (j >= i - args.window_left);
+  if (args.window_right >= 0) allowed = allowed & (j <= i + args.window_right);
+  if (args.is_causal) allowed = allowed & (j <= i);
+  const int64_t groups = q_BTHD.size(2) / k_BTGD.size(2);
+  at::Tensor q = q_BTHD.to(at::kFloat).transpose(1, 2);
+  at::Tensor k = k_BTGD.to(at::kFloat).transpose(1, 2).repeat_interleave(groups, 1);
+  at::Tensor v = v_BTGD.to(at::kFloat).transpose(1, 2).repeat_interleave(groups, 1);
+  at::Tensor scores = at::matmul(q, k.transpose(-2, -1)) * args.scale;
+  scores = scores.masked_fill(allowed.logical_not(), -std::numeric_limits<double>::infinity());
+  return at::matmul(at::softmax(scores, -1), v).transpose(1, 2).to(q_BTHD.scalar_type());
+}
+
+at::Tensor flash_causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t window,
+                                  bool cpu_stand_in) {
+  // [B, H, T, h] -> the kernel's [B, T, H, h]: views whose last dimension stays contiguous, as it needs.
+  const at::ScalarType dtype = q.scalar_type();
+  at::Tensor out = flash_kernel(q.transpose(1, 2), k.to(dtype).transpose(1, 2), v.to(dtype).transpose(1, 2),
+                                flash_arguments(window, q.size(-1)), cpu_stand_in);
+  return out.transpose(1, 2);
+}
+
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t window,
                             int64_t q_offset, AttentionImpl impl, const at::Tensor& padding_mask) {
-  if (impl == AttentionImpl::kReference) return reference_attention(q, k, v, window, q_offset, padding_mask);
   const int64_t tq = q.size(2), tk = k.size(2);
+  const AttentionPath path =
+      attention_path(impl, q.device(), q.scalar_type(), tq, tk, q.size(-1), window, q_offset, padding_mask.defined());
   const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
   const bool gqa = q.size(1) != k.size(1);
-  if (!padding_mask.defined()) {
-    const bool plain_causal = q_offset == 0 && tq == tk && (window == 0 || window >= tk);
-    if (plain_causal) {
+  switch (path) {
+    case AttentionPath::kReference:
+      return reference_attention(q, k, v, window, q_offset, padding_mask);
+    case AttentionPath::kFlash:
+      return flash_causal_attention(q, k, v, window);
+    case AttentionPath::kSdpaCausal:
       // is_causal lets the kernels skip masked blocks instead of reading a mask.
       return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, 0.0, /*is_causal=*/true, scale, gqa);
-    }
-    const bool one_query_sees_all = tq == 1 && q_offset == tk - 1 && (window == 0 || window >= tk);
-    if (one_query_sees_all) {  // decoding: no mask to build or read
+    case AttentionPath::kSdpaNoMask:  // decoding: no mask to build or read
       return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, 0.0, /*is_causal=*/false, scale, gqa);
-    }
+    case AttentionPath::kSdpaBlocked:
+    case AttentionPath::kSdpaMasked:
+      break;
   }
-  if (window > 0 && tq > 2 * window) {
+  if (path == AttentionPath::kSdpaBlocked) {
     // Long sequences under a sliding window: attend block by block, each query block reading only the
     // keys its window reaches, so memory grows with T * window instead of T^2 (65,536-token contexts).
     std::vector<at::Tensor> blocks;

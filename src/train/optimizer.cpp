@@ -1,5 +1,6 @@
 #include "archspace/train/optimizer.h"
 
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/GradMode.h>
 
 #include <cmath>
@@ -16,9 +17,41 @@ AdamW::AdamW(std::vector<Group> params, AdamWOptions options) : params_(std::mov
   }
 }
 
+bool fused_adamw_available(const at::Device& device) {
+  if (!device.is_cpu() && !device.is_cuda()) return false;
+  const auto op = c10::Dispatcher::singleton().findSchema({"aten::_fused_adamw_", ""});
+  return op.has_value() &&
+         op->hasKernelForDispatchKey(device.is_cuda() ? c10::DispatchKey::CUDA : c10::DispatchKey::CPU);
+}
+
+void AdamW::fused_step(double lr, double weight_decay) {
+  // torch.optim.AdamW(fused=True): the kernel reads the step count (already incremented) from an fp32
+  // tensor per parameter on its device; it applies decay as p *= 1 - lr * weight_decay, as below.
+  std::map<std::string, at::Tensor> step_tensors;  // by device
+  for (bool decay : {true, false}) {
+    std::vector<at::Tensor> p, g, m, v, steps;
+    for (size_t i = 0; i < params_.size(); ++i) {
+      const at::Tensor& param = params_[i].param;
+      if (params_[i].decay != decay || !param.grad().defined() || !owns(i)) continue;
+      auto [it, fresh] = step_tensors.try_emplace(param.device().str());
+      if (fresh)
+        it->second = at::full({}, static_cast<double>(step_), at::TensorOptions(at::kFloat).device(param.device()));
+      p.push_back(param);
+      g.push_back(param.grad());
+      m.push_back(exp_avg_[i]);
+      v.push_back(exp_avg_sq_[i]);
+      steps.push_back(it->second);
+    }
+    if (p.empty()) continue;
+    at::_fused_adamw_(p, g, m, v, /*max_exp_avg_sqs=*/{}, steps, lr, o_.beta1, o_.beta2, decay ? weight_decay : 0.0,
+                      o_.eps, /*amsgrad=*/false, /*maximize=*/false);
+  }
+}
+
 void AdamW::step(double lr, double weight_decay) {
   c10::NoGradGuard no_grad;
   ++step_;
+  if (o_.fused) return fused_step(lr, weight_decay);
   const double bias_correction1 = 1 - std::pow(o_.beta1, static_cast<double>(step_));
   const double bias_correction2 = 1 - std::pow(o_.beta2, static_cast<double>(step_));
   const double step_size = lr / bias_correction1;

@@ -22,10 +22,11 @@ namespace archspace {
 //   two; the fp32 residual itself is freed. Linear outputs are bf16; rms_norm makes an fp32 copy of a
 //   bf16 input; Depth-Attention's sums run in fp32 (autocast's sum policy); SDPA gets bf16 q, k, v.
 // - Attention through SDPA (flash on CUDA, the flash CPU kernel) keeps q, k, v, the output and a
-//   [B, H, T] fp32 logsumexp: O(T), no scores. A sliding layer with window < T builds a boolean mask that
-//   SDPA turns into an additive mask in the query's dtype and keeps: [T, T] when T <= 2 window, else one
-//   [window, <= 2 window] mask per query block (layers.cpp). The reference attention path (tests only)
-//   keeps [B, H, T, T] scores and is not planned for.
+//   [B, H, T] fp32 logsumexp: O(T), no scores; on CUDA in bf16 the flash kernel keeps the same and takes
+//   the window itself (PlanOptions::cuda), so no masks. Elsewhere a sliding layer with window < T builds a boolean mask
+//   that SDPA turns into an additive mask in the query's dtype and keeps: [T, T] when T <= 2 window, else one [window,
+//   <= 2 window] mask per query block (layers.cpp). The reference attention path (tests only) keeps [B, H, T, T] scores
+//   and is not planned for.
 namespace {
 
 struct Widths {
@@ -51,6 +52,7 @@ bool depth(const ModelConfig& c) { return c.variant == Variant::kSiameseDepth &&
 // Per-token bytes of what the op sequences keep, by mode.
 struct Bytes {
   bool bf16;
+  bool flash = false;                           // CUDA bf16: the flash kernel keeps what SDPA's does, without masks
   int64_t act() const { return bf16 ? 2 : 4; }  // a linear's output, SDPA's tensors
   // An fp32 tensor read by `readers` linears: itself in fp32, a bf16 copy per reader under autocast.
   int64_t linear_input(int64_t readers) const { return bf16 ? 2 * readers : 4; }
@@ -87,7 +89,7 @@ int64_t depth_saved(const Widths& w, const Bytes& b, int64_t sources) {
 
 // The additive masks a sliding layer keeps (bytes, not per token): see causal_attention in layers.cpp.
 int64_t mask_bytes(int64_t T, int64_t window, const Bytes& b) {
-  if (window <= 0 || window >= T) return 0;  // plain causal: no mask
+  if (b.flash || window <= 0 || window >= T) return 0;  // flash, or plain causal: no mask
   if (T <= 2 * window) return b.act() * T * T;
   int64_t bytes = 0;
   for (int64_t s = 0; s < T; s += window) {
@@ -101,7 +103,7 @@ int64_t mask_bytes(int64_t T, int64_t window, const Bytes& b) {
 // Sliding layers attended block by block (T > 2 window) concatenate the blocks' outputs in [B, H, T, h]
 // order, so o_proj's input is a copy of its own.
 int64_t blocked_copy_bytes(int64_t T, int64_t window, int64_t N, const Widths& w, const Bytes& b) {
-  return window > 0 && T > 2 * window ? b.act() * w.qw * N : 0;
+  return !b.flash && window > 0 && T > 2 * window ? b.act() * w.qw * N : 0;
 }
 
 int64_t sources_of(const ModelConfig& c, int64_t layer) {
@@ -138,7 +140,7 @@ void PlanOptions::validate() const {
 }
 
 int64_t layer_activation_bytes(const ModelConfig& c, const PlanOptions& o, int64_t layer) {
-  const Bytes b{o.dtype == DType::kBf16};
+  const Bytes b{o.dtype == DType::kBf16, o.cuda && o.dtype == DType::kBf16};
   const int64_t N = o.micro_batch * o.sequence_length;
   int64_t bytes = layer_per_token(c, b, layer) * N;
   if (depth(c)) bytes += depth_saved(widths(c), b, sources_of(c, layer)) * N;
@@ -150,7 +152,7 @@ int64_t layer_activation_bytes(const ModelConfig& c, const PlanOptions& o, int64
 MemoryPlan plan_memory(const ModelConfig& c, const PlanOptions& o) {
   o.validate();
   c.validate("plan");
-  const Bytes b{o.dtype == DType::kBf16};
+  const Bytes b{o.dtype == DType::kBf16, o.cuda && o.dtype == DType::kBf16};
   const Widths w = widths(c);
   const int64_t T = o.sequence_length, N = o.micro_batch * T, L = c.num_hidden_layers;
 
@@ -176,8 +178,10 @@ MemoryPlan plan_memory(const ModelConfig& c, const PlanOptions& o) {
     if (depth(c)) p.depth_attention += depth_saved(w, b, sources_of(c, l)) * N;
   }
   if (o.activation_checkpointing) {
-    // Each block's fp32 input(s) are kept; one block's internals exist at a time (its recomputation in
-    // backward). Depth-Attention's source keys and mixed values cross blocks and stay.
+    // Each block's fp32 input(s) are kept (the checkpoint node saves them; the last block's output is
+    // the final norm's input, in head_and_loss); one block's internals exist at a time (its
+    // recomputation in backward). Depth-Attention's source keys and mixed values cross blocks and stay:
+    // the key in the activation dtype, the mix in fp32 under autocast (its sums run in fp32).
     int64_t largest = 0;
     for (int64_t l = 0; l < L; ++l) largest = std::max(largest, layer_activation_bytes(c, o, l));
     int64_t inputs = 0;
@@ -189,8 +193,9 @@ MemoryPlan plan_memory(const ModelConfig& c, const PlanOptions& o) {
         for (int64_t j : depth_sources(l, c.depth_attention_stride, c.depth_attention_recent_window))
           is_source[j] = true;
       for (int64_t l = 0; l < L; ++l)
-        if (is_source[l]) crossing += 2 * b.act() * w.kw * N;  // its key and mixed value
+        if (is_source[l]) crossing += (b.act() + 4) * w.kw * N;  // its key and mixed value
     }
+    p.recompute = largest;
     p.layer_activations = inputs + largest + crossing;
     p.attention_masks = 0;  // inside the one block's internals
     p.depth_attention = crossing;
@@ -223,6 +228,7 @@ nlohmann::json MemoryPlan::to_json() const {
            {{"layers", layer_activations},
             {"attention_masks", attention_masks},
             {"depth_attention", depth_attention},
+            {"recompute", recompute},
             {"head_and_loss", head_and_loss},
             {"rope_tables", rope_tables}}}};
 }

@@ -240,3 +240,11 @@ def test_two_nodes_through_torchrun_rendezvous(setup):
     for node, (_, err) in zip(nodes, outputs):
         assert node.returncode == 0, err
     assert_close_runs(setup.tmp / "single", setup.tmp / "nodes2", "2 nodes vs 1 process")
+
+
+def test_two_ranks_with_activation_checkpointing_equal_one_process(setup):
+    """Checkpointed blocks hand their parameters' gradients to autograd as ordinary node outputs, so the
+    reducer's per-parameter hooks fire as without checkpointing: 2 checkpointing ranks equal one process
+    (which does not checkpoint), within the module's 1e-5."""
+    torchrun("train", "--config", setup("ranks2-ckpt", 2, activation_checkpointing=True))
+    assert_close_runs(setup.tmp / "single", setup.tmp / "ranks2-ckpt", "2 checkpointing ranks vs 1 process")

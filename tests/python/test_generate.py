@@ -360,3 +360,29 @@ def test_a_vocabulary_padded_beyond_the_tokenizer_never_samples_padding(tmp_path
             ids.append(int(logits.argmax()))
     expected = ids[len(prompt):]
     assert greedy == expected[:len(greedy)] and (len(greedy) == 4 or expected[len(greedy)] == 256)  # 256: EOS
+
+
+def test_bf16_greedy_tokens_are_fp32_best_within_bf16_error(tmp_path):
+    """--dtype bf16 decodes with the cache in bf16. Each greedy token it picks must be, by transformers'
+    fp32 logits of the same sequence, within twice the bf16 logit error of the best token: transformers' own
+    error on that sequence (the model cast to bf16, max over positions and vocabulary) bounds how far bf16
+    rounding moves any logit, so a token further behind could only come from a wrong cache or position.
+    (Exact equality with fp32 greedy is not a fair demand: near-ties flip under any rounding.)"""
+    vocab = 100278
+    model = save_random_olmo3(tiny_olmo3_config(vocab_size=vocab, num_key_value_heads=2), tmp_path / "m")
+    shutil.copy(DOLMA2, tmp_path / "m" / "tokenizer.json")
+    prompts = [list(range(300, 311)), list(range(500, 513))]
+    rows = generate_batch(tmp_path / "m", prompts, tmp_path, "--max-new-tokens", 12, "--dtype", "bf16")
+    import copy
+
+    model_bf16 = copy.deepcopy(model).to(torch.bfloat16)
+    for prompt, row in zip(prompts, rows):
+        seq = prompt + row["tokens"]
+        assert len(row["tokens"]) >= 8
+        with torch.no_grad():
+            fp32 = model(torch.tensor([seq])).logits[0, len(prompt) - 1:-1].float()
+            err = (model_bf16(torch.tensor([seq])).logits[0, len(prompt) - 1:-1].float() - fp32).abs().max()
+        chosen = fp32.gather(1, torch.tensor(row["tokens"]).unsqueeze(1)).squeeze(1)
+        behind = (fp32.max(1).values - chosen).max()
+        print(f"bf16 logit error {float(err):.3g}; chosen tokens at most {float(behind):.3g} behind the fp32 best")
+        assert 0 < err and behind <= 2 * err, (float(behind), float(err))

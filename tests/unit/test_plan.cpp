@@ -79,6 +79,19 @@ TEST(Plan, CheckpointingKeepsLessThanTheFullForward) {
   }
 }
 
+// On CUDA in bf16 sliding layers go through the flash kernel with its window: no masks, no blocked copy.
+TEST(Plan, FlashOnCudaKeepsNoMasks) {
+  PlanOptions o = options(1, 8192, 1);
+  const MemoryPlan cpu = plan_memory(preset("1B"), o);
+  o.cuda = true;
+  const MemoryPlan cuda = plan_memory(preset("1B"), o);
+  EXPECT_GT(cpu.attention_masks, 0);
+  EXPECT_EQ(cuda.attention_masks, 0);
+  EXPECT_EQ(cpu.activations - cuda.activations, cpu.attention_masks);
+  o.dtype = DType::kFp32;  // fp32 on CUDA: SDPA with masks, as on the CPU
+  EXPECT_GT(plan_memory(preset("1B"), o).attention_masks, 0);
+}
+
 // Wraps the CPU allocator and counts the bytes of live allocations made while it is installed.
 class CountingAllocator final : public c10::Allocator {
  public:
@@ -110,7 +123,7 @@ class CountingAllocator final : public c10::Allocator {
 
 // Bytes alive after one training forward and the loss (what the trainer holds until backward), minus
 // what was alive before: the activations autograd keeps, plus the logits.
-int64_t measured_activations(const ModelConfig& c, int64_t B, int64_t T) {
+int64_t measured_activations(const ModelConfig& c, int64_t B, int64_t T, bool checkpointing = false) {
   CausalLM model = CausalLM::random_init(c, 1);
   for (const auto& [name, p] : model.parameters()) p.requires_grad_(true);
   at::Tensor ids = at::randint(c.vocab_size, {B, T}, at::kLong);
@@ -121,7 +134,9 @@ int64_t measured_activations(const ModelConfig& c, int64_t B, int64_t T) {
   const int64_t before = counter.live();
   int64_t kept = 0;
   {
-    at::Tensor logits = model.forward(ids);
+    ForwardOptions options;
+    options.activation_checkpointing = checkpointing;
+    at::Tensor logits = model.forward(ids, options);
     LossSums sums = next_token_loss(logits, labels, c.vocab_z_loss_coeff);
     at::Tensor loss = sums.ce_sum + sums.z_sum;
     kept = counter.live() - before;
@@ -156,6 +171,27 @@ TEST(Plan, ActivationEstimateMatchesWhatAutogradKeeps) {
       std::printf("%s T=%ld: estimated %ld measured %ld (%+.2f%%)\n", variant_name(v), long(T), long(p.activations),
                   long(measured), 100.0 * (p.activations - measured) / measured);
       EXPECT_NEAR(static_cast<double>(p.activations) / measured, 1.0, 0.01) << variant_name(v) << " T=" << T;
+    }
+  }
+}
+
+// With activation checkpointing autograd keeps the blocks' inputs, Depth-Attention's crossing keys and
+// mixed values, the head and the loss: the plan's figure less the one block backward recomputes at a
+// time (MemoryPlan::recompute; that block's internals are the per-layer account checked above).
+TEST(Plan, CheckpointedActivationsMatchWhatAutogradKeeps) {
+  for (Variant v : {Variant::kBase, Variant::kSiameseDepth}) {
+    for (int64_t T : {12, 40}) {
+      const ModelConfig c = small_mha(v);
+      const int64_t B = 2;
+      const int64_t measured = measured_activations(c, B, T, /*checkpointing=*/true);
+      PlanOptions o = options(1, T, B, DType::kFp32);
+      o.activation_checkpointing = true;
+      const MemoryPlan p = plan_memory(c, o);
+      const int64_t kept = p.activations - p.recompute;
+      std::printf("%s T=%ld checkpointed: estimated %ld measured %ld (%+.2f%%); without checkpointing %ld\n",
+                  variant_name(v), long(T), long(kept), long(measured), 100.0 * (kept - measured) / measured,
+                  long(measured_activations(c, B, T)));
+      EXPECT_NEAR(static_cast<double>(kept) / measured, 1.0, 0.01) << variant_name(v) << " T=" << T;
     }
   }
 }

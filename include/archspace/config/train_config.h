@@ -42,8 +42,10 @@ struct TrainConfig {
   int64_t max_steps = 0;
   uint64_t seed = 0;
   DeviceSpec device;
-  DType dtype = DType::kFp32;  // bf16: autocast on CUDA (weights and optimizer stay fp32)
+  DType dtype = DType::kFp32;  // bf16: autocast (weights and optimizer stay fp32)
   int threads = 0;
+  // Keep only each block's inputs in forward and recompute the block in backward (model/activation_checkpoint.h).
+  bool activation_checkpointing = false;
   bool shard_optimizer = false;  // data-parallel runs: ZeRO-1, each rank keeps the AdamW moments of its share
   // A step whose loss or gradient norm is not finite: stop (error, nothing of it saved) or skip it (no
   // update, logged with "skipped": true).
@@ -64,6 +66,7 @@ struct TrainConfig {
   double lr = 1e-3;
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
   double weight_decay = 0.1;
+  bool fused = true;         // LibTorch's fused AdamW kernel where the device has one; false: the per-tensor loop
   bool decay_norms = false;  // norms and SiameseNorm scale vectors
   bool decay_embeddings = true;
   int64_t warmup_steps = 0;

@@ -37,6 +37,9 @@ struct ForwardOptions {
   std::vector<at::Tensor>* depth_weights = nullptr;
   // Receives every named intermediate (model/trace.h lists the names); null: nothing is recorded.
   ActivationRecorder* recorder = nullptr;
+  // Training: autograd keeps each block's inputs only and backward recomputes the block
+  // (model/activation_checkpoint.h). Applies only when grad mode is on, without cache or recorder.
+  bool activation_checkpointing = false;
 };
 
 class CausalLM {
@@ -95,6 +98,10 @@ class CausalLM {
   // The last hidden state the final norm reads (SiameseNorm and ResiDual fuse their streams here).
   at::Tensor last_hidden(const Streams& streams) const;
   double siamese_scale(int64_t layer) const;  // c_l of SPEC.md section 3.1 (1 without depth-wise scaling)
+  // One block through activation checkpointing: its residual streams in and out. The Depth-Attention values
+  // it reads are inputs of the checkpoint and the pair it records an output, so gradients flow between
+  // blocks through them as through the streams.
+  Streams checkpointed_block(const LayerContext& ctx, const Streams& streams) const;
 
   ModelConfig config_;
   NamedTensors params_;

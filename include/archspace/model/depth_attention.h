@@ -36,6 +36,15 @@ class DepthAttentionState {
   // The source layers layer l mixes over in this forward (depth_sources without dropped layers).
   std::vector<int64_t> sources(int64_t layer) const;
 
+  // For running one layer apart (activation checkpointing, with sources() above): whether later layers
+  // read it, and the recorded (key, mixed value) of a layer, read or set.
+  bool is_source(int64_t layer) const { return is_source_[layer]; }
+  std::pair<at::Tensor, at::Tensor> recorded(int64_t layer) const { return {keys_[layer], values_[layer]}; }
+  void record(int64_t layer, const at::Tensor& k, const at::Tensor& vhat) {
+    keys_[layer] = k;
+    values_[layer] = vhat;
+  }
+
  private:
   int64_t stride_, recent_window_;
   std::vector<at::Tensor> keys_, values_;  // indexed by layer; undefined where not kept

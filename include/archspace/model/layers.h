@@ -28,6 +28,42 @@ enum class AttentionImpl {
 // Returns a bool mask [Tq, Tk], true where attention is allowed.
 at::Tensor causal_mask(int64_t tq, int64_t tk, int64_t window, int64_t q_offset, const at::Device& device);
 
+// The kernel causal_attention runs, chosen from what the call looks like (a pure rule, so that tests on
+// a CPU can ask what a CUDA call would do).
+enum class AttentionPath {
+  kReference,    // AttentionImpl::kReference
+  kFlash,        // CUDA, bf16/fp16, whole causal sequence: at::_flash_attention_forward with the window
+  kSdpaCausal,   // SDPA with is_causal (no mask read)
+  kSdpaNoMask,   // one decoding query that sees every cached key
+  kSdpaBlocked,  // sliding window over T > 2 window: query blocks, each with its keys and a small mask
+  kSdpaMasked,   // SDPA with an explicit [Tq, Tk] mask (padding, chunks, T <= 2 window)
+};
+AttentionPath attention_path(AttentionImpl impl, at::Device device, at::ScalarType dtype, int64_t tq, int64_t tk,
+                             int64_t head_dim, int64_t window, int64_t q_offset, bool padded);
+
+// What a flash-attention call is given for a causal attention of T queries over the same T keys with
+// `window` (0: full): the kernel lets query i see keys i - window_left .. i + window_right (-1: no bound
+// on that side), is_causal masks keys after the query.
+struct FlashArguments {
+  bool is_causal;
+  int64_t window_left, window_right;
+  double scale;
+};
+FlashArguments flash_arguments(int64_t window, int64_t head_dim);
+
+// The flash kernel: q [B, T, H, h], k, v [B, T, G, h] (its layout) -> [B, T, H, h]. On CUDA
+// at::_flash_attention_forward (autograd passes the window to its backward); `cpu_stand_in` instead
+// computes what the kernel is documented to compute from the same arguments, in fp32 on any device, so
+// that the CPU tests check the arguments and layouts this engine passes.
+at::Tensor flash_kernel(const at::Tensor& q_BTHD, const at::Tensor& k_BTGD, const at::Tensor& v_BTGD,
+                        const FlashArguments& args, bool cpu_stand_in = false);
+
+// Causal attention through the flash kernel: q [B, H, T, h], k, v [B, G, T, h] -> [B, H, T, h] (a view
+// of the kernel's [B, T, H, h] output). k and v are cast to q's dtype (Depth-Attention's mix may be fp32
+// under autocast).
+at::Tensor flash_causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t window,
+                                  bool cpu_stand_in = false);
+
 // q [B, H, Tq, h]; k, v [B, G, Tk, h] with H a multiple of G (query head j reads kv head j / (H/G)).
 // Scale 1/sqrt(h). `padding_mask` ([B, 1, Tq, Tk] bool, optional) further restricts the causal mask
 // (left-padded batches, see KVCache). Returns [B, H, Tq, h] in q's dtype.

@@ -14,7 +14,13 @@ namespace archspace {
 
 struct AdamWOptions {
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
+  // at::_fused_adamw_ (torch.optim.AdamW(fused=True)): one kernel over all parameters instead of five ops
+  // per tensor. The same formula, evaluated in another order: equal up to fp32 rounding (test_train.cpp).
+  bool fused = false;
 };
+
+// Whether LibTorch has a fused AdamW kernel for `device` (CPU and CUDA in LibTorch 2.11).
+bool fused_adamw_available(const at::Device& device);
 
 class AdamW {
  public:
@@ -42,6 +48,8 @@ class AdamW {
   std::pair<at::Tensor, at::Tensor> moments(size_t i) const { return {exp_avg_[i], exp_avg_sq_[i]}; }
 
  private:
+  void fused_step(double lr, double weight_decay);
+
   std::vector<Group> params_;
   std::vector<at::Tensor> exp_avg_, exp_avg_sq_;
   std::vector<bool> owned_;  // empty: all

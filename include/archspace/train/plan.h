@@ -27,7 +27,10 @@ struct PlanOptions {
   int64_t grad_accum = 1;       // micro-batches per optimizer step
   DType dtype = DType::kBf16;   // fp32, or bf16 autocast over fp32 master weights
   bool shard_optimizer = false;
-  bool activation_checkpointing = false;  // a what-if: the engine does not checkpoint blocks yet
+  bool activation_checkpointing = false;  // train.activation_checkpointing: blocks recomputed in backward
+  // CUDA: bf16 attention runs the flash kernel, which takes the window itself, so sliding layers keep no
+  // masks (model/layers.h attention_path). CPU (and fp32 on CUDA): SDPA with masks, as counted below.
+  bool cuda = false;
 
   // Throws archspace::Error naming the flag (`--world`, ...) of the first value out of range.
   void validate() const;
@@ -45,10 +48,13 @@ struct MemoryPlan {
 
   // The parts of `activations`.
   int64_t layer_activations = 0;  // all blocks (with checkpointing: block inputs + one block's internals)
-  int64_t attention_masks = 0;    // sliding-window masks built when T > window (O(T^2) for T <= 2 window)
-  int64_t depth_attention = 0;    // Depth-Attention's stacked keys/values and weights (in layer_activations)
-  int64_t head_and_loss = 0;      // final norm(s), LM-head input, logits [B, T, V] and the loss's tensors
-  int64_t rope_tables = 0;        // cos/sin tables, sliding and full
+  // With checkpointing: the one block's internals that backward rebuilds at a time (the largest block),
+  // part of layer_activations; what autograd keeps after the forward is activations - recompute.
+  int64_t recompute = 0;
+  int64_t attention_masks = 0;  // sliding-window masks built when T > window (O(T^2) for T <= 2 window)
+  int64_t depth_attention = 0;  // Depth-Attention's stacked keys/values and weights (in layer_activations)
+  int64_t head_and_loss = 0;    // final norm(s), LM-head input, logits [B, T, V] and the loss's tensors
+  int64_t rope_tables = 0;      // cos/sin tables, sliding and full
 
   int64_t total() const { return parameters + gradients + optimizer_state + autocast_weights + activations; }
   nlohmann::json to_json() const;

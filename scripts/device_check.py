@@ -1,0 +1,438 @@
+#!/usr/bin/env python3
+"""The GPU path, checked and measured in one run: prints ONE JSON summary (and writes it to --out).
+
+Run by scripts/device-check.sh on a GPU machine (which first builds the engine there); `--cpu` runs the
+same steps on the CPU with tiny sizes (tests/python/test_device_check.py, in CI), so that no step rots.
+Every GPU-only step goes through the same functions with device "cpu" in the dry run; only the kernel
+behind the flash path differs (its CPU stand-in, see tests/device/check_attention.cpp).
+
+Checks (each a "pass" in the JSON; the script exits 1 if any fails):
+  logits_fp32       engine fp32 logits on the device vs transformers fp32 on the CPU: <= 1e-4
+  logits_bf16       engine --dtype bf16 vs transformers fp32: error <= 1.5x transformers' own bf16 error
+                    (the model cast to bf16 on the same device), the rule of tests/python/test_cli.py
+  flash_attention   build/check_attention: flash path vs reference attention, forward and backward
+  cache_decode      greedy decode with the KV cache (fp32) == argmax of one full forward at every step
+  train_bf16        3 training steps, bf16 autocast vs fp32 (same init, data): first-step loss difference
+                    <= max(1.5x that of transformers under torch.autocast, 2e-3); every step within 1%;
+                    also with activation checkpointing (fp32: the same losses within 1e-5)
+Measurements (no pass/fail): 1B training tokens/s and MFU, decode tokens/s against transformers
+`generate`, peak GPU memory of a 65,536-token prefill.
+"""
+import argparse
+import json
+import math
+import os
+import pathlib
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import numpy as np
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+# Dense bf16 peak of the GPU the MFU is quoted against (NVIDIA H100/H200 SXM: 989 TFLOP/s).
+PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12}
+
+
+def log(*a):
+    print("[device-check]", *a, file=sys.stderr, flush=True)
+
+
+def engine_env():
+    """The environment of the engine's processes: with the libraries device-check.sh carried (only
+    theirs: this python keeps the system's)."""
+    env = dict(os.environ)
+    extra = env.pop("ARCHSPACE_ENGINE_LIBRARY_PATH", "")
+    if extra:
+        env["LD_LIBRARY_PATH"] = extra + (":" + env["LD_LIBRARY_PATH"] if env.get("LD_LIBRARY_PATH") else "")
+    return env
+
+
+class Engine:
+    def __init__(self, build_dir):
+        self.binary = pathlib.Path(build_dir) / "archspace"
+        self.check_attention = pathlib.Path(build_dir) / "check_attention"
+
+    def run(self, *args, timeout=600):
+        r = subprocess.run([str(self.binary), *map(str, args)], capture_output=True, text=True, timeout=timeout,
+                           env=engine_env())
+        if r.returncode != 0:
+            raise RuntimeError(f"archspace {' '.join(map(str, args))[:300]} failed ({r.returncode}):\n{r.stderr[-3000:]}")
+        return r
+
+    def logits(self, model, tokens, work, *extra):
+        from safetensors.numpy import load_file
+
+        out = pathlib.Path(work) / "logits.safetensors"
+        self.run("logits", "--model", model, "--tokens", " ".join(map(str, tokens)), "--out", out, *extra)
+        return load_file(str(out))["logits"]
+
+
+def cpu_flags():
+    try:
+        flags = set(pathlib.Path("/proc/cpuinfo").read_text().split("flags")[1].split("\n")[0].split())
+    except (OSError, IndexError):
+        return []
+    return [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
+
+
+def hf_model(model_dir, device, dtype):
+    import torch
+    from transformers import Olmo3ForCausalLM
+
+    return Olmo3ForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
+
+
+def hf_logits(model, tokens):
+    import torch
+
+    device = next(model.parameters()).device
+    with torch.no_grad():
+        return model(torch.tensor([tokens], device=device)).logits[0].float().cpu().numpy()
+
+
+def synchronize(device):
+    import torch
+
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+# ---- checks ---------------------------------------------------------------------------------------
+
+
+def check_logits(engine, s, work):
+    import torch
+
+    model = work / "logits-model"
+    engine.run("init", "--preset", s["preset"], "--out", model, "--seed", 1)
+    rng = np.random.default_rng(0)
+    tokens = [int(t) for t in rng.integers(2, 1000, s["logits_tokens"])]
+    reference = hf_logits(hf_model(model, "cpu", torch.float32), tokens)
+    fp32 = engine.logits(model, tokens, work, "--device", s["device"])
+    fp32_err = float(np.abs(fp32 - reference).max())
+    hf_bf16 = hf_logits(hf_model(model, s["device"], torch.bfloat16), tokens)
+    hf_bf16_err = float(np.abs(hf_bf16 - reference).max())
+    bf16 = engine.logits(model, tokens, work, "--device", s["device"], "--dtype", "bf16")
+    bf16_err = float(np.abs(bf16 - reference).max())
+    return (
+        {"tokens": len(tokens), "max_abs_diff": fp32_err, "tolerance": 1e-4, "pass": fp32_err <= 1e-4},
+        {"tokens": len(tokens), "engine_bf16_max_abs_diff": bf16_err, "transformers_bf16_max_abs_diff": hf_bf16_err,
+         "rule": "engine <= 1.5 x transformers", "pass": 0 < bf16_err <= 1.5 * hf_bf16_err},
+    )
+
+
+def check_flash(engine, s):
+    r = subprocess.run([str(engine.check_attention), "--device", s["device"]], capture_output=True, text=True,
+                       timeout=300, env=engine_env())
+    if not r.stdout.strip():
+        raise RuntimeError(f"check_attention printed nothing ({r.returncode}):\n{r.stderr[-3000:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def check_cache_decode(engine, s, work):
+    model = work / "decode-model"
+    engine.run("init", "--preset", s["preset"], "--out", model, "--seed", 2)
+    rng = np.random.default_rng(1)
+    n = s["decode_prompt"]
+    prompts = [[int(t) for t in rng.integers(2, 1000, n)] for _ in range(2)]
+    prompts_file = work / "decode-prompts.jsonl"
+    prompts_file.write_text("".join(json.dumps({"tokens": p}) + "\n" for p in prompts))
+    new = s["decode_new"]
+    out = engine.run("generate", "--model", model, "--prompts-file", prompts_file, "--max-new-tokens", new,
+                     "--temperature", 0, "--device", s["device"], "--tokenizer", s["tokenizer"]).stdout
+    rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    mismatches = 0
+    for prompt, row in zip(prompts, rows):
+        generated = row["tokens"]
+        full = engine.logits(model, prompt + generated[:-1], work, "--device", s["device"])
+        expected = full[len(prompt) - 1:].argmax(-1).tolist()
+        mismatches += sum(int(a != b) for a, b in zip(generated, expected)) + abs(len(generated) - len(expected))
+    return {"prompts": len(prompts), "prompt_tokens": n, "new_tokens": new, "mismatches": mismatches,
+            "pass": mismatches == 0 and len(rows) == 2}
+
+
+def write_shards(directory, tokens, vocab):
+    import hashlib
+
+    directory.mkdir(parents=True, exist_ok=True)
+    tokens = np.asarray(tokens, dtype="<u4")
+    tokens.tofile(directory / "part-00000.npy")
+    manifest = {"format": "archspace-token-shards/1", "dtype": "uint32", "byte_order": "little",
+                "tokenizer": {"name": "synthetic", "sha256": "0", "vocab_size": vocab, "eos_token_id": 0},
+                "total_tokens": int(len(tokens)), "total_documents": 1,
+                "shards": [{"file": "part-00000.npy", "tokens": int(len(tokens)), "documents": 1,
+                            "sha256": hashlib.sha256(tokens.tobytes()).hexdigest()}], "sources": []}
+    (directory / "manifest.json").write_text(json.dumps(manifest))
+    return directory
+
+
+def synthetic_tokens(n, seed=0):
+    rng = np.random.default_rng(seed)
+    base = np.tile(np.arange(2, 66), n // 64 + 1)[:n]
+    return np.where(rng.random(n) < 0.3, rng.integers(2, 1000, n), base)
+
+
+def train_config(path, run_dir, shards, model=None, preset=None, **train):
+    lines = ["[model]"]
+    lines.append(f'init_from = "{model}"' if model else f'preset = "{preset}"')
+    lines += ["[data]", f'train = "{shards}"', "shuffle = false", "[train]", f'run_dir = "{run_dir}"']
+    for k, v in train.items():
+        lines.append(f"{k} = {json.dumps(v) if not isinstance(v, bool) else str(v).lower()}")
+    lines += ["[optim]", "lr = 1e-3", "warmup_steps = 1"]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def losses(run_dir):
+    return [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines() if '"loss"' in l]
+
+
+def hf_first_step_loss(model_dir, tokens, s, autocast):
+    """transformers' loss on the first micro-batch (the engine's first step sees the same windows)."""
+    import torch
+
+    model = hf_model(model_dir, s["device"], torch.float32)
+    seq, batch = s["train_seq"], s["train_batch"]
+    ids = torch.tensor(np.asarray(tokens[: seq * batch], dtype=np.int64)).view(batch, seq).to(s["device"])
+    device_type = "cuda" if s["device"].startswith("cuda") else "cpu"
+    with torch.no_grad(), torch.autocast(device_type, dtype=torch.bfloat16, enabled=autocast):
+        logits = model(ids).logits[:, :-1].float()
+    return float(torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1)))
+
+
+def check_training(engine, s, work):
+    model = work / "train-model"
+    engine.run("init", "--preset", s["preset"], "--out", model, "--seed", 3)
+    tokens = synthetic_tokens(s["train_seq"] * s["train_batch"] * 4 + 1)
+    shards = write_shards(work / "train-shards", tokens, 1000)
+    common = dict(sequence_length=s["train_seq"], micro_batch=s["train_batch"], max_steps=3, device=s["device"])
+    runs = {}
+    for name, extra in (("fp32", {"dtype": "fp32"}), ("bf16", {"dtype": "bf16"}),
+                        ("fp32_checkpointed", {"dtype": "fp32", "activation_checkpointing": True}),
+                        ("bf16_checkpointed", {"dtype": "bf16", "activation_checkpointing": True})):
+        cfg = train_config(work / f"train-{name}.toml", work / f"run-{name}", shards, model=model, **common, **extra)
+        engine.run("train", "--config", cfg)
+        runs[name] = [m["loss"] for m in losses(work / f"run-{name}")]
+    hf_fp32 = hf_first_step_loss(model, tokens, s, False)
+    hf_bf16 = hf_first_step_loss(model, tokens, s, True)
+    first = abs(runs["bf16"][0] - runs["fp32"][0])
+    hf_first = abs(hf_bf16 - hf_fp32)
+    every = max(abs(a - b) / abs(b) for a, b in zip(runs["bf16"], runs["fp32"]))
+    ckpt = max(abs(a - b) for a, b in zip(runs["fp32_checkpointed"], runs["fp32"]))
+    ckpt_bf16 = max(abs(a - b) for a, b in zip(runs["bf16_checkpointed"], runs["bf16"]))
+    return {"losses": runs, "engine_first_step_bf16_vs_fp32": first, "transformers_first_step_bf16_vs_fp32": hf_first,
+            "max_relative_bf16_vs_fp32": every, "checkpointed_vs_not_fp32": ckpt,
+            "checkpointed_vs_not_bf16": ckpt_bf16,
+            "pass": first <= max(1.5 * hf_first, 2e-3) and every <= 0.01 and ckpt <= 1e-5 and ckpt_bf16 <= 1e-2}
+
+
+# ---- measurements ---------------------------------------------------------------------------------
+
+
+def model_flops_per_token(cfg, seq):
+    """Training FLOPs per token: 6 x the matmul parameters (embedding lookup excluded, LM head included)
+    plus attention's two matmuls (QK^T and PV, 2 FLOPs per multiply-add, x3 for forward and backward)
+    over the keys each query sees on average (causal: (T+1)/2; sliding: min(position + 1, window))."""
+    d, L, V = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["vocab_size"]
+    H, G, I = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["intermediate_size"]
+    h = cfg.get("head_dim") or d // H
+    per_layer = d * H * h + 2 * d * G * h + H * h * d + 3 * d * I
+    matmul_params = L * per_layer + d * V
+    window = cfg.get("sliding_window") or seq
+    attn = 0.0
+    for layer_type in cfg["layer_types"]:
+        if layer_type == "sliding_attention":
+            keys = sum(min(i + 1, window) for i in range(seq)) / seq
+        else:
+            keys = (seq + 1) / 2
+        attn += 3 * 2 * 2 * H * h * keys
+    return 6 * matmul_params + attn
+
+
+def measure_training(engine, s, work, gpu_name):
+    tokens = synthetic_tokens(s["perf_seq"] * s["perf_batch"] * (s["perf_steps"] + 1) + 1, seed=5)
+    shards = write_shards(work / "perf-shards", tokens, 1000)
+    cfg = train_config(work / "perf.toml", work / "run-perf", shards, preset=s["perf_preset"],
+                       sequence_length=s["perf_seq"], micro_batch=s["perf_batch"], max_steps=s["perf_steps"],
+                       device=s["device"], dtype="bf16")
+    start = time.time()
+    engine.run("train", "--config", cfg, timeout=900)
+    wall = time.time() - start
+    steps = losses(work / "run-perf")
+    timed = steps[2:] if len(steps) > 2 else steps  # the first steps warm up kernels and the allocator
+    tok_s = float(np.median([m["tokens_per_s"] for m in timed]))
+    cfg_json = json.loads((work / "perf-model" / "config.json").read_text())
+    flops = model_flops_per_token(cfg_json, s["perf_seq"])
+    peak = next((v for k, v in PEAK_BF16_FLOPS.items() if k in gpu_name), None)
+    return {"preset": s["perf_preset"], "sequence_length": s["perf_seq"], "micro_batch": s["perf_batch"],
+            "steps": len(steps), "tokens_per_s_median": tok_s, "wall_s": wall,
+            "model_flops_per_token": flops, "peak_bf16_flops": peak,
+            "mfu": tok_s * flops / peak if flops and peak else None}
+
+
+def measure_decode(engine, s, work):
+    import torch
+
+    model = work / "perf-model"
+    rng = np.random.default_rng(2)
+    prompt = [int(t) for t in rng.integers(2, 1000, 128)]
+    new = s["perf_decode_new"]
+    err = engine.run("generate", "--model", model, "--prompt-tokens", " ".join(map(str, prompt)), "--max-new-tokens",
+                     new, "--temperature", 0, "--device", s["device"], "--dtype", "bf16", "--tokenizer",
+                     s["tokenizer"]).stderr
+    m = re.search(r"decode (\d+) tokens in ([\d.]+) s", err)
+    engine_tok_s = int(m.group(1)) / max(float(m.group(2)), 1e-9)
+    hf = hf_model(model, s["device"], torch.bfloat16)
+    ids = torch.tensor([prompt], device=s["device"])
+    gen = dict(max_new_tokens=new, min_new_tokens=new, do_sample=False, eos_token_id=None, pad_token_id=0)
+    with torch.no_grad():
+        hf.generate(ids, **dict(gen, max_new_tokens=4, min_new_tokens=4))  # warm-up
+        synchronize(s["device"])
+        start = time.time()
+        hf.generate(ids, max_new_tokens=1, min_new_tokens=1, do_sample=False, eos_token_id=None, pad_token_id=0)
+        synchronize(s["device"])
+        prefill = time.time() - start
+        start = time.time()
+        hf.generate(ids, **gen)
+        synchronize(s["device"])
+        total = time.time() - start
+    hf_tok_s = (new - 1) / max(total - prefill, 1e-9)  # decode only: one prefill subtracted
+    return {"preset": s["perf_preset"], "prompt_tokens": len(prompt), "new_tokens": new, "dtype": "bf16",
+            "engine_decode_tok_s": engine_tok_s, "transformers_decode_tok_s": hf_tok_s,
+            "ratio": engine_tok_s / hf_tok_s}
+
+
+def timed_run(engine, *args):
+    start = time.time()
+    engine.run(*args)
+    return round(time.time() - start, 1)
+
+
+def gpu_memory_used_mib():
+    r = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                       capture_output=True, text=True)
+    return float(r.stdout.split()[0]) if r.returncode == 0 and r.stdout.strip() else None
+
+
+def measure_prefill(engine, s, work):
+    model = work / "perf-model"
+    cfg = json.loads((model / "config.json").read_text())
+    cfg["max_position_embeddings"] = max(cfg["max_position_embeddings"], s["prefill_tokens"] + 64)
+    (model / "config.json").write_text(json.dumps(cfg))
+    rng = np.random.default_rng(3)
+    prompts = work / "prefill.jsonl"
+    prompts.write_text(json.dumps({"tokens": [int(t) for t in rng.integers(2, 1000, s["prefill_tokens"])]}) + "\n")
+    on_gpu = s["device"].startswith("cuda")
+    baseline = gpu_memory_used_mib() if on_gpu else None
+    peak = [baseline or 0.0]
+    done = threading.Event()
+
+    def poll():
+        while not done.is_set():
+            used = gpu_memory_used_mib()
+            if used is not None:
+                peak[0] = max(peak[0], used)
+            time.sleep(0.05)
+
+    poller = threading.Thread(target=poll) if on_gpu else None
+    if poller:
+        poller.start()
+    start = time.time()
+    # --prompts-file with one prompt prints the text stream; a second, short prompt makes it a batch whose
+    # rows are left-padded: keep one prompt and read the report line only.
+    err = engine.run("generate", "--model", model, "--prompts-file", prompts, "--max-new-tokens", 1, "--temperature",
+                     0, "--device", s["device"], "--dtype", "bf16", "--tokenizer", s["tokenizer"]).stderr
+    wall = time.time() - start
+    done.set()
+    if poller:
+        poller.join()
+    m = re.search(r"prefill (\d+) tokens in ([\d.]+) s", err)
+    cache = re.search(r"KV cache ([\d.]+) MB", err)
+    return {"prompt_tokens": s["prefill_tokens"], "wall_s": wall,
+            "prefill_tok_s": int(m.group(1)) / max(float(m.group(2)), 1e-9) if m else None,
+            "kv_cache_mb": float(cache.group(1)) if cache else None,
+            "peak_gpu_memory_mib": peak[0] if on_gpu else None,
+            "gpu_memory_before_mib": baseline,
+            "how": "nvidia-smi memory.used polled every 50 ms (whole GPU)" if on_gpu else "not measured on the CPU"}
+
+
+# ---- main -----------------------------------------------------------------------------------------
+
+SIZES = {
+    # The dry run: the micro preset (dolma2 vocabulary, 4 tiny layers, window 32) everywhere.
+    "cpu": dict(device="cpu", preset="micro", logits_tokens=80, decode_prompt=40, decode_new=6, train_seq=48,
+                train_batch=2, perf_preset="micro", perf_seq=64, perf_batch=2, perf_steps=4, perf_decode_new=8, prefill_tokens=512),
+    # The GPU: the small preset (8 layers, d 256, window 128) for the checks, 1B for the figures.
+    "cuda": dict(device="cuda", preset="small", logits_tokens=400, decode_prompt=300, decode_new=24, train_seq=512,
+                 train_batch=4, perf_preset="1B", perf_seq=4096, perf_batch=4, perf_steps=8, perf_decode_new=128, prefill_tokens=65536),
+}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--cpu", action="store_true", help="dry run on the CPU with tiny sizes")
+    p.add_argument("--build", default=str(REPO / "build"), help="build directory holding archspace, check_attention")
+    p.add_argument("--out", help="also write the JSON summary here")
+    p.add_argument("--skip-measurements", action="store_true", help="checks only")
+    a = p.parse_args()
+    s = dict(SIZES["cpu" if a.cpu else "cuda"])
+    s["tokenizer"] = os.environ.get("ARCHSPACE_DOLMA2_TOKENIZER", "dolma2")
+    import torch
+
+    gpu_name = torch.cuda.get_device_name(0) if torch.cuda.is_available() else ""
+    if not a.cpu and not gpu_name:
+        sys.exit("device_check: no CUDA device visible to torch (use --cpu for the dry run)")
+    engine = Engine(a.build)
+    summary = {"mode": "cpu dry run" if a.cpu else "gpu", "device": s["device"], "gpu": gpu_name,
+               "torch": torch.__version__, "python": platform.python_version(), "cpu_flags": cpu_flags(),
+               "loadavg": pathlib.Path("/proc/loadavg").read_text().split()[:3], "checks": {}, "measurements": {}}
+    started = time.time()
+    with tempfile.TemporaryDirectory(prefix="device-check-") as tmp:
+        work = pathlib.Path(tmp)
+
+        def step(kind, name, fn):
+            log(f"{name} ...")
+            t = time.time()
+            try:
+                summary[kind][name] = fn()
+            except Exception as e:  # one failing step must not hide the others' results
+                summary[kind][name] = {"error": str(e)[-2000:], "pass": False}
+            summary[kind][name]["seconds"] = round(time.time() - t, 1)
+            log(f"{name}: {json.dumps(summary[kind][name])[:400]}")
+
+        logits_results = {}
+
+        def logits_step():
+            fp32, bf16 = check_logits(engine, s, work)
+            logits_results["bf16"] = bf16
+            return fp32
+
+        step("checks", "logits_fp32", logits_step)
+        summary["checks"]["logits_bf16"] = logits_results.get("bf16", {"error": "not run", "pass": False})
+        step("checks", "flash_attention", lambda: check_flash(engine, s))
+        step("checks", "cache_decode", lambda: check_cache_decode(engine, s, work))
+        step("checks", "train_bf16", lambda: check_training(engine, s, work))
+        if not a.skip_measurements:
+            # One model directory (bf16 weights) for the figures; training builds the same preset itself.
+            step("measurements", "model", lambda: {"init_s": timed_run(
+                engine, "init", "--preset", s["perf_preset"], "--out", work / "perf-model", "--dtype", "bf16")})
+            step("measurements", "training_1b", lambda: measure_training(engine, s, work, gpu_name))
+            step("measurements", "decode", lambda: measure_decode(engine, s, work))
+            step("measurements", "prefill_65536", lambda: measure_prefill(engine, s, work))
+    summary["seconds"] = round(time.time() - started, 1)
+    summary["pass"] = all(c.get("pass", False) for c in summary["checks"].values()) and all(
+        "error" not in m for m in summary["measurements"].values())
+    text = json.dumps(summary, indent=None)
+    if a.out:
+        pathlib.Path(a.out).write_text(text + "\n")
+    print(text)
+    return 0 if summary["pass"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
