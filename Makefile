@@ -3,7 +3,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 PY := .venv/bin/python
 
-.PHONY: all setup build test format-check format unit pytest bench corpus demo clean fuzz fuzz-smoke
+.PHONY: all setup build test format-check format unit pytest bench corpus demo study clean fuzz fuzz-smoke
 
 all: build
 
@@ -36,6 +36,10 @@ demo: build
 
 corpus: build
 	bash scripts/prepare_corpus.sh
+
+# A small normalization study on this CPU (README "A small study"): about ten minutes on two idle cores.
+study: build
+	bash scripts/study.sh
 
 bench: build
 	$(PY) bench/bench_logits.py
