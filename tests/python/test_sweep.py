@@ -75,12 +75,13 @@ def test_a_killed_sweep_resumes_exactly(tmp_path):
 
 def test_a_diverging_point_is_recorded_and_the_others_run(tmp_path):
     config = sweep_setup(tmp_path)
-    # Without clipping, lr 10 overflows the gradient at step 2 (training stops: non-finite); lr 3 trains to the end
-    # with its loss far above where it began (seen: 4.86 -> 82); lr 1e-3 learns.
+    # Without clipping, lr 10 overflows the gradient within a few steps (training stops: non-finite; seen at step 2
+    # with the per-tensor AdamW, step 6 with the fused one); lr 3 trains to the end with its loss far above where it
+    # began; lr 1e-3 learns.
     grid = ["--grid", "optim.lr=10,3,1e-3", "--set", "optim.clip_grad_norm=0", "--set", "optim.warmup_steps=0", "--no-plot"]
     run_cli("sweep", "--config", config, *grid)
     runs = summary(tmp_path / "sweep")
-    assert runs["lr=10"]["status"] == "diverged" and runs["lr=10"]["diverged"] and runs["lr=10"]["steps"] == 1
+    assert runs["lr=10"]["status"] == "diverged" and runs["lr=10"]["diverged"] and 1 <= runs["lr=10"]["steps"] < 6
     assert "training diverged" in runs["lr=10"]["message"]
     assert runs["lr=3"]["status"] == "finished" and runs["lr=3"]["diverged"]
     assert runs["lr=3"]["final_loss"] > runs["lr=3"]["first_loss"]
