@@ -4,12 +4,8 @@
 // per-layer table and draws OUT/analysis.png with scripts/plot_analysis.py.
 #include "archspace/eval/analyze.h"
 
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 
 #include "archspace/data/token_shards.h"
@@ -17,6 +13,7 @@
 #include "archspace/model/model_io.h"
 #include "archspace/tokenizer/tokenizer.h"
 #include "archspace/util/error.h"
+#include "archspace/util/files.h"
 #include "archspace/util/progress.h"
 #include "command.h"
 
@@ -82,24 +79,6 @@ void print_table(const json& r) {
   }
 }
 
-void plot(const std::string& json_path, const std::string& png) {
-  const char* python = std::getenv("ARCHSPACE_PYTHON") ? std::getenv("ARCHSPACE_PYTHON") : ARCHSPACE_PLOT_PYTHON;
-  std::vector<std::string> args = {python, ARCHSPACE_ANALYSIS_PLOT_SCRIPT, json_path, "--out", png};
-  std::vector<char*> argv;
-  for (auto& s : args) argv.push_back(s.data());
-  argv.push_back(nullptr);
-  std::fflush(stdout);
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::execvp(argv[0], argv.data());
-    ::_exit(127);
-  }
-  int status = 0;
-  if (pid < 0 || ::waitpid(pid, &status, 0) < 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    std::cerr << "warning: the analysis plot failed (" << python << " " << ARCHSPACE_ANALYSIS_PLOT_SCRIPT << ")\n";
-  }
-}
-
 int run(const AnalyzeArgs& a) {
   const std::string model_dir = resolve_model_dir(a.model);  // a run directory, checkpoint or model directory
   fs::create_directories(a.out);
@@ -116,15 +95,13 @@ int run(const AnalyzeArgs& a) {
   r["data"] = a.data;
   r["dtype"] = a.dtype;
   const std::string json_path = (fs::path(a.out) / "analysis.json").string();
-  {
-    std::ofstream f(json_path + ".tmp", std::ios::trunc);
-    f << r.dump(2) << "\n";
-    if (!f) throw Error(json_path + ": write failed (--out)");
-  }
-  fs::rename(json_path + ".tmp", json_path);
+  write_text_file_atomically(json_path, r.dump(2) + "\n");
   print_table(r);
   std::cout << "wrote " << json_path << "\n";
-  if (!a.no_plot) plot(json_path, (fs::path(a.out) / "analysis.png").string());
+  if (!a.no_plot) {
+    plot_or_warn(ARCHSPACE_ANALYSIS_PLOT_SCRIPT, {json_path, "--out", (fs::path(a.out) / "analysis.png").string()},
+                 "the analysis plot");
+  }
   return 0;
 }
 

@@ -3,7 +3,6 @@
 #include <unistd.h>
 
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <optional>
 #include <sstream>
@@ -15,6 +14,7 @@
 #include "archspace/model/model_io.h"
 #include "archspace/tokenizer/tokenizer.h"
 #include "archspace/util/error.h"
+#include "archspace/util/files.h"
 #include "archspace/util/progress.h"
 #include "command.h"
 
@@ -38,20 +38,6 @@ void check_writable(const std::string& path) {
   if (fs::exists(p) && (!fs::is_regular_file(p) || ::access(p.c_str(), W_OK) != 0)) {
     throw Error(path + ": exists and is not a writable file (--out)");
   }
-}
-
-void write_result(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << text;
-    out.flush();
-    if (!out) {
-      std::filesystem::remove(tmp);
-      throw Error(path + ": write failed (disk full?) (--out)");
-    }
-  }
-  std::filesystem::rename(tmp, path);
 }
 
 struct DownstreamArgs {
@@ -114,7 +100,7 @@ int run_downstream(const DownstreamArgs& a, bool limit_given) {
     for (size_t t = 0; t < tasks.size(); ++t) {
       for (const auto& row : request_rows(tasks[t].files, results[t])) text += row.dump() + "\n";
     }
-    write_result(a.requests_out, text);
+    write_text_file_atomically(a.requests_out, text);
   }
   if (!a.out.empty()) {
     const nlohmann::json j = {{"model", a.model},
@@ -126,7 +112,7 @@ int run_downstream(const DownstreamArgs& a, bool limit_given) {
                               {"scoring_seconds", scoring_seconds},
                               {"stderr", "lm-eval's standard error of the mean: sqrt(sample variance / n)"},
                               {"results", results_rows(results)}};
-    write_result(a.out, j.dump(2) + "\n");
+    write_text_file_atomically(a.out, j.dump(2) + "\n");
   }
   return 0;
 }
@@ -171,7 +157,7 @@ int run_ppl(const PplArgs& a) {
                              "strided sliding windows: each window scores only tokens no earlier window scored; ppl = "
                              "exp(total NLL / scored tokens)"},
                             {"seconds", progress.elapsed_seconds()}};
-  if (!a.out.empty()) write_result(a.out, j.dump(2) + "\n");
+  if (!a.out.empty()) write_text_file_atomically(a.out, j.dump(2) + "\n");
   std::cout << j.dump(2) << std::endl;
   return 0;
 }

@@ -1,10 +1,5 @@
 // archspace plot: loss curves of several runs on one chart. Plotting is matplotlib's job: this hands
 // the arguments to the project's script (scripts/plot_runs.py) with the python that has matplotlib.
-#include <unistd.h>
-
-#include <cstdlib>
-
-#include "archspace/util/error.h"
 #include "command.h"
 
 namespace archspace::cli {
@@ -15,15 +10,10 @@ struct PlotArgs {
   std::string out, x = "step";
 };
 
-int run(PlotArgs a) {
-  const char* python = std::getenv("ARCHSPACE_PYTHON") ? std::getenv("ARCHSPACE_PYTHON") : ARCHSPACE_PLOT_PYTHON;
-  std::vector<std::string> args = {python, ARCHSPACE_PLOT_SCRIPT, "--out", a.out, "--x", a.x};
+int run(const PlotArgs& a) {
+  std::vector<std::string> args = {"--out", a.out, "--x", a.x};
   args.insert(args.end(), a.runs.begin(), a.runs.end());
-  std::vector<char*> argv;
-  for (auto& s : args) argv.push_back(s.data());
-  argv.push_back(nullptr);
-  ::execvp(argv[0], argv.data());  // arguments go through unquoted
-  throw Error(std::string("plot: cannot run ") + python + " (run scripts/setup.sh)");
+  return run_python_script(ARCHSPACE_PLOT_SCRIPT, args);  // the script names a bad run directory itself
 }
 
 Command add(CLI::App& parent) {

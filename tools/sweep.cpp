@@ -3,9 +3,6 @@
 // table and draws the curves with the project's plot script.
 #include "archspace/train/sweep.h"
 
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
@@ -43,29 +40,14 @@ void print_table(const SweepResult& r) {
   }
 }
 
-// The runs' loss curves on one chart, by the script `archspace plot` uses; a failed plot is a warning.
+// The runs' loss curves on one chart, by the script `archspace plot` uses.
 void plot(const SweepResult& r) {
   namespace fs = std::filesystem;
-  const char* python = std::getenv("ARCHSPACE_PYTHON") ? std::getenv("ARCHSPACE_PYTHON") : ARCHSPACE_PLOT_PYTHON;
-  const std::string out = (fs::path(r.out_dir) / "sweep.png").string();
-  std::vector<std::string> args = {python, ARCHSPACE_PLOT_SCRIPT, "--out", out};
+  std::vector<std::string> args = {"--out", (fs::path(r.out_dir) / "sweep.png").string()};
   for (const auto& s : r.runs) {
     if (fs::exists(fs::path(s.run_dir) / "metrics.jsonl")) args.push_back(s.run_dir);
   }
-  if (args.size() == 4) return;
-  std::vector<char*> argv;
-  for (auto& s : args) argv.push_back(s.data());
-  argv.push_back(nullptr);
-  std::fflush(stdout);
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::execvp(argv[0], argv.data());
-    ::_exit(127);
-  }
-  int status = 0;
-  if (pid < 0 || ::waitpid(pid, &status, 0) < 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    std::cerr << "warning: the sweep's plot failed (" << python << " " << ARCHSPACE_PLOT_SCRIPT << ")\n";
-  }
+  if (args.size() > 2) plot_or_warn(ARCHSPACE_PLOT_SCRIPT, args, "the sweep's plot");
 }
 
 int run(SweepArgs& a) {

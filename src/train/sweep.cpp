@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -12,6 +11,7 @@
 #include "archspace/train/stability.h"
 #include "archspace/train/trainer.h"
 #include "archspace/util/error.h"
+#include "archspace/util/files.h"
 #include "archspace/util/json_file.h"
 #include "archspace/util/json_lines.h"
 
@@ -160,16 +160,6 @@ json to_json(const SweepRunSummary& s) {
           {"spike_steps", s.spike_steps}};
 }
 
-void write_json_atomically(const fs::path& path, const json& j) {
-  const fs::path tmp = path.string() + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << j.dump(2) << "\n";
-    if (!out) throw Error(path.string() + ": write failed");
-  }
-  fs::rename(tmp, path);
-}
-
 }  // namespace
 
 SweepResult run_sweep(const SweepOptions& o,
@@ -196,8 +186,8 @@ SweepResult run_sweep(const SweepOptions& o,
   if (!o.dry_run) fs::create_directories(result.out_dir);
 
   auto record = [&](const SweepPoint& p, const std::string& status, const std::string& message) {
-    write_json_atomically(fs::path(configs[&p - points.data()].run_dir) / "sweep_point.json",
-                          {{"status", status}, {"message", message}});
+    write_text_file_atomically((fs::path(configs[&p - points.data()].run_dir) / "sweep_point.json").string(),
+                               json{{"status", status}, {"message", message}}.dump(2) + "\n");
   };
   for (size_t i = 0; i < points.size(); ++i) {
     const SweepPoint& p = points[i];
@@ -230,7 +220,8 @@ SweepResult run_sweep(const SweepOptions& o,
   json summary = {{"config", o.config}, {"overrides", o.overrides}, {"runs", json::array()}};
   summary["spike_rule"] = {{"window", o.spikes.window}, {"ratio", o.spikes.ratio}};
   for (const auto& s : result.runs) summary["runs"].push_back(to_json(s));
-  if (!o.dry_run) write_json_atomically(fs::path(result.out_dir) / "sweep.json", summary);
+  if (!o.dry_run)
+    write_text_file_atomically((fs::path(result.out_dir) / "sweep.json").string(), summary.dump(2) + "\n");
   return result;
 }
 
