@@ -12,7 +12,7 @@
 
 namespace archspace::serve {
 
-using nlohmann::json;
+using json = Json;
 
 namespace {
 std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }

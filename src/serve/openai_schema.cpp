@@ -8,7 +8,7 @@
 
 namespace archspace::serve {
 
-using nlohmann::json;
+using json = Json;
 
 namespace {
 std::string error_type(int status) {

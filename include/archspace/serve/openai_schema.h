@@ -17,6 +17,10 @@
 
 namespace archspace::serve {
 
+// Bodies keep their keys in the order built (OpenAI's field order; top_logprobs most likely first), where
+// nlohmann::json would sort them.
+using Json = nlohmann::ordered_json;
+
 // Answered as {"error": {"message", "type", "param", "code"}} with `status`.
 struct ApiError : std::runtime_error {
   ApiError(int status, const std::string& message, std::string param = "", std::string code = "");
@@ -24,7 +28,7 @@ struct ApiError : std::runtime_error {
   std::string type;   // invalid_request_error, authentication_error, not_found_error, ...
   std::string param;  // the offending field (empty: none)
   std::string code;
-  nlohmann::json body() const;
+  Json body() const;
 };
 
 // What the schema needs to know about the served model.
@@ -37,7 +41,7 @@ struct ServedModel {
 };
 
 // The body as JSON (400 naming the position when it is not).
-nlohmann::json parse_body(const std::string& body);
+Json parse_body(const std::string& body);
 
 struct GenerationParams {
   int64_t max_tokens = 16;
@@ -60,30 +64,29 @@ struct ChatRequest {
   GenerationParams params;
 };
 
-CompletionRequest parse_completion_request(const nlohmann::json& body, const ServedModel& model);
-ChatRequest parse_chat_request(const nlohmann::json& body, const ServedModel& model);
+CompletionRequest parse_completion_request(const Json& body, const ServedModel& model);
+ChatRequest parse_chat_request(const Json& body, const ServedModel& model);
 
 // The scheduler's sequences: prompts x n choices, choice i*n+j for prompt i (OpenAI's order).
 std::vector<SequenceRequest> completion_sequences(const CompletionRequest& request, const ServedModel& model);
 std::vector<SequenceRequest> chat_sequences(const ChatRequest& request, const ServedModel& model);
 
 // Whole responses from the finished results.
-nlohmann::json completion_response(const CompletionRequest& request, const std::vector<SequenceResult>& results,
-                                   const ServedModel& model, const std::string& id, int64_t created);
-nlohmann::json chat_response(const ChatRequest& request, const std::vector<SequenceResult>& results,
-                             const ServedModel& model, const std::string& id, int64_t created);
+Json completion_response(const CompletionRequest& request, const std::vector<SequenceResult>& results,
+                         const ServedModel& model, const std::string& id, int64_t created);
+Json chat_response(const ChatRequest& request, const std::vector<SequenceResult>& results, const ServedModel& model,
+                   const std::string& id, int64_t created);
 // {"prompt_tokens", "completion_tokens", "total_tokens"}; prompts counted once per choice.
-nlohmann::json usage(const std::vector<std::vector<uint32_t>>& prompts, int64_t n,
-                     const std::vector<SequenceResult>& results);
+Json usage(const std::vector<std::vector<uint32_t>>& prompts, int64_t n, const std::vector<SequenceResult>& results);
 
 // The text a token id stands for, as clients see it (bytes of a partial UTF-8 character replaced).
 std::string token_text(const Tokenizer& tokenizer, uint32_t id);
 
 // /tokenize {"prompt": text, "add_special_tokens": bool} -> {"tokens", "count", "max_model_len"};
 // /detokenize {"tokens": [ids]} -> {"prompt": text}; /tokenizer_info (what lm-eval's RemoteTokenizer reads).
-nlohmann::json tokenize_response(const nlohmann::json& body, const ServedModel& model);
-nlohmann::json detokenize_response(const nlohmann::json& body, const ServedModel& model);
-nlohmann::json tokenizer_info(const ServedModel& model);
-nlohmann::json models_response(const ServedModel& model, int64_t created);
+Json tokenize_response(const Json& body, const ServedModel& model);
+Json detokenize_response(const Json& body, const ServedModel& model);
+Json tokenizer_info(const ServedModel& model);
+Json models_response(const ServedModel& model, int64_t created);
 
 }  // namespace archspace::serve
