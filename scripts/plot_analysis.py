@@ -1,10 +1,12 @@
 """Plots of `archspace analyze` (used by it): one figure with the analyses of analysis.json.
 
-    plot_analysis.py ANALYSIS.json --out FILE.png
+    plot_analysis.py ANALYSIS.json [ANALYSIS.json ...] --out FILE.png [--labels A,B,...]
 
 Panels: hidden-state norm per layer of each stream (log scale), layer-pruning loss increase per layer,
-logit-lens agreement with the output per layer of each stream, and, when present, each stream's input
-intensity per sublayer and Depth-Attention's mean mixing weight per (layer, source layer).
+logit-lens agreement with the output per layer of each stream, and, for one model, each stream's input
+intensity per sublayer and Depth-Attention's mean mixing weight per (layer, source layer). Several files
+compare models on the first three panels (the paper's Figure 2 layout): one colour per model, one line style per
+stream, grouped bars for pruning.
 """
 import argparse
 import json
@@ -15,13 +17,57 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+STREAM_STYLES = ["o-", "s--", "^:"]
+
+
+def compare(analyses, labels, out):
+    """The norm, pruning and lens panels of several models side by side."""
+    fig, axes = plt.subplots(1, 3, figsize=(18, 4.6))
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    width = 0.8 / len(analyses)
+    for m, (r, label) in enumerate(zip(analyses, labels)):
+        colour = colours[m % len(colours)]
+        layers = list(range(r["layers"]))
+        for k, (name, s) in enumerate(r["streams"].items()):
+            style = STREAM_STYLES[k % len(STREAM_STYLES)]
+            axes[0].plot(range(-1, r["layers"]), s["norm"], style, color=colour, label=f"{label} {name}",
+                         markersize=3)
+            axes[2].plot(layers, s["lens_agreement"], style, color=colour, label=f"{label} {name}", markersize=3)
+        axes[1].bar([l + (m - (len(analyses) - 1) / 2) * width for l in layers], [p["delta"] for p in r["pruning"]],
+                    width, color=colour, label=f"{label} (loss {r['loss']:.3f})")
+    axes[0].set_yscale("log")
+    axes[0].set_title("hidden-state norm (mean L2 per token)")
+    axes[0].set_xlabel("layer (-1: embeddings)")
+    axes[1].axhline(0, color="black", linewidth=0.5)
+    axes[1].set_yscale("symlog", linthresh=1e-3)  # the first layer's increase dwarfs the others
+    axes[1].set_title("loss increase when the layer is removed (symlog)")
+    axes[1].set_xlabel("layer removed")
+    axes[2].set_ylim(0, 1.02)
+    axes[2].set_title("logit lens: top-1 agreement with the output")
+    axes[2].set_xlabel("layer")
+    for ax in axes:
+        ax.legend(fontsize=8)
+    r = analyses[0]
+    fig.suptitle(f"{r['sequences']} x {r['sequence_length']} tokens of {r.get('data', '')}")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    print(f"wrote {out}")
+
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("analysis")
+    parser.add_argument("analysis", nargs="+")
     parser.add_argument("--out", required=True)
+    parser.add_argument("--labels", help="comma-separated, one per file (default: each file's model)")
     args = parser.parse_args()
-    r = json.load(open(args.analysis))
+    analyses = [json.load(open(path)) for path in args.analysis]
+    labels = args.labels.split(",") if args.labels else [r.get("model", path) for r, path in zip(analyses, args.analysis)]
+    if len(labels) != len(analyses):
+        parser.error(f"--labels names {len(labels)} models for {len(analyses)} files")
+    if len(analyses) > 1:
+        compare(analyses, labels, args.out)
+        return
+    r = analyses[0]
     panels = ["norms", "pruning", "lens"] + (["intensity"] if "input_intensity" in r else []) + \
              (["depth"] if "depth_attention" in r else [])
     cols = 3 if len(panels) > 4 else 2
