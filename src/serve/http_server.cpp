@@ -32,6 +32,13 @@ bool write_event(httplib::DataSink& sink, const std::string& data) {
   const std::string event = "data: " + data + "\n\n";
   return sink.write(event.data(), event.size());
 }
+
+// One streamed event of a request: its fixed fields in OpenAI's order, then `choices` (and `usage` on the last).
+json stream_event(const std::string& id, const char* object, int64_t created, const std::string& model_id,
+                  json choices) {
+  return json{
+      {"id", id}, {"object", object}, {"created", created}, {"model", model_id}, {"choices", std::move(choices)}};
+}
 }  // namespace
 
 struct HttpServer::Impl {
@@ -78,11 +85,11 @@ struct HttpServer::Impl {
   // Server-sent events of one request: each choice's text as it comes, its finish reason, then usage
   // (when asked) and [DONE]. `chunk(index, text, finish_reason)` builds one event's JSON.
   template <typename Chunk>
-  void stream(httplib::Response& res, std::shared_ptr<Ticket> ticket, size_t choices, Chunk chunk,
-              std::function<json()> final_usage, std::function<void(httplib::DataSink&)> opening) {
+  void stream(httplib::Response& res, std::shared_ptr<Ticket> ticket, Chunk chunk, std::function<json()> final_usage,
+              std::function<void(httplib::DataSink&)> opening) {
     res.set_chunked_content_provider(
         "text/event-stream",
-        [ticket, choices, chunk, final_usage, opening](size_t, httplib::DataSink& sink) {
+        [ticket, chunk, final_usage, opening](size_t, httplib::DataSink& sink) {
           if (opening) opening(sink);
           while (auto event = ticket->next_event()) {
             if (!event->text.empty() && !write_event(sink, dump(chunk(event->index, event->text, json(nullptr))))) {
@@ -110,7 +117,6 @@ struct HttpServer::Impl {
         [ticket](bool success) {
           if (!success) ticket->cancel();
         });
-    (void)choices;
   }
 
   void completions(const httplib::Request& req, httplib::Response& res) {
@@ -126,21 +132,15 @@ struct HttpServer::Impl {
     }
     const std::string model_id = model.id;
     auto chunk = [id, created, model_id](size_t index, const std::string& text, json finish) {
-      return json{{"id", id},
-                  {"object", "text_completion"},
-                  {"created", created},
-                  {"model", model_id},
-                  {"choices", {{{"index", index}, {"text", text}, {"logprobs", nullptr}, {"finish_reason", finish}}}}};
+      return stream_event(id, "text_completion", created, model_id,
+                          {{{"index", index}, {"text", text}, {"logprobs", nullptr}, {"finish_reason", finish}}});
     };
     std::function<json()> final_usage;
     if (request->params.include_usage) {
       final_usage = [=] {
-        return json{{"id", id},
-                    {"object", "text_completion"},
-                    {"created", created},
-                    {"model", model_id},
-                    {"choices", json::array()},
-                    {"usage", usage(request->prompts, request->params.n, ticket->results())}};
+        json last = stream_event(id, "text_completion", created, model_id, json::array());
+        last["usage"] = usage(request->prompts, request->params.n, ticket->results());
+        return last;
       };
     }
     std::function<void(httplib::DataSink&)> opening;
@@ -151,7 +151,7 @@ struct HttpServer::Impl {
           write_event(sink, dump(chunk(i, tok.decode(request->prompts[i / request->params.n]), json(nullptr))));
       };
     }
-    stream(res, ticket, request->prompts.size() * request->params.n, chunk, final_usage, opening);
+    stream(res, ticket, chunk, final_usage, opening);
   }
 
   void chat_completions(const httplib::Request& req, httplib::Response& res) {
@@ -168,39 +168,28 @@ struct HttpServer::Impl {
     const std::string model_id = model.id;
     auto chunk = [id, created, model_id](size_t index, const std::string& text, json finish) {
       json delta = finish.is_null() ? json{{"content", text}} : json::object();
-      return json{
-          {"id", id},
-          {"object", "chat.completion.chunk"},
-          {"created", created},
-          {"model", model_id},
-          {"choices", {{{"index", index}, {"delta", delta}, {"logprobs", nullptr}, {"finish_reason", finish}}}}};
+      return stream_event(id, "chat.completion.chunk", created, model_id,
+                          {{{"index", index}, {"delta", delta}, {"logprobs", nullptr}, {"finish_reason", finish}}});
     };
     std::function<json()> final_usage;
     if (request->params.include_usage) {
       final_usage = [=] {
-        return json{{"id", id},
-                    {"object", "chat.completion.chunk"},
-                    {"created", created},
-                    {"model", model_id},
-                    {"choices", json::array()},
-                    {"usage", usage({request->prompt}, request->params.n, ticket->results())}};
+        json last = stream_event(id, "chat.completion.chunk", created, model_id, json::array());
+        last["usage"] = usage({request->prompt}, request->params.n, ticket->results());
+        return last;
       };
     }
     const int64_t n = request->params.n;
     auto opening = [=](httplib::DataSink& sink) {  // the assistant role first, as OpenAI sends it
       for (int64_t i = 0; i < n; ++i) {
-        write_event(sink, dump(json{{"id", id},
-                                    {"object", "chat.completion.chunk"},
-                                    {"created", created},
-                                    {"model", model_id},
-                                    {"choices",
-                                     {{{"index", i},
-                                       {"delta", {{"role", "assistant"}, {"content", ""}}},
-                                       {"logprobs", nullptr},
-                                       {"finish_reason", nullptr}}}}}));
+        write_event(sink, dump(stream_event(id, "chat.completion.chunk", created, model_id,
+                                            {{{"index", i},
+                                              {"delta", {{"role", "assistant"}, {"content", ""}}},
+                                              {"logprobs", nullptr},
+                                              {"finish_reason", nullptr}}})));
       }
     };
-    stream(res, ticket, static_cast<size_t>(n), chunk, final_usage, opening);
+    stream(res, ticket, chunk, final_usage, opening);
   }
 
   // Wraps a handler: ApiError and bad input answer with OpenAI's error body.

@@ -164,6 +164,7 @@ def test_streaming_completion_and_chat(model_dir, client, server):
                                                    temperature=0, stream=True,
                                                    stream_options={"include_usage": True}))
     assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == expected
+    assert streamed[0].choices[0].delta.role == "assistant"  # the role first, as OpenAI streams it
     assert streamed[-1].usage.completion_tokens == chat.usage.completion_tokens
 
     # The raw event stream ends with [DONE].
@@ -173,6 +174,8 @@ def test_streaming_completion_and_chat(model_dir, client, server):
     events = [line for line in r.text.split("\n\n") if line]
     assert events[-1] == "data: [DONE]"
     assert all(e.startswith("data: ") for e in events)
+    first = json.loads(events[0][len("data: "):])  # OpenAI's field order, one choice per event
+    assert list(first) == ["id", "object", "created", "model", "choices"] and len(first["choices"]) == 1
 
 
 def test_stop_strings_and_sampling(client):
