@@ -5,7 +5,6 @@
 #include <filesystem>
 #include <iostream>
 #include <optional>
-#include <sstream>
 
 #include "archspace/data/token_shards.h"
 #include "archspace/eval/downstream.h"
@@ -16,6 +15,7 @@
 #include "archspace/util/error.h"
 #include "archspace/util/files.h"
 #include "archspace/util/progress.h"
+#include "archspace/util/strings.h"
 #include "command.h"
 
 namespace archspace::cli {
@@ -47,15 +47,6 @@ struct DownstreamArgs {
   int64_t limit = 0, batch_size = 0, batch_tokens = 8192, max_length = 0;
 };
 
-std::vector<std::string> split_commas(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream in(s);
-  for (std::string part; std::getline(in, part, ',');) {
-    if (!part.empty()) out.push_back(part);
-  }
-  return out;
-}
-
 int run_downstream(const DownstreamArgs& a, bool limit_given) {
   if (limit_given && a.limit < 1) throw Error("--limit must be at least 1 (got " + std::to_string(a.limit) + ")");
   if (a.batch_size < 0 || a.batch_tokens < 1) throw Error("--batch-size must be >= 0 and --batch-tokens >= 1");
@@ -65,7 +56,7 @@ int run_downstream(const DownstreamArgs& a, bool limit_given) {
   // Every task variant is found before the model loads: a typo fails at once.
   const auto dirs = a.tasks_dirs.empty() ? default_task_dirs() : a.tasks_dirs;
   std::vector<std::string> notes;
-  const auto variants = select_task_variants(dirs, split_commas(a.tasks), a.format, a.shots, &notes);
+  const auto variants = select_task_variants(dirs, split_nonempty(a.tasks, ','), a.format, a.shots, &notes);
   ProgressLine progress("eval downstream");
   for (const auto& n : notes) progress.note(n);
   std::vector<TaskFiles> files;

@@ -14,6 +14,7 @@
 
 #include "archspace/util/error.h"
 #include "archspace/util/files.h"
+#include "archspace/util/strings.h"
 
 namespace archspace {
 
@@ -314,10 +315,7 @@ void apply_override(toml::table& root, const std::string& text, const std::strin
       break;
     case KeyType::kStringList: {  // "a,b,c" (empty: an empty list)
       toml::array items;
-      std::stringstream in(value);
-      for (std::string item; std::getline(in, item, ',');) {
-        if (!item.empty()) items.push_back(item);
-      }
+      for (const std::string& item : split_nonempty(value, ',')) items.push_back(item);
       table.insert_or_assign(name, std::move(items));
       break;
     }

@@ -13,21 +13,13 @@
 #include "archspace/util/error.h"
 #include "archspace/util/files.h"
 #include "archspace/util/json_lines.h"
+#include "archspace/util/strings.h"
 
 namespace archspace {
 
 namespace fs = std::filesystem;
 
 namespace {
-
-std::vector<std::string> split(const std::string& s, char sep) {
-  std::vector<std::string> out;
-  std::stringstream in(s);
-  for (std::string part; std::getline(in, part, sep);) {
-    if (!part.empty()) out.push_back(part);
-  }
-  return out;
-}
 
 std::string join(const std::vector<std::string>& items, const std::string& sep = ", ") {
   std::string out;
@@ -86,8 +78,8 @@ std::optional<std::pair<std::string, int64_t>> parse_variant(const std::string& 
 }  // namespace
 
 std::vector<std::string> default_task_dirs() {
-  if (const char* env = std::getenv("ARCHSPACE_EVAL_TASKS"); env && *env) return split(env, ':');
-  return split(ARCHSPACE_EVAL_TASK_DIRS, ':');
+  if (const char* env = std::getenv("ARCHSPACE_EVAL_TASKS"); env && *env) return split_nonempty(env, ':');
+  return split_nonempty(ARCHSPACE_EVAL_TASK_DIRS, ':');
 }
 
 std::vector<std::string> available_tasks(const std::vector<std::string>& dirs) {

@@ -8,6 +8,7 @@
 #include "archspace/model/causal_lm.h"
 #include "archspace/util/error.h"
 #include "archspace/util/json_lines.h"
+#include "archspace/util/strings.h"
 
 using namespace archspace;
 using nlohmann::json;
@@ -192,4 +193,15 @@ TEST(ParameterCount, Base190MPreset) {
   const int64_t V = 100278, d = 768, mlp = 3072, L = 12;
   const int64_t expected = 2 * V * d + L * (4 * d * d + 3 * d * mlp + 4 * d) + d;
   EXPECT_EQ(parameter_count(preset("190M")), expected);
+}
+
+// The list parser behind "a,b,c" keys and flags and PATH-like "dir:dir" variables.
+TEST(Strings, SplitNonemptyDropsEmptyParts) {
+  using V = std::vector<std::string>;
+  EXPECT_EQ(split_nonempty("hellaswag,winogrande", ','), (V{"hellaswag", "winogrande"}));
+  EXPECT_EQ(split_nonempty(",a,,b,", ','), (V{"a", "b"}));
+  EXPECT_EQ(split_nonempty("/x/tasks:/y/tasks", ':'), (V{"/x/tasks", "/y/tasks"}));
+  EXPECT_EQ(split_nonempty("", ','), V{});
+  EXPECT_EQ(split_nonempty(",,", ','), V{});
+  EXPECT_EQ(split_nonempty("single", ','), V{"single"});
 }
