@@ -50,14 +50,11 @@ std::pair<std::vector<uint32_t>, std::vector<uint32_t>> encode_request(const Tok
                                                                        uint32_t prefix_token) {
   std::vector<uint32_t> context_enc, continuation_enc;
   if (context.empty()) {
-    // lm-eval 0.4.13: the prefix token is the context, unless the continuation starts with it already.
+    // lm-eval 0.4.13: the prefix token is the context; a continuation that starts with it gives it up.
+    context_enc = {prefix_token};
     continuation_enc = tokenizer.encode(continuation);
-    if (!continuation_enc.empty() && continuation_enc[0] == prefix_token) {
-      context_enc = {prefix_token};
+    if (!continuation_enc.empty() && continuation_enc[0] == prefix_token)
       continuation_enc.erase(continuation_enc.begin());
-    } else {
-      context_enc = {prefix_token};
-    }
   } else {
     size_t end = context.size();
     while (end > 0 && is_space(context[end - 1])) --end;
