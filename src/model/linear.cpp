@@ -3,6 +3,8 @@
 #include <ATen/Parallel.h>
 #include <ATen/core/grad_mode.h>
 
+#include "archspace/util/cpu_isa.h"
+
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -69,10 +71,7 @@ __attribute__((target("avx2,fma"))) void dot_rows_avx2(const float* W, const flo
   dot_rows_scalar(W, x, y, M, N, K, n, n1);
 }
 
-bool cpu_has_avx2_fma() {
-  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return has;
-}
+bool cpu_has_avx2_fma() { return max_cpu_isa() >= CpuIsa::kAvx2; }
 #endif
 
 }  // namespace

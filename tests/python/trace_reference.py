@@ -96,7 +96,8 @@ def engine_trace(model_dir, tokens, tmp_path, *extra):
 
 def first_difference(engine, reference, tol):
     """'first difference: NAME (max abs diff X)' for the first tensor in the reference's forward order
-    that is missing, mis-shaped or further than `tol` from the engine's; None when every tensor agrees."""
+    that is missing, mis-shaped or further than `tol` from the engine's; None when every tensor agrees.
+    `tol`: a number, or a function (name, reference tensor) -> bound (tolerances.activation_bound)."""
     for name, want in reference.items():
         if name not in engine:
             return f"first difference: {name} (missing from the engine's trace)"
@@ -104,8 +105,9 @@ def first_difference(engine, reference, tol):
         if got.shape != want.shape:
             return f"first difference: {name} (shape {list(got.shape)}, reference {list(want.shape)})"
         diff = float(np.abs(got - want).max())
-        if not diff <= tol:  # NaN counts as a difference
-            return f"first difference: {name} (max abs diff {diff:.2g})"
+        bound = tol(name, want) if callable(tol) else tol
+        if not diff <= bound:  # NaN counts as a difference
+            return f"first difference: {name} (max abs diff {diff:.2g}, bound {bound:.2g})"
     extra = [name for name in engine if name not in reference]
     return f"first difference: {extra[0]} (missing from the reference trace)" if extra else None
 
@@ -113,4 +115,4 @@ def first_difference(engine, reference, tol):
 def explain_logit_difference(model_dir, model, tokens, tmp_path, tol, *extra):
     """For an assertion message when the logits differ: where the two traces first part."""
     found = first_difference(engine_trace(model_dir, tokens, tmp_path, *extra), reference_trace(model, tokens), tol)
-    return found or f"every named activation agrees within {tol:g}"
+    return found or "every named activation agrees within its bound"

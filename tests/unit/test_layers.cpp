@@ -5,8 +5,10 @@
 
 #include "archspace/model/layers.h"
 #include "archspace/model/rope.h"
+#include "tolerance.h"
 
 using namespace archspace;
+using archspace::tolerance::within;
 
 TEST(RmsNorm, MatchesDoublePrecisionFormula) {
   at::manual_seed(0);
@@ -65,9 +67,14 @@ TEST(Rope, RotationPreservesNormAndRelativeAngle) {
     auto [cn, sn] = rope.tables(at::tensor({n}, at::kLong));
     return (apply_rope(q, cm, sm) * apply_rope(k, cn, sn)).sum().item<double>();
   };
-  EXPECT_NEAR(dot_at(5, 2), dot_at(13, 10), 1e-4);
+  // Two fp32 computations of one exact value: an angle p f (f <= 1) is off by up to (p + 2) u after its
+  // product and cos/sin, which moves each rotated entry by twice that relative to its pair; then the
+  // products and a 16-term sum, over magnitudes bounded by ||q|| ||k|| (a rotation keeps norms).
+  const double qk = q.norm().item<double>() * k.norm().item<double>();
+  EXPECT_NEAR(dot_at(5, 2), dot_at(13, 10), 2 * tolerance::chain_bound(16 + 1 + 4 * (13 + 2), qk));
   auto [c, s] = rope.tables(at::tensor({7}, at::kLong));
-  EXPECT_NEAR(apply_rope(q, c, s).norm().item<double>(), q.norm().item<double>(), 1e-5);
+  EXPECT_NEAR(apply_rope(q, c, s).norm().item<double>(), q.norm().item<double>(),
+              tolerance::chain_bound(16 + 2 + 2 * (7 + 2), q.norm().item<double>()));
 }
 
 TEST(Yarn, Olmo3LongContextTableForHeadDim128) {
@@ -180,7 +187,7 @@ TEST(Attention, OffsetQueriesEqualTheLastRowsOfTheFullComputation) {
   for (AttentionImpl impl : {AttentionImpl::kSdpa, AttentionImpl::kReference}) {
     at::Tensor full = causal_attention(q, k, v, 4, 0, impl);
     at::Tensor tail = causal_attention(q.narrow(2, 6, 3), k, v, 4, 6, impl);
-    EXPECT_LT((full.narrow(2, 6, 3) - tail).abs().max().item<float>(), 1e-6);
+    EXPECT_TRUE(within(tail, full.narrow(2, 6, 3), tolerance::attention_bound(q, k, v, 4))) << int(impl);
   }
 }
 
@@ -189,5 +196,14 @@ TEST(Mlp, SwiGlu) {
   at::Tensor x = at::randn({3, 8}), g = at::randn({12, 8}), u = at::randn({12, 8}), d = at::randn({8, 12});
   at::Tensor gate = at::matmul(x, g.t());
   at::Tensor expected = at::matmul(gate * at::sigmoid(gate) * at::matmul(x, u.t()), d.t());
-  EXPECT_LT((swiglu_mlp(x, g, u, d) - expected).abs().max().item<float>(), 1e-5);
+  // Two fp32 orders (the engine's GEMMs or another kernel's). Each of gate and up is within gamma(8) |x||w|;
+  // silu(a) b moves by at most 1.1 |b| da + |silu(a)| db (|silu'| <= 1.1) plus its own 4 roundings; down
+  // adds gamma(12) |h||d| and carries those errors through |d|. Twice that for the two computations.
+  const at::Tensor gd = gate.to(at::kDouble), ud = at::matmul(x, u.t()).to(at::kDouble);
+  const at::Tensor hidden = gd * at::sigmoid(gd) * ud;
+  const at::Tensor hidden_error = 1.1 * ud.abs() * tolerance::linear_bound(x, g) +
+                                  (gd * at::sigmoid(gd)).abs() * tolerance::linear_bound(x, u) +
+                                  tolerance::gamma(4) * hidden.abs();
+  const at::Tensor bound = 2 * (tolerance::linear_bound(hidden, d) + at::linear(hidden_error, d.to(at::kDouble).abs()));
+  EXPECT_TRUE(within(swiglu_mlp(x, g, u, d), expected, bound));
 }

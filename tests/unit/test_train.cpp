@@ -22,6 +22,7 @@
 #include "archspace/util/error.h"
 #include "archspace/util/sha256.h"
 #include "test_support.h"
+#include "tolerance.h"
 
 using namespace archspace;
 namespace fs = std::filesystem;
@@ -214,8 +215,14 @@ TEST(Loss, SumsEqualCrossEntropyOverLabelledPositions) {
   const double ce = at::cross_entropy_loss(flat, target, {}, at::Reduction::Sum, -100).item<double>();
   const at::Tensor lse = at::logsumexp(flat, -1).masked_select(target != -100);
   EXPECT_EQ(s.count, 7);
-  EXPECT_NEAR(s.ce_sum.item<double>(), ce, 1e-5);
-  EXPECT_NEAR(s.z_sum.item<double>(), 1e-4 * lse.pow(2).sum().item<double>(), 1e-9);
+  // Two fp32 computations from the same logits: each of the 7 log-probabilities within logprob_bound, then
+  // their sum; each log-sum-exp within gamma(V + 2) + 2 u |lse|, its square and the sum of 7 squares.
+  const double lse_max = tolerance::magnitude(lse), lp_max = tolerance::magnitude(at::log_softmax(flat, -1));
+  EXPECT_NEAR(s.ce_sum.item<double>(), ce, 7 * tolerance::logprob_bound(0, 11, lp_max) + 2 * tolerance::gamma(7) * ce);
+  const double z = 1e-4 * lse.pow(2).sum().item<double>();
+  const double lse_error = tolerance::gamma(11 + 2) + 2 * tolerance::kFp32Unit * lse_max;
+  EXPECT_NEAR(s.z_sum.item<double>(), z,
+              2 * (1e-4 * 7 * 2 * lse_max * lse_error + (tolerance::gamma(7) + 2 * tolerance::kFp32Unit) * z));
 }
 
 // ---- optimizer side --------------------------------------------------------------------------------

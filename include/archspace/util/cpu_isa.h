@@ -1,0 +1,20 @@
+// Which instruction set the engine's own CPU kernels (model/linear.cpp's streaming GEMV) may use: the best
+// this CPU has, capped by ARCHSPACE_MAX_CPU_ISA, as oneDNN's ONEDNN_MAX_CPU_ISA and ATen's
+// ATEN_CPU_CAPABILITY cap theirs. The cap exists so that a test run can force the other code paths on one
+// machine (scripts/kernel_paths.sh) and show that results do not depend on which kernel runs.
+#pragma once
+
+namespace archspace {
+
+enum class CpuIsa { kScalar = 0, kAvx2 = 1 };  // kAvx2: AVX2 with FMA
+
+const char* cpu_isa_name(CpuIsa isa);  // "scalar", "avx2"
+
+// What this CPU supports (cpuid), before the cap.
+CpuIsa detected_cpu_isa();
+
+// min(detected, ARCHSPACE_MAX_CPU_ISA), read once. Throws archspace::Error naming the variable and the valid
+// values when it is set to anything else.
+CpuIsa max_cpu_isa();
+
+}  // namespace archspace
