@@ -47,7 +47,8 @@ TaskResult aggregate(const TaskGroup& group, const std::vector<const TaskResult*
     }
     return nullptr;
   };
-  // Macro: the primary first, then each other metric every member has, in the first member's order.
+  // The primary first, then each other metric every member has, in the first member's order; each as its
+  // macro and its micro average, as OLMES reports <metric>_macro and <metric>_micro for a suite.
   std::vector<std::pair<std::string, bool>> names = {{g.primary_metric, true}};
   for (const auto& m : members[0]->metrics) {
     if (m.primary || m.name == g.primary_metric) continue;
@@ -56,39 +57,36 @@ TaskResult aggregate(const TaskGroup& group, const std::vector<const TaskResult*
     if (everywhere) names.emplace_back(m.name, false);
   }
   const auto k = static_cast<double>(members.size());
+  const auto n_all = static_cast<double>(g.documents);
   for (const auto& [name, is_primary] : names) {
-    MetricValue v;
-    v.name = name;
-    v.primary = is_primary;
-    v.aggregate = "macro";
+    MetricValue macro, micro;
+    macro.name = micro.name = name;
+    macro.primary = is_primary;  // the group's primary is the macro of the members' primary
+    macro.aggregate = "macro";
+    micro.aggregate = "micro";
     double variance = 0;
     for (const auto* r : members) {
       const MetricValue* m = find(*r, name, is_primary);
-      v.value += m->value;
+      macro.value += m->value;
       variance += m->stderr_ * m->stderr_;  // NaN (one document) makes the group's NaN too
+      micro.value += m->value * static_cast<double>(r->documents);
     }
-    v.value /= k;
-    v.stderr_ = std::sqrt(variance) / k;
-    g.metrics.push_back(v);
+    macro.value /= k;
+    macro.stderr_ = std::sqrt(variance) / k;
+    micro.value /= n_all;
+    // The pooled documents' sum of squares: each member's around its own mean is stderr^2 * n * (n - 1);
+    // around the pooled mean it gains n * (mean - pooled)^2.
+    double ss = 0;
+    for (const auto* r : members) {
+      const MetricValue* m = find(*r, name, is_primary);
+      const auto n = static_cast<double>(r->documents);
+      if (n > 1) ss += m->stderr_ * m->stderr_ * n * (n - 1);
+      ss += n * (m->value - micro.value) * (m->value - micro.value);
+    }
+    micro.stderr_ = n_all > 1 ? std::sqrt(ss / (n_all - 1) / n_all) : std::numeric_limits<double>::quiet_NaN();
+    g.metrics.push_back(macro);
+    g.metrics.push_back(micro);
   }
-
-  // Micro: the primary metric over the pooled documents. Each member's sum of squares around its own mean is
-  // stderr^2 * n * (n - 1); around the pooled mean it gains n * (mean - pooled)^2.
-  MetricValue micro;
-  micro.name = g.primary_metric;
-  micro.aggregate = "micro";
-  const auto n_all = static_cast<double>(g.documents);
-  for (const auto* r : members) micro.value += find(*r, "", true)->value * static_cast<double>(r->documents);
-  micro.value /= n_all;
-  double ss = 0;
-  for (const auto* r : members) {
-    const MetricValue* m = find(*r, "", true);
-    const auto n = static_cast<double>(r->documents);
-    if (n > 1) ss += m->stderr_ * m->stderr_ * n * (n - 1);
-    ss += n * (m->value - micro.value) * (m->value - micro.value);
-  }
-  micro.stderr_ = n_all > 1 ? std::sqrt(ss / (n_all - 1) / n_all) : std::numeric_limits<double>::quiet_NaN();
-  g.metrics.insert(g.metrics.begin() + 1, micro);
   return g;
 }
 

@@ -142,7 +142,9 @@ TEST(TaskGroups, MacroAndMicroRowsEqualTheAveragesOfTheMembers) {
   EXPECT_NEAR(micro.value, pooled, 1e-12);
   EXPECT_NEAR(micro.stderr_, std::sqrt(pooled_ss / static_cast<double>(n - 1) / static_cast<double>(n)), 1e-12);
   EXPECT_GT(std::abs(macro.value - micro.value), 1e-3);                       // the two averages are told apart
-  EXPECT_NEAR(find(g, "acc_per_char", "macro").value, mean_of_means, 1e-12);  // every shared metric, macro
+  EXPECT_NEAR(find(g, "acc_per_char", "macro").value, mean_of_means, 1e-12);  // every shared metric, both ways
+  EXPECT_NEAR(find(g, "acc_per_token", "micro").value, pooled, 1e-12);
+  EXPECT_FALSE(find(g, "acc_per_token", "macro").primary);
 
   // JSON rows mark the group's rows; the table prints the group as "(macro)".
   const auto rows = results_rows(shown);
@@ -157,7 +159,7 @@ TEST(TaskGroups, MacroAndMicroRowsEqualTheAveragesOfTheMembers) {
       EXPECT_FALSE(row.contains("aggregate"));
     }
   }
-  EXPECT_EQ(group_rows, 4);  // acc_raw macro and micro, acc_per_token, acc_per_char
+  EXPECT_EQ(group_rows, 6);  // acc_raw, acc_per_token, acc_per_char: each macro and micro
   const std::string table = results_table(shown);
   EXPECT_NE(table.find("minerva_math (macro)"), std::string::npos) << table;
   EXPECT_LT(table.find("minerva_math_precalculus"), table.find("minerva_math (macro)"));

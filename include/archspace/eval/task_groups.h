@@ -4,9 +4,9 @@
 //   macro  the plain mean over the members of each metric they all have (OLMES' suite primary_metric "macro",
 //          the group's primary: the members' primary metric), stderr sqrt(sum of the members' stderr^2) / k
 //          (lm-eval's unweighted_mean_stderr: the k member means are independent)
-//   micro  the primary metric over all members' documents pooled (each document weighs the same; lm-eval's
-//          mmlu group, weight_by_size), stderr that of the pooled documents, sqrt(sample variance / N), exact
-//          from the members' means, stderrs and sizes
+//   micro  each of those metrics over all members' documents pooled (each document weighs the same; lm-eval's
+//          mmlu group, weight_by_size; OLMES reports both, <metric>_macro and <metric>_micro), stderr that of
+//          the pooled documents, sqrt(sample variance / N), exact from the members' means, stderrs and sizes
 // A group row's n is the documents of all its members, its `members` the number of member tasks.
 #pragma once
 
