@@ -76,7 +76,7 @@ if [ ! -f "$eval_stamp" ]; then
   "$venv/bin/pip" install --quiet -r requirements-eval.txt -c requirements.txt
   touch "$eval_stamp"
 fi
-# Downstream task files the wheel lacks (basic_arithmetic, rendered from its arrow data into
+# Downstream task files the wheel lacks (basic_arithmetic and MMLU, rendered from its arrow data into
 # $venv/archspace-eval-tasks, which the build knows). Offline; does nothing when they are up to date.
 "$venv/bin/python" scripts/render_tasks.py
 if [ "$(readlink .venv 2>/dev/null)" != "$venv" ]; then

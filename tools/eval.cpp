@@ -9,6 +9,7 @@
 #include "archspace/data/token_shards.h"
 #include "archspace/eval/downstream.h"
 #include "archspace/eval/perplexity.h"
+#include "archspace/eval/task_groups.h"
 #include "archspace/io/run_dir.h"
 #include "archspace/model/model_io.h"
 #include "archspace/tokenizer/tokenizer.h"
@@ -56,7 +57,8 @@ int run_downstream(const DownstreamArgs& a, bool limit_given) {
   // Every task variant is found before the model loads: a typo fails at once.
   const auto dirs = a.tasks_dirs.empty() ? default_task_dirs() : a.tasks_dirs;
   std::vector<std::string> notes;
-  const auto variants = select_task_variants(dirs, split_nonempty(a.tasks, ','), a.format, a.shots, &notes);
+  const auto names = split_nonempty(a.tasks, ',');  // tasks and groups (eval/task_groups.h)
+  const auto variants = select_task_variants(dirs, expand_task_groups(dirs, names), a.format, a.shots, &notes);
   ProgressLine progress("eval downstream");
   for (const auto& n : notes) progress.note(n);
   std::vector<TaskFiles> files;
@@ -84,7 +86,10 @@ int run_downstream(const DownstreamArgs& a, bool limit_given) {
   });
   progress.finish();
   const double scoring_seconds = progress.elapsed_seconds() - scoring_start;
-  std::cout << results_table(results) << std::flush;
+  notes.clear();
+  const std::vector<TaskResult> shown = with_group_results(names, results, &notes);  // with the groups' rows
+  for (const auto& n : notes) progress.note(n);
+  std::cout << results_table(shown) << std::flush;
 
   if (!a.requests_out.empty()) {
     std::string text;
@@ -102,7 +107,7 @@ int run_downstream(const DownstreamArgs& a, bool limit_given) {
                               {"requests", requests},
                               {"scoring_seconds", scoring_seconds},
                               {"stderr", "lm-eval's standard error of the mean: sqrt(sample variance / n)"},
-                              {"results", results_rows(results)}};
+                              {"results", results_rows(shown)}};
     write_text_file_atomically(a.out, j.dump(2) + "\n");
   }
   return 0;
@@ -176,7 +181,8 @@ Command add(CLI::App& parent) {
   ds->add_option("--model", d->model, "model directory, or a checkpoint or finished run directory holding one")
       ->required();
   ds->add_option("--tasks", d->tasks,
-                 "comma-separated: arc_easy,arc_challenge,hellaswag,piqa,winogrande,openbookqa,basic_arithmetic,...")
+                 "comma-separated tasks or groups: arc_easy,arc_challenge,hellaswag,piqa,winogrande,openbookqa,"
+                 "basic_arithmetic,mmlu (its 57 mmlu_<subject> tasks and their macro average),...")
       ->required();
   ds->add_option("--format", d->format, "rc (ranked classification), mc (lettered choices) or both")
       ->check(CLI::IsMember({"rc", "mc", "both"}))

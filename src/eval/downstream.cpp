@@ -1,5 +1,6 @@
 #include "archspace/eval/downstream.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -179,23 +180,32 @@ nlohmann::json results_rows(const std::vector<TaskResult>& results) {
   nlohmann::json rows = nlohmann::json::array();
   for (const auto& r : results) {
     for (const auto& m : r.metrics) {
-      rows.push_back({{"task", r.task},
-                      {"format", r.format},
-                      {"shots", r.shots},
-                      {"n", r.documents},
-                      {"metric", m.name},
-                      {"value", m.value},
-                      {"stderr", std::isfinite(m.stderr_) ? nlohmann::json(m.stderr_) : nlohmann::json()},
-                      {"primary", m.primary}});
+      nlohmann::json row = {{"task", r.task},
+                            {"format", r.format},
+                            {"shots", r.shots},
+                            {"n", r.documents},
+                            {"metric", m.name},
+                            {"value", m.value},
+                            {"stderr", std::isfinite(m.stderr_) ? nlohmann::json(m.stderr_) : nlohmann::json()},
+                            {"primary", m.primary}};
+      if (r.members > 0) {
+        row["aggregate"] = m.aggregate;
+        row["members"] = r.members;
+      }
+      rows.push_back(std::move(row));
     }
   }
   return rows;
 }
 
 std::string results_table(const std::vector<TaskResult>& results) {
-  char line[256];
-  std::snprintf(line, sizeof(line), "%-18s %-6s %5s %6s  %-14s %-17s %s\n", "task", "format", "shots", "n", "primary",
-                "value +- stderr", "others");
+  // A group's row is marked "(macro)"; the task column fits the longest name.
+  const auto label = [](const TaskResult& r) { return r.members > 0 ? r.task + " (macro)" : r.task; };
+  int width = 18;
+  for (const auto& r : results) width = std::max(width, static_cast<int>(label(r).size()));
+  char line[512];
+  std::snprintf(line, sizeof(line), "%-*s %-6s %5s %6s  %-14s %-17s %s\n", width, "task", "format", "shots", "n",
+                "primary", "value +- stderr", "others");
   std::string out = line;
   for (const auto& r : results) {
     std::string primary, others;
@@ -205,11 +215,12 @@ std::string results_table(const std::vector<TaskResult>& results) {
       if (m.primary) {
         primary = v;
       } else {
-        std::snprintf(v, sizeof(v), "%s %.4f", m.name.c_str(), m.value);
+        std::snprintf(v, sizeof(v), "%s%s %.4f", m.name.c_str(), m.aggregate == "micro" ? " micro" : "", m.value);
         others += (others.empty() ? "" : ", ") + std::string(v);
       }
     }
-    std::snprintf(line, sizeof(line), "%-18s %-6s %5lld %6lld  %-14s %-17s %s\n", r.task.c_str(), r.format.c_str(),
+    const std::string task = label(r);
+    std::snprintf(line, sizeof(line), "%-*s %-6s %5lld %6lld  %-14s %-17s %s\n", width, task.c_str(), r.format.c_str(),
                   static_cast<long long>(r.shots), static_cast<long long>(r.documents), r.primary_metric.c_str(),
                   primary.c_str(), others.c_str());
     out += line;

@@ -59,11 +59,13 @@ struct MetricValue {
   std::string name;  // acc_raw, acc_per_token, acc_per_char, acc_uncond
   double value = 0, stderr_ = 0;
   bool primary = false;
+  std::string aggregate;  // a group's row (eval/task_groups.h): "macro" or "micro"; empty for a task
 };
 
 struct TaskResult {
   std::string task, format;
   int64_t shots = 0, documents = 0;
+  int64_t members = 0;  // > 0: a group's row over that many member tasks (eval/task_groups.h)
   std::string primary_metric;
   std::vector<MetricValue> metrics;
   std::vector<RequestScore> requests;  // per files.requests entry
@@ -78,7 +80,8 @@ std::vector<TaskResult> evaluate_tasks(const CausalLM& model, const std::vector<
                                        const ScoreOptions& options = {},
                                        const std::function<void(int64_t, int64_t)>& progress = nullptr);
 
-// The results as JSON rows {task, format, shots, n, metric, value, stderr, primary}, one per metric.
+// The results as JSON rows {task, format, shots, n, metric, value, stderr, primary}, one per metric; a
+// group's rows add {aggregate, members}.
 nlohmann::json results_rows(const std::vector<TaskResult>& results);
 
 // A fixed-width table: one line per task and format, the primary metric first, then the others.
