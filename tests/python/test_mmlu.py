@@ -177,7 +177,7 @@ def test_group_scored_like_lm_eval_and_averaged(model):
     sample = [r for r in rows if r["task"] in ("mmlu_abstract_algebra", "mmlu_nutrition")]
     assert len(sample) == 2 * 2 * 4 * 3
     reference = ds.lm_eval_loglikelihoods(hf, "base", [(r["context"], r["continuation"]) for r in sample])
-    assert ds.mismatches(sample, reference) == []
+    assert ds.mismatches(sample, reference, ds.loglikelihood_bounds(hf)) == []
 
     # Each subject's metrics from the dumped requests (test_downstream's OLMES recomputation).
     for subject in {r["task"] for r in rows}:
