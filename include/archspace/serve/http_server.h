@@ -10,7 +10,7 @@
 #include <string>
 
 #include "archspace/model/causal_lm.h"
-#include "archspace/serve/scheduler.h"
+#include "archspace/infer/scheduler.h"
 #include "archspace/tokenizer/tokenizer.h"
 
 namespace archspace::serve {

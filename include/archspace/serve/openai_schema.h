@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "archspace/config/model_config.h"
-#include "archspace/serve/scheduler.h"
+#include "archspace/infer/scheduler.h"
 #include "archspace/tokenizer/tokenizer.h"
 
 namespace archspace::serve {

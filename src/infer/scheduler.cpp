@@ -1,4 +1,4 @@
-#include "archspace/serve/scheduler.h"
+#include "archspace/infer/scheduler.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/core/InferenceMode.h>
@@ -9,7 +9,7 @@
 #include "archspace/model/kv_cache.h"
 #include "archspace/util/error.h"
 
-namespace archspace::serve {
+namespace archspace {
 
 // ---- Ticket -------------------------------------------------------------------------------------------------
 
@@ -274,4 +274,4 @@ void Scheduler::loop() {
   }
 }
 
-}  // namespace archspace::serve
+}  // namespace archspace

@@ -1,5 +1,6 @@
-// The server's one decode loop (continuous batching). HTTP threads submit requests, each a group of
-// sequences (prompts x choices); one scheduler thread owns the model. Each loop turn it admits waiting
+// The engine's one decode loop (continuous batching), shared by `serve` and by the generation tasks of `eval
+// downstream`. Callers (HTTP threads, the evaluator) submit requests, each a group of sequences (prompts x
+// choices); one scheduler thread owns the model. Each loop turn it admits waiting
 // sequences up to max_batch (each prefilled alone, its KV cache then joining the running batch's), runs
 // one decode step for the whole batch, streams each row's new text to its request, and lets finished rows
 // leave the batch. Rows sample independently (own options and seeded generator), so a request's tokens do
@@ -23,7 +24,7 @@
 #include "archspace/model/causal_lm.h"
 #include "archspace/tokenizer/tokenizer.h"
 
-namespace archspace::serve {
+namespace archspace {
 
 // One sequence to complete: a prompt, then up to max_tokens sampled tokens.
 struct SequenceRequest {
@@ -138,4 +139,4 @@ class Scheduler {
   std::thread thread_;
 };
 
-}  // namespace archspace::serve
+}  // namespace archspace
