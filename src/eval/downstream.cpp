@@ -1,5 +1,6 @@
 #include "archspace/eval/downstream.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -30,6 +31,8 @@ size_t argmax(const std::vector<double>& v) {
   return best;
 }
 
+}  // namespace
+
 MetricValue mean_with_stderr(const std::string& name, const std::vector<double>& xs) {
   MetricValue m;
   m.name = name;
@@ -41,8 +44,6 @@ MetricValue mean_with_stderr(const std::string& name, const std::vector<double>&
   m.stderr_ = xs.size() > 1 ? std::sqrt(ss / (n - 1) / n) : std::numeric_limits<double>::quiet_NaN();
   return m;
 }
-
-}  // namespace
 
 std::pair<std::vector<uint32_t>, std::vector<uint32_t>> encode_request(const Tokenizer& tokenizer,
                                                                        const std::string& context,
@@ -181,7 +182,7 @@ nlohmann::json results_rows(const std::vector<TaskResult>& results) {
     for (const auto& m : r.metrics) {
       rows.push_back({{"task", r.task},
                       {"format", r.format},
-                      {"shots", r.shots},
+                      {"shots", r.shots >= 0 ? nlohmann::json(r.shots) : nlohmann::json()},
                       {"n", r.documents},
                       {"metric", m.name},
                       {"value", m.value},
@@ -193,9 +194,11 @@ nlohmann::json results_rows(const std::vector<TaskResult>& results) {
 }
 
 std::string results_table(const std::vector<TaskResult>& results) {
-  char line[256];
-  std::snprintf(line, sizeof(line), "%-18s %-6s %5s %6s  %-14s %-17s %s\n", "task", "format", "shots", "n", "primary",
-                "value +- stderr", "others");
+  int width = 18;  // the task column: as wide as the longest name (minerva_math_counting_and_probability)
+  for (const auto& r : results) width = std::max(width, static_cast<int>(r.task.size()));
+  char line[512];
+  std::snprintf(line, sizeof(line), "%-*s %-6s %5s %6s  %-14s %-17s %s\n", width, "task", "format", "shots", "n",
+                "primary", "value +- stderr", "others");
   std::string out = line;
   for (const auto& r : results) {
     std::string primary, others;
@@ -209,9 +212,10 @@ std::string results_table(const std::vector<TaskResult>& results) {
         others += (others.empty() ? "" : ", ") + std::string(v);
       }
     }
-    std::snprintf(line, sizeof(line), "%-18s %-6s %5lld %6lld  %-14s %-17s %s\n", r.task.c_str(), r.format.c_str(),
-                  static_cast<long long>(r.shots), static_cast<long long>(r.documents), r.primary_metric.c_str(),
-                  primary.c_str(), others.c_str());
+    const std::string shots = r.shots >= 0 ? std::to_string(r.shots) : "-";
+    std::snprintf(line, sizeof(line), "%-*s %-6s %5s %6lld  %-14s %-17s %s\n", width, r.task.c_str(), r.format.c_str(),
+                  shots.c_str(), static_cast<long long>(r.documents), r.primary_metric.c_str(), primary.c_str(),
+                  others.c_str());
     out += line;
   }
   return out;

@@ -62,12 +62,15 @@ struct MetricValue {
 };
 
 struct TaskResult {
-  std::string task, format;
-  int64_t shots = 0, documents = 0;
+  std::string task, format;          // format: rc, mc, or gen (generation tasks, eval/generation_metrics.h)
+  int64_t shots = 0, documents = 0;  // shots < 0: not known (a rescored file without them): null, "-"
   std::string primary_metric;
   std::vector<MetricValue> metrics;
   std::vector<RequestScore> requests;  // per files.requests entry
 };
+
+// The mean of per-document values with lm-eval's standard error sqrt(sample variance / n) (NaN for n = 1).
+MetricValue mean_with_stderr(const std::string& name, const std::vector<double>& xs);
 
 // The metrics of one task from its requests' scores (in files.requests order).
 TaskResult task_metrics(const TaskFiles& files, const std::vector<RequestScore>& scores);
@@ -78,7 +81,8 @@ std::vector<TaskResult> evaluate_tasks(const CausalLM& model, const std::vector<
                                        const ScoreOptions& options = {},
                                        const std::function<void(int64_t, int64_t)>& progress = nullptr);
 
-// The results as JSON rows {task, format, shots, n, metric, value, stderr, primary}, one per metric.
+// The results as JSON rows {task, format, shots, n, metric, value, stderr, primary}, one per metric (stderr null
+// when not finite).
 nlohmann::json results_rows(const std::vector<TaskResult>& results);
 
 // A fixed-width table: one line per task and format, the primary metric first, then the others.
