@@ -33,18 +33,6 @@ size_t argmax(const std::vector<double>& v) {
 
 }  // namespace
 
-MetricValue mean_with_stderr(const std::string& name, const std::vector<double>& xs) {
-  MetricValue m;
-  m.name = name;
-  const auto n = static_cast<double>(xs.size());
-  for (double x : xs) m.value += x;
-  m.value /= n;
-  double ss = 0;
-  for (double x : xs) ss += (x - m.value) * (x - m.value);
-  m.stderr_ = xs.size() > 1 ? std::sqrt(ss / (n - 1) / n) : std::numeric_limits<double>::quiet_NaN();
-  return m;
-}
-
 std::pair<std::vector<uint32_t>, std::vector<uint32_t>> encode_request(const Tokenizer& tokenizer,
                                                                        const std::string& context,
                                                                        const std::string& continuation,

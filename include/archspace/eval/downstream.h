@@ -20,8 +20,10 @@
 // Each with lm-eval's standard error of a mean: sqrt(sample variance / n), the sample variance with n - 1.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -70,7 +72,18 @@ struct TaskResult {
 };
 
 // The mean of per-document values with lm-eval's standard error sqrt(sample variance / n) (NaN for n = 1).
-MetricValue mean_with_stderr(const std::string& name, const std::vector<double>& xs);
+// (Inline: eval/generation_metrics uses it without the scoring code, e.g. in its fuzz target.)
+inline MetricValue mean_with_stderr(const std::string& name, const std::vector<double>& xs) {
+  MetricValue m;
+  m.name = name;
+  const auto n = static_cast<double>(xs.size());
+  for (double x : xs) m.value += x;
+  m.value /= n;
+  double ss = 0;
+  for (double x : xs) ss += (x - m.value) * (x - m.value);
+  m.stderr_ = xs.size() > 1 ? std::sqrt(ss / (n - 1) / n) : std::numeric_limits<double>::quiet_NaN();
+  return m;
+}
 
 // The metrics of one task from its requests' scores (in files.requests order).
 TaskResult task_metrics(const TaskFiles& files, const std::vector<RequestScore>& scores);
