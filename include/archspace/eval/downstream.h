@@ -20,8 +20,10 @@
 // Each with lm-eval's standard error of a mean: sqrt(sample variance / n), the sample variance with n - 1.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -63,13 +65,27 @@ struct MetricValue {
 };
 
 struct TaskResult {
-  std::string task, format;
-  int64_t shots = 0, documents = 0;
-  int64_t members = 0;  // > 0: a group's row over that many member tasks (eval/task_groups.h)
+  std::string task, format;          // format: rc, mc, or gen (generation tasks, eval/generation_metrics.h)
+  int64_t shots = 0, documents = 0;  // shots < 0: not known (a rescored file without them): null, "-"
+  int64_t members = 0;               // > 0: a group's row over that many member tasks (eval/task_groups.h)
   std::string primary_metric;
   std::vector<MetricValue> metrics;
   std::vector<RequestScore> requests;  // per files.requests entry
 };
+
+// The mean of per-document values with lm-eval's standard error sqrt(sample variance / n) (NaN for n = 1).
+// (Inline: eval/generation_metrics uses it without the scoring code, e.g. in its fuzz target.)
+inline MetricValue mean_with_stderr(const std::string& name, const std::vector<double>& xs) {
+  MetricValue m;
+  m.name = name;
+  const auto n = static_cast<double>(xs.size());
+  for (double x : xs) m.value += x;
+  m.value /= n;
+  double ss = 0;
+  for (double x : xs) ss += (x - m.value) * (x - m.value);
+  m.stderr_ = xs.size() > 1 ? std::sqrt(ss / (n - 1) / n) : std::numeric_limits<double>::quiet_NaN();
+  return m;
+}
 
 // The metrics of one task from its requests' scores (in files.requests order).
 TaskResult task_metrics(const TaskFiles& files, const std::vector<RequestScore>& scores);
@@ -80,8 +96,8 @@ std::vector<TaskResult> evaluate_tasks(const CausalLM& model, const std::vector<
                                        const ScoreOptions& options = {},
                                        const std::function<void(int64_t, int64_t)>& progress = nullptr);
 
-// The results as JSON rows {task, format, shots, n, metric, value, stderr, primary}, one per metric; a
-// group's rows add {aggregate, members}.
+// The results as JSON rows {task, format, shots, n, metric, value, stderr, primary}, one per metric (stderr null
+// when not finite); a group's rows add {aggregate, members}.
 nlohmann::json results_rows(const std::vector<TaskResult>& results);
 
 // A fixed-width table: one line per task and format, the primary metric first, then the others.

@@ -9,8 +9,8 @@
 #include <memory>
 #include <string>
 
-#include "archspace/model/causal_lm.h"
 #include "archspace/infer/scheduler.h"
+#include "archspace/model/causal_lm.h"
 #include "archspace/tokenizer/tokenizer.h"
 
 namespace archspace::serve {

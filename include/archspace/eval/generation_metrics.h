@@ -1,0 +1,144 @@
+// Metrics of generation tasks (OLMES request files typed generate_until): per instance, from the generated
+// text and the task's gold, as lm-evaluation-harness 0.4.13 and OLMES compute them, and per task (mean and
+// lm-eval's standard error) with the group macro averages. Independent of the model: `eval downstream
+// --rescore` scores a requests-out file with these alone.
+//
+// The registry (one entry per task, named as its request directory):
+//   gsm8k           exact_match (primary): OLMES' answer, the last number of the generation (commas between
+//                   digits dropped); exact_match_flex: lm-eval's gsm8k "flexible-extract" filter (the last match
+//                   of (-?[$0-9.,]{2,})|(-?[0-9]+)). Both compared with the gold by lm-eval's exact_match with
+//                   the task config's metric_kwargs: regexes_to_ignore , \$ (?s).*####  \.$ and ignore_case.
+//   minerva_math_{algebra, counting_and_probability, geometry, intermediate_algebra, number_theory, prealgebra,
+//   precalculus}, minerva_math_500
+//                   exact_match (primary): lm-eval's get_unnormalized_answer ("Final Answer: The final answer is
+//                   X. I hope it is correct.") and normalize_final_answer, here in C++; then is_equiv(answer,
+//                   gold), which needs sympy: the caller's AnswerEquivalence decides the pairs that are not equal
+//                   as strings (the CLI runs lm-eval's own is_equiv in scripts/minerva_equiv.py).
+//                   The seven subjects form the group minerva_math (macro average); minerva_math_500 is apart.
+//   drop            f1 (primary), exact_match: the official DROP metric as lm-eval's drop/utils.py computes it
+//                   (the generation is one predicted span; max over the gold answers, each a list of spans, the
+//                   spans aligned by an optimal assignment; F1 rounded to 2 decimals as numpy rounds).
+//   naturalqs_open, squad, coqa, jeopardy
+//                   f1 (primary), exact_match, recall: OLMES' SQuADF1EMRecallMetric (SQuAD v1.1 normalisation:
+//                   lower case, ASCII punctuation and the articles a/an/the removed, whitespace collapsed; max over
+//                   the gold answers; recall: some gold, stripped and lower-cased, occurs in the generation).
+//
+// Python string semantics reproduced: str.lower (simple case mapping; U+0130 as Python lowers it; the
+// final-sigma context rule is not), str.isspace/strip/split, float() and repr(float) for DROP's numbers, and
+// `re` (PCRE2 in UTF and Unicode-property mode: \w \d \b over Unicode as Python's str patterns).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "archspace/eval/downstream.h"
+
+namespace archspace {
+
+struct GenerationTaskSpec {
+  std::string task;
+  std::string group;                 // "minerva_math" for the seven subjects, else empty
+  std::vector<std::string> metrics;  // in output order, the primary first
+  std::string primary_metric;
+  std::string gold_kind;  // "string", "strings" (a string or a list of alternatives), "span_lists" (drop)
+};
+
+// The registry entry of `task`; nullptr when the task is not a generation task known here.
+const GenerationTaskSpec* find_generation_task(const std::string& task);
+std::vector<std::string> generation_task_names();  // sorted
+
+// The groups whose macro averages are reported, with their members.
+std::vector<std::pair<std::string, std::vector<std::string>>> generation_groups();
+
+// Throws Error("field \"gold\" ...") when `gold` does not have the shape the task's metrics need.
+void check_gold(const GenerationTaskSpec& spec, const nlohmann::json& gold);
+
+// Decides is_equiv for (answer, gold) pairs of normalised Minerva answers: one bool per pair.
+using AnswerEquivalence = std::function<std::vector<bool>(const std::vector<std::pair<std::string, std::string>>&)>;
+
+struct GenerationInstance {
+  std::string task;
+  nlohmann::json doc_id, native_id;
+  std::string generation;
+  nlohmann::json gold;
+};
+
+struct InstanceMetrics {
+  std::vector<std::pair<std::string, double>> values;  // in the task's metric order
+};
+
+// Per-instance metrics of every instance (their tasks must be in the registry and their gold checked).
+// `equivalence` is called once, for the Minerva pairs whose strings differ, and only when there are some.
+std::vector<InstanceMetrics> score_generations(const std::vector<GenerationInstance>& instances,
+                                               const AnswerEquivalence& equivalence);
+
+// Per task (in the order tasks first appear), format "gen": every metric's mean and standard error; shots as
+// given per task (-1: unknown). Then one row per group with members present: the macro average of each metric
+// over those members (stderr: sqrt(sum of the members' squared standard errors) / members), n the members'
+// documents summed. `macro_over` receives, per group result, the members it averages.
+std::vector<TaskResult> generation_results(const std::vector<GenerationInstance>& instances,
+                                           const std::vector<InstanceMetrics>& metrics,
+                                           const std::vector<std::pair<std::string, int64_t>>& shots,
+                                           std::vector<std::pair<std::string, std::vector<std::string>>>* macro_over);
+
+// A requests-out file read for rescoring (`eval downstream --rescore`): JSON lines; a generation row has "task"
+// (a registry task), "doc_id", "generation" (string) and "gold" (the task's shape, check_gold), and may have
+// "native_id", "prompt_tokens", "metrics" (replaced), "format" ("gen") and "shots" (an integer, one per task);
+// rows without "generation" that have "loglikelihood" (multiple-choice requests) are kept as they are and
+// counted. Anything else, a malformed line, an unknown task or a document twice in a task is an Error
+// "PATH:LINE: ..." naming the field.
+struct RescoreFile {
+  std::vector<GenerationInstance> instances;
+  std::vector<nlohmann::json> rows;                    // every row, in file order
+  std::vector<size_t> instance_rows;                   // instances[i] came from rows[instance_rows[i]]
+  std::vector<std::pair<std::string, int64_t>> shots;  // per task that gives them
+  int64_t loglikelihood_rows = 0;
+};
+RescoreFile read_rescore_file(const std::string& path);
+
+// The pure functions behind the metrics (exposed for the unit tests).
+namespace genmetrics {
+
+std::string py_lower(const std::string& s);               // Python str.lower
+std::string py_strip(const std::string& s);               // Python str.strip()
+std::vector<std::string> py_split(const std::string& s);  // Python str.split()
+
+// re.sub(pattern, template, s) with Python's template syntax for \1..\9 (other characters literal).
+std::string regex_sub(const std::string& pattern, const std::string& replacement, const std::string& s);
+
+// lm-eval's RegexFilter: findall, the group_select'th match (negative: from the end), a tuple match's first
+// non-empty group, stripped; `fallback` when nothing matches.
+std::string regex_filter(const std::string& pattern, int group_select, const std::string& fallback,
+                         const std::string& s);
+
+// lm-eval's exact_match (exact_match_hf_evaluate) of one prediction against one reference.
+bool exact_match(std::string prediction, std::string reference, const std::vector<std::string>& regexes_to_ignore,
+                 bool ignore_case, bool ignore_punctuation);
+
+std::string gsm8k_last_number(const std::string& generation);  // OLMES gsm8k's extracted answer
+std::string gsm8k_flex(const std::string& generation);         // lm-eval's flexible-extract
+extern const std::vector<std::string> kGsm8kRegexesToIgnore;   // the task config's metric_kwargs
+
+std::string minerva_unnormalized_answer(const std::string& generation);  // lm-eval get_unnormalized_answer
+std::string minerva_normalize_final_answer(const std::string& answer);   // lm-eval normalize_final_answer
+
+// The official DROP EM and F1 of one predicted span against gold answers (each a list of spans), as lm-eval's
+// drop process_results.
+std::pair<double, double> drop_em_f1(const std::string& prediction,
+                                     const std::vector<std::vector<std::string>>& gold_answers);
+std::string drop_normalize(const std::string& span);  // lm-eval drop _normalize
+bool py_is_float(const std::string& s);               // Python float(s) succeeds
+std::string py_float_repr(const std::string& s);      // str(float(s)); s must satisfy py_is_float
+
+std::string squad_normalize(const std::string& s);  // SQuAD v1.1 normalize_answer
+double squad_f1(const std::string& prediction, const std::string& gold);
+double squad_em(const std::string& prediction, const std::string& gold);
+double olmes_recall(const std::string& prediction, const std::vector<std::string>& golds);
+
+}  // namespace genmetrics
+
+}  // namespace archspace

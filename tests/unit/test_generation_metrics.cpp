@@ -1,0 +1,163 @@
+// The pure functions of eval/generation_metrics.h, each against values Python 3.11 and lm-evaluation-harness
+// 0.4.13 give for the same input (stated here as literals; tests/python/test_generation_metrics.py compares the
+// whole metrics with lm-eval's functions called live).
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "archspace/eval/generation_metrics.h"
+#include "test_support.h"
+
+namespace archspace {
+namespace {
+
+namespace gm = genmetrics;
+
+TEST(GenerationMetrics, RegexSubFollowsPythonEmptyMatchRules) {
+  EXPECT_EQ(gm::regex_sub("x*", "-", "abxd"), "-a-b--d-");  // re.sub('x*', '-', 'abxd')
+  EXPECT_EQ(gm::regex_sub("(\\d),(\\d)", "\\1\\2", "1,2,3 and 4,567"), "12,3 and 4567");
+  EXPECT_EQ(gm::regex_sub("\\.$", "", "5.\n"), "5\n");  // `$` also before a final newline
+  EXPECT_EQ(gm::regex_sub("(?s).*#### ", "", "a\nb #### 25"), "25");
+  EXPECT_EQ(gm::regex_sub("(a)|(b)", "[\\2]", "ab"), "[][b]");  // an unmatched group is empty
+}
+
+TEST(GenerationMetrics, PythonStrings) {
+  EXPECT_EQ(gm::py_lower("ÉCOLE İ Straße"), "école i\xcc\x87 straße");
+  EXPECT_EQ(gm::py_strip("\xc2\xa0 x y\t\n"), "x y");  // U+00A0 is whitespace to str.strip
+  EXPECT_EQ(gm::py_split(" a\x1f b\xe2\x80\x83"
+                         "c "),
+            (std::vector<std::string>{"a", "b", "c"}));
+}
+
+TEST(GenerationMetrics, PythonFloats) {
+  // float(s) accepts, and repr(float(s)):
+  const std::vector<std::pair<std::string, std::string>> cases = {{"1000", "1000.0"},
+                                                                  {"1e16", "1e+16"},
+                                                                  {"1e15", "1000000000000000.0"},
+                                                                  {"0.0001", "0.0001"},
+                                                                  {"0.00001", "1e-05"},
+                                                                  {"-0", "-0.0"},
+                                                                  {"1_000", "1000.0"},
+                                                                  {"2.50", "2.5"},
+                                                                  {"inf", "inf"},
+                                                                  {"-Infinity", "-inf"},
+                                                                  {"nan", "nan"},
+                                                                  {" 7 ", "7.0"},
+                                                                  {"1.5e-7", "1.5e-07"},
+                                                                  {"123456789012345678", "1.2345678901234568e+17"},
+                                                                  {".5", "0.5"},
+                                                                  {"5.", "5.0"}};
+  for (const auto& [in, repr] : cases) {
+    EXPECT_TRUE(gm::py_is_float(in)) << in;
+    EXPECT_EQ(gm::py_float_repr(in), repr) << in;
+  }
+  for (const std::string s : {"", ".", "1__0", "1_", "_1", "0x10", "1e", "1,000", "two", "1.2.3", "e5", "in f"})
+    EXPECT_FALSE(gm::py_is_float(s)) << s;
+}
+
+TEST(GenerationMetrics, Gsm8kExtraction) {
+  EXPECT_EQ(gm::gsm8k_last_number(" 1,234 eggs, 5 hens. So the answer is 1,234."), "1234");
+  EXPECT_EQ(gm::gsm8k_last_number(" So the answer is -3."), "3");  // the alternative \d+ drops the sign
+  EXPECT_EQ(gm::gsm8k_last_number(" no number"), " no number");
+  EXPECT_EQ(gm::gsm8k_flex(" So the answer is $1,000."), "$1,000.");
+  EXPECT_EQ(gm::gsm8k_flex(" a 7 b"), "7");
+  EXPECT_EQ(gm::gsm8k_flex(" none"), "[invalid]");
+  EXPECT_TRUE(gm::exact_match("$1,000.", "1000", gm::kGsm8kRegexesToIgnore, true, false));
+  EXPECT_FALSE(gm::exact_match("12.50", "12.5", gm::kGsm8kRegexesToIgnore, true, false));
+  EXPECT_TRUE(gm::exact_match("AbC!", "abc", {}, true, true));
+}
+
+TEST(GenerationMetrics, MinervaNormalisation) {
+  // lm_eval.tasks.minerva_math.utils.normalize_final_answer on the same strings.
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"x = 10 inches", "10"},
+      {"\\dfrac{1}{2}", "\\dfrac{1}{2}"},
+      {"\\frac12", "\\frac{1}{2}"},
+      {"\\sqrt2", "\\sqrt{2}"},
+      {"1,000", "1000"},
+      {"0,1", "0,1"},
+      {"\\text{(A)}", "(A)"},
+      {"90^\\circ", "90"},
+      {"\\left( 3, \\frac{\\pi}{2} \\right)", "\\left(3,\\frac{\\pi}{2}\\right)"},
+      {"\\boxed{5}", "5"},
+      {"$5$ dollars", "5"},
+      {"\\sqrt[3]8", "\\sqrt[3]{8}"}};
+  for (const auto& [in, out] : cases) EXPECT_EQ(gm::minerva_normalize_final_answer(in), out) << in;
+  EXPECT_EQ(gm::minerva_unnormalized_answer("blah Final Answer: The final answer is $2$. I hope it is correct."),
+            "$2$");
+  EXPECT_EQ(gm::minerva_unnormalized_answer("Final Answer: The final answer is 7"), "[invalidanswer]");
+}
+
+TEST(GenerationMetrics, DropNormalisationAndAlignment) {
+  // lm_eval.tasks.drop.utils._normalize on the same strings.
+  EXPECT_EQ(gm::drop_normalize("The Lions"), "lions");
+  EXPECT_EQ(gm::drop_normalize("1,000"), "1000.0");
+  EXPECT_EQ(gm::drop_normalize("38-yard"), "38.0 yard");
+  EXPECT_EQ(gm::drop_normalize("12 March 1998"), "12.0 march 1998.0");
+  EXPECT_EQ(gm::drop_normalize("a-b the c"), "b c");
+  EXPECT_EQ(gm::drop_normalize("1e3 km"), "1000.0 km");
+  // process_results: max over gold answers; a multi-span gold against one predicted span.
+  EXPECT_EQ(gm::drop_em_f1(" Lions", {{"Lions", "Bears"}, {"Lions"}}), std::make_pair(1.0, 1.0));
+  EXPECT_EQ(gm::drop_em_f1(" the Lions and the Bears", {{"Lions", "Bears"}}), std::make_pair(0.0, 0.25));
+  EXPECT_EQ(gm::drop_em_f1(" Swedish people", {{"swedish"}}), std::make_pair(0.0, 0.67));
+  EXPECT_EQ(gm::drop_em_f1(" two", {{"2"}}), std::make_pair(0.0, 0.0));  // numbers must match
+  EXPECT_EQ(gm::drop_em_f1(" ", {{"yes"}}), std::make_pair(0.0, 0.0));
+  EXPECT_EQ(gm::drop_em_f1(" x", {{" "}}), std::make_pair(0.0, 0.0));  // a blank gold answer is not counted
+}
+
+TEST(GenerationMetrics, SquadStyle) {
+  EXPECT_EQ(gm::squad_normalize(" The Eiffel  Tower."), "eiffel tower");
+  EXPECT_DOUBLE_EQ(gm::squad_f1(" Saint Bernadette", "Saint Bernadette Soubirous"), 0.8);
+  EXPECT_DOUBLE_EQ(gm::squad_f1("the", "a"), 0.0);  // v1.1: no tokens, no common tokens
+  EXPECT_DOUBLE_EQ(gm::squad_em("the", "a"), 1.0);
+  EXPECT_DOUBLE_EQ(gm::olmes_recall(" It was Justin Timberlake", {"justin timberlake "}), 1.0);
+  EXPECT_DOUBLE_EQ(gm::olmes_recall(" an apple, a pear", {"apple pear"}), 0.0);
+}
+
+TEST(GenerationMetrics, RegistryAndGold) {
+  for (const std::string t : {"gsm8k", "minerva_math_algebra", "minerva_math_precalculus", "minerva_math_500", "drop",
+                              "naturalqs_open", "squad", "coqa", "jeopardy"}) {
+    const GenerationTaskSpec* spec = find_generation_task(t);
+    ASSERT_NE(spec, nullptr) << t;
+    EXPECT_EQ(spec->metrics.front(), spec->primary_metric) << t;
+  }
+  EXPECT_EQ(find_generation_task("minerva_math"), nullptr);  // the group, not a task
+  EXPECT_EQ(find_generation_task("arc_easy"), nullptr);
+  EXPECT_EQ(generation_groups().at(0).second.size(), 7u);
+  const GenerationTaskSpec& drop = *find_generation_task("drop");
+  check_gold(drop, nlohmann::json::parse(R"([["a", "b"], ["c"]])"));
+  testing::expect_error([&] { check_gold(drop, "a"); }, {"field \"gold\""});
+  testing::expect_error([&] { check_gold(drop, nlohmann::json::parse(R"([[]])")); }, {"field \"gold\""});
+  testing::expect_error([&] { check_gold(*find_generation_task("squad"), 3); }, {"field \"gold\""});
+}
+
+TEST(GenerationMetrics, ResultsAndGroupMacro) {
+  std::vector<GenerationInstance> xs = {
+      {"minerva_math_algebra", 0, 0, "Final Answer: The final answer is $2$. I hope it is correct.", "2"},
+      {"minerva_math_algebra", 1, 1, "Final Answer: The final answer is $3$. I hope it is correct.", "2"},
+      {"minerva_math_geometry", 0, 0, "Final Answer: The final answer is $5$. I hope it is correct.", "5"}};
+  int calls = 0;
+  const auto metrics = score_generations(xs, [&](const std::vector<std::pair<std::string, std::string>>& pairs) {
+    ++calls;
+    EXPECT_EQ(pairs.size(), 1u);  // only the pair that differs as strings
+    EXPECT_EQ(pairs[0], std::make_pair(std::string("3"), std::string("2")));
+    return std::vector<bool>{false};
+  });
+  EXPECT_EQ(calls, 1);
+  std::vector<std::pair<std::string, std::vector<std::string>>> macro;
+  const auto results = generation_results(xs, metrics, {{"minerva_math_algebra", 4}}, &macro);
+  ASSERT_EQ(results.size(), 3u);
+  EXPECT_EQ(results[0].format, "gen");
+  EXPECT_EQ(results[0].shots, 4);
+  EXPECT_EQ(results[1].shots, -1);
+  EXPECT_DOUBLE_EQ(results[0].metrics[0].value, 0.5);
+  EXPECT_EQ(results[2].task, "minerva_math");
+  EXPECT_EQ(results[2].documents, 3);
+  EXPECT_DOUBLE_EQ(results[2].metrics[0].value, 0.75);     // (0.5 + 1) / 2
+  EXPECT_TRUE(std::isnan(results[2].metrics[0].stderr_));  // geometry has one document: no stderr
+  ASSERT_EQ(macro.size(), 1u);
+  EXPECT_EQ(macro[0].second, (std::vector<std::string>{"minerva_math_algebra", "minerva_math_geometry"}));
+}
+
+}  // namespace
+}  // namespace archspace
