@@ -1,5 +1,6 @@
 // archspace eval ppl: perplexity with strided sliding windows on token shards or a text file.
-// archspace eval downstream: OLMES multiple-choice tasks (eval/downstream.h), a table and a JSON file;
+// archspace eval downstream: OLMES multiple-choice tasks (eval/downstream.h) and generation tasks
+// (eval/generation_tasks.h, scored by eval/generation_metrics.h), a table and a JSON file;
 // --rescore: the metrics of a requests-out file's generations recomputed (eval/generation_metrics.h), no model.
 #include <stdlib.h>
 #include <unistd.h>
@@ -11,6 +12,7 @@
 #include "archspace/data/token_shards.h"
 #include "archspace/eval/downstream.h"
 #include "archspace/eval/generation_metrics.h"
+#include "archspace/eval/generation_tasks.h"
 #include "archspace/eval/perplexity.h"
 #include "archspace/eval/task_groups.h"
 #include "archspace/io/run_dir.h"
@@ -82,6 +84,42 @@ std::vector<bool> minerva_equivalence(const std::vector<std::pair<std::string, s
   }
 }
 
+// Generations scored (eval/generation_metrics.h): per instance, per task and the groups' macros, with a note for a
+// group averaged over fewer tasks than it has.
+struct GenerationScores {
+  std::vector<InstanceMetrics> metrics;
+  std::vector<TaskResult> results;
+  std::vector<std::pair<std::string, std::vector<std::string>>> macro_over;
+};
+
+GenerationScores score_and_aggregate(const std::vector<GenerationInstance>& instances,
+                                     const std::vector<std::pair<std::string, int64_t>>& shots,
+                                     ProgressLine& progress) {
+  GenerationScores g;
+  g.metrics = score_generations(instances, minerva_equivalence);
+  g.results = generation_results(instances, g.metrics, shots, &g.macro_over);
+  for (const auto& [group, members] : g.macro_over) {
+    for (const auto& [name, all] : generation_groups()) {
+      if (name == group && members.size() < all.size())
+        progress.note(group + ": macro over " + std::to_string(members.size()) + " of its " +
+                      std::to_string(all.size()) + " tasks (the others were not evaluated)");
+    }
+  }
+  return g;
+}
+
+// results_rows with each generation group's row naming the tasks its macro is over.
+nlohmann::json rows_with_macro_over(const std::vector<TaskResult>& results,
+                                    const std::vector<std::pair<std::string, std::vector<std::string>>>& macro_over) {
+  nlohmann::json rows = results_rows(results);
+  for (auto& row : rows) {
+    for (const auto& [group, members] : macro_over) {
+      if (row["task"] == group && row["format"] == "gen") row["macro_over"] = members;
+    }
+  }
+  return rows;
+}
+
 int run_rescore(const DownstreamArgs& a) {
   for (const auto* path : {&a.out, &a.requests_out}) {
     if (!path->empty()) check_writable(*path);
@@ -93,16 +131,9 @@ int run_rescore(const DownstreamArgs& a) {
   if (file.loglikelihood_rows > 0)
     progress.note(std::to_string(file.loglikelihood_rows) +
                   " log-likelihood rows kept as they are (their metrics need the task files: run eval downstream)");
-  const std::vector<InstanceMetrics> metrics = score_generations(file.instances, minerva_equivalence);
-  std::vector<std::pair<std::string, std::vector<std::string>>> macro_over;
-  const std::vector<TaskResult> results = generation_results(file.instances, metrics, file.shots, &macro_over);
-  for (const auto& [group, members] : macro_over) {
-    for (const auto& [name, all] : generation_groups()) {
-      if (name == group && members.size() < all.size())
-        progress.note(group + ": macro over " + std::to_string(members.size()) + " of its " +
-                      std::to_string(all.size()) + " tasks (the file has only those)");
-    }
-  }
+  const GenerationScores scored = score_and_aggregate(file.instances, file.shots, progress);
+  const std::vector<InstanceMetrics>& metrics = scored.metrics;
+  const std::vector<TaskResult>& results = scored.results;
   progress.finish();
   std::cout << results_table(results) << std::flush;
 
@@ -118,12 +149,7 @@ int run_rescore(const DownstreamArgs& a) {
     write_text_file_atomically(a.requests_out, text);
   }
   if (!a.out.empty()) {
-    nlohmann::json rows = results_rows(results);
-    for (auto& row : rows) {
-      for (const auto& [group, members] : macro_over) {
-        if (row["task"] == group) row["macro_over"] = members;
-      }
-    }
+    const nlohmann::json rows = rows_with_macro_over(results, scored.macro_over);
     const nlohmann::json j = {{"rescored", a.rescore},
                               {"instances", file.instances.size()},
                               {"loglikelihood_rows", file.loglikelihood_rows},
@@ -151,15 +177,31 @@ int run_downstream(const DownstreamArgs& a, bool limit_given) {
   for (const auto* path : {&a.out, &a.requests_out}) {
     if (!path->empty()) check_writable(*path);
   }
-  // Every task variant is found before the model loads: a typo fails at once.
+  // Every task variant is found before the model loads: a typo fails at once. Generation tasks (their own
+  // request files, format "gen") and multiple-choice ones (--format) are told apart by the metrics registry.
   const auto dirs = a.tasks_dirs.empty() ? default_task_dirs() : a.tasks_dirs;
   std::vector<std::string> notes;
   const auto names = split_nonempty(a.tasks, ',');  // tasks and groups (eval/task_groups.h)
-  const auto variants = select_task_variants(dirs, expand_task_groups(dirs, names), a.format, a.shots, &notes);
+  std::vector<std::string> choice_tasks, generation_tasks, choice_names;
+  for (const auto& task : expand_task_groups(dirs, names))
+    (is_generation_task(task) ? generation_tasks : choice_tasks).push_back(task);
+  for (const auto& name : names) {  // the groups and tasks whose rows with_group_results builds
+    const TaskGroup* group = find_task_group(name);
+    if (group ? !is_generation_task(group->members.front()) : !is_generation_task(name)) choice_names.push_back(name);
+  }
+  const auto variants = choice_tasks.empty() ? std::vector<TaskVariant>{}
+                                             : select_task_variants(dirs, choice_tasks, a.format, a.shots, &notes);
   ProgressLine progress("eval downstream");
   for (const auto& n : notes) progress.note(n);
   std::vector<TaskFiles> files;
   for (const auto& v : variants) files.push_back(load_task(v.dir, v.task, v.format, v.shots, a.limit));
+  std::vector<GenerationTaskFiles> generation_files;
+  for (const auto& task : generation_tasks) {
+    generation_files.push_back(load_generation_task(find_generation_variant(dirs, task), task, a.limit));
+    if (a.shots && *a.shots != generation_files.back().shots)
+      progress.note(task + ": its request files are rendered with " + std::to_string(generation_files.back().shots) +
+                    " shots (--shots applies to the multiple-choice tasks)");
+  }
 
   const std::string model_dir = resolve_model_dir(a.model);
   CausalLM model = load_model(
@@ -174,24 +216,77 @@ int run_downstream(const DownstreamArgs& a, bool limit_given) {
   ScoreOptions options;
   options.max_batch_sequences = a.batch_size;
   options.max_batch_tokens = a.batch_tokens;
-  const std::vector<TaskResult> results = evaluate_tasks(model, tasks, options, [&](int64_t done, int64_t total) {
-    const double s = progress.elapsed_seconds();
-    char rate[48];
-    std::snprintf(rate, sizeof(rate), " | %.1f requests/s", s > 0 ? done / s : 0.0);
-    progress.update(std::to_string(done) + "/" + std::to_string(total) + " requests" + rate,
-                    static_cast<double>(done) / total, done == total);
-  });
-  progress.finish();
+  const auto report = [&](const char* what) {
+    return [&progress, what](int64_t done, int64_t total) {
+      const double s = progress.elapsed_seconds();
+      char rate[48];
+      std::snprintf(rate, sizeof(rate), " | %.1f %s/s", s > 0 ? done / s : 0.0, what);
+      progress.update(std::to_string(done) + "/" + std::to_string(total) + " " + what + rate,
+                      static_cast<double>(done) / total, done == total);
+    };
+  };
+  const std::vector<TaskResult> results =
+      tasks.empty() ? std::vector<TaskResult>{} : evaluate_tasks(model, tasks, options, report("requests"));
   const double scoring_seconds = progress.elapsed_seconds() - scoring_start;
+
+  // Generation requests on the scheduler serve uses, then their metrics.
+  const double generation_start = progress.elapsed_seconds();
+  GenerationOptions generation;
+  generation.max_batch = a.batch_size > 0 ? a.batch_size : 8;
+  generation.max_length = a.max_length;
+  const auto answers = generate_answers(model, tokenizer, generation_files, generation, report("generations"));
+  const double generation_seconds = progress.elapsed_seconds() - generation_start;
+  std::vector<GenerationInstance> instances;
+  std::vector<std::pair<std::string, int64_t>> generation_shots;
+  int64_t truncated = 0;
+  for (size_t t = 0; t < generation_files.size(); ++t) {
+    const auto& f = generation_files[t];
+    generation_shots.emplace_back(f.task, f.shots);
+    for (size_t i = 0; i < f.requests.size(); ++i) {
+      instances.push_back(
+          {f.task, f.requests[i].doc_id, f.requests[i].native_id, answers[t][i].generation, f.requests[i].gold});
+      truncated += answers[t][i].truncated;
+    }
+  }
+  if (truncated > 0)
+    progress.note(std::to_string(truncated) + " generation contexts were left-truncated to fit (as lm-eval does)");
+  const GenerationScores scored =
+      instances.empty() ? GenerationScores{} : score_and_aggregate(instances, generation_shots, progress);
+  progress.finish();
+
   notes.clear();
-  const std::vector<TaskResult> shown = with_group_results(names, results, &notes);  // with the groups' rows
+  std::vector<TaskResult> shown = with_group_results(choice_names, results, &notes);  // with the groups' rows
   for (const auto& n : notes) progress.note(n);
+  shown.insert(shown.end(), scored.results.begin(), scored.results.end());
   std::cout << results_table(shown) << std::flush;
 
   if (!a.requests_out.empty()) {
     std::string text;
     for (size_t t = 0; t < tasks.size(); ++t) {
       for (const auto& row : request_rows(tasks[t].files, results[t])) text += row.dump() + "\n";
+    }
+    size_t k = 0;  // instances are in task, then request order
+    for (size_t t = 0; t < generation_files.size(); ++t) {
+      const auto& f = generation_files[t];
+      for (size_t i = 0; i < f.requests.size(); ++i, ++k) {
+        nlohmann::json metrics = nlohmann::json::object();
+        for (const auto& [name, value] : scored.metrics[k].values) metrics[name] = value;
+        const GeneratedAnswer& answer = answers[t][i];
+        text += nlohmann::json({{"task", f.task},
+                                {"format", "gen"},
+                                {"shots", f.shots},
+                                {"doc_id", f.requests[i].doc_id},
+                                {"native_id", f.requests[i].native_id},
+                                {"prompt_tokens", answer.prompt_tokens},
+                                {"truncated", answer.truncated},
+                                {"generation", answer.generation},
+                                {"finish_reason", answer.finish_reason},
+                                {"generated_tokens", answer.generated_tokens},
+                                {"gold", f.requests[i].gold},
+                                {"metrics", metrics}})
+                    .dump() +
+                "\n";
+      }
     }
     write_text_file_atomically(a.requests_out, text);
   }
@@ -203,8 +298,10 @@ int run_downstream(const DownstreamArgs& a, bool limit_given) {
                               {"elapsed_seconds", progress.elapsed_seconds()},
                               {"requests", requests},
                               {"scoring_seconds", scoring_seconds},
+                              {"generation_requests", instances.size()},
+                              {"generation_seconds", generation_seconds},
                               {"stderr", "lm-eval's standard error of the mean: sqrt(sample variance / n)"},
-                              {"results", results_rows(shown)}};
+                              {"results", rows_with_macro_over(shown, scored.macro_over)}};
     write_text_file_atomically(a.out, j.dump(2) + "\n");
   }
   return 0;
@@ -274,7 +371,8 @@ Command add(CLI::App& parent) {
   add_device_option(ppl, a->device);
 
   auto d = std::make_shared<DownstreamArgs>();
-  auto* ds = eval->add_subcommand("downstream", "Multiple-choice tasks from the OLMES request files (table + JSON)");
+  auto* ds = eval->add_subcommand("downstream",
+                                  "OLMES multiple-choice and generation tasks from their request files (table + JSON)");
   ds->add_option("--model", d->model,
                  "model directory, or a checkpoint or finished run directory holding one (required unless --rescore)");
   ds->add_option("--tasks", d->tasks,

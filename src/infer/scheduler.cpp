@@ -139,7 +139,9 @@ bool Scheduler::take_token(Row& row, const at::Tensor& logits, int64_t id) {
     }
   }
   row.result.tokens.push_back(std::move(token));
-  row.ticket->push_text(row.index, row.text.add(tokenizer_->id_to_token(static_cast<uint32_t>(id))));
+  const auto uid = static_cast<uint32_t>(id);
+  const bool silent = r.skip_special_tokens && tokenizer_->is_special(uid);
+  row.ticket->push_text(row.index, row.text.add(silent ? std::string() : tokenizer_->id_to_token(uid)));
   if (row.text.stopped()) {
     finish(row, "stop");
     return true;

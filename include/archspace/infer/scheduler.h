@@ -35,6 +35,7 @@ struct SequenceRequest {
   std::vector<std::string> stop_strings;  // end it; the text is cut before them
   int64_t logprobs = -1;                  // >= 0: log-probability of each generated token and the top n
   bool score_prompt = false;              // also the log-probability of each prompt token (echo + logprobs)
+  bool skip_special_tokens = false;       // special tokens add no text (lm-eval's decode of a generation)
 };
 
 struct GeneratedToken {

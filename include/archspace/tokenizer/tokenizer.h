@@ -46,6 +46,7 @@ class Tokenizer {
   int64_t vocab_size() const { return vocab_size_; }  // highest id + 1
   std::optional<uint32_t> token_to_id(std::string_view token) const;
   std::string id_to_token(uint32_t id) const;
+  bool is_special(uint32_t id) const { return id < is_special_.size() && is_special_[id]; }  // an added special token
   const std::string& path() const { return path_; }
   const std::string& sha256() const { return sha256_; }  // of the tokenizer.json file
   // A short name: "allenai/dolma2" for the OLMo 3 tokenizer, else the file name.
