@@ -23,6 +23,8 @@
 //                   lower case, ASCII punctuation and the articles a/an/the removed, whitespace collapsed; max over
 //                   the gold answers; recall: some gold, stripped and lower-cased, occurs in the generation).
 //
+// Not thread-safe: the compiled patterns are cached and share their match data.
+//
 // Python string semantics reproduced: str.lower (simple case mapping; U+0130 as Python lowers it; the
 // final-sigma context rule is not), str.isspace/strip/split, float() and repr(float) for DROP's numbers, and
 // `re` (PCRE2 in UTF and Unicode-property mode: \w \d \b over Unicode as Python's str patterns).
