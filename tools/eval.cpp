@@ -269,7 +269,9 @@ Command add(CLI::App& parent) {
   add_device_option(ppl, a->device);
 
   auto d = std::make_shared<DownstreamArgs>();
-  auto* ds = eval->add_subcommand("downstream", "Multiple-choice tasks from the OLMES request files (table + JSON)");
+  auto* ds = eval->add_subcommand("downstream",
+                                  "Multiple-choice tasks from the OLMES request files (table + JSON); --rescore: "
+                                  "the generation metrics of a requests-out file, without a model");
   ds->add_option("--model", d->model,
                  "model directory, or a checkpoint or finished run directory holding one (required unless --rescore)");
   ds->add_option("--tasks", d->tasks,
