@@ -88,7 +88,7 @@ void replace_all(std::string& s, const std::string& from, const std::string& to)
 }
 
 const std::string kPunctuation = "!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~";  // Python string.punctuation
-bool is_punct(char c) { return kPunctuation.find(c) != std::string::npos && c != '\0'; }
+bool is_punct(char c) { return kPunctuation.find(c) != std::string::npos; }
 
 std::string remove_punctuation(const std::string& s) {
   std::string out;
