@@ -38,9 +38,9 @@ std::vector<int64_t> parse_token_ids(const std::string& text, int64_t vocab_size
 // 1234567 -> "1.2M".
 std::string human_count(int64_t n);
 
-// Runs one of the project's Python scripts (scripts/plot_runs.py, scripts/plot_analysis.py) with the python that
-// has matplotlib ($ARCHSPACE_PYTHON, else the build's venv) and waits: its exit status, or 128 + the signal that
-// ended it. Throws when python cannot be started.
+// Runs one of the project's Python scripts (scripts/plot_runs.py, scripts/plot_analysis.py, scripts/minerva_equiv.py)
+// with the venv's python, which has matplotlib and lm-eval ($ARCHSPACE_PYTHON, else the build's venv), and waits:
+// its exit status, or 128 + the signal that ended it. Throws when python cannot be started.
 int run_python_script(const std::string& script, const std::vector<std::string>& args);
 
 // A plot drawn as a by-product of a command (sweep.png, analysis.png): a failure is a warning naming `what`,

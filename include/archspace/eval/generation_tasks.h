@@ -33,12 +33,12 @@ struct GenerationRequest {
   int64_t max_gen_toks = 0;
   double temperature = 0;
   bool do_sample = false;
-  nlohmann::json gold;  // the request's label: a string, a list of strings, or (drop) a list of gold span lists
+  nlohmann::json gold;  // generation_metrics' gold_from_request: the label, or drop's doc.answers (span lists)
 };
 
 struct GenerationTaskFiles {
   std::string task, dir, requests_path;
-  int64_t shots = 0;  // the config's task_config.num_shots
+  int64_t shots = 0;                        // the config's task_config.num_shots
   std::vector<GenerationRequest> requests;  // one per document, in file order
 };
 
