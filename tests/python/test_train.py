@@ -20,6 +20,7 @@ import torch
 from safetensors.numpy import load_file
 
 from conftest import BINARY, REPO, run_cli, save_random_olmo3, save_random_variant, tiny_olmo3_config
+from tolerances import forward_bound, gradient_bound, logprob_bound
 
 VOCAB = 96
 
@@ -133,10 +134,21 @@ def test_losses_and_gradients_match_pytorch(variant, tmp_path):
     model.train()
     run_cli("train", "--config", write_toml(tmp_path / "run.toml", base_sections(tmp_path, tmp_path / "init")))
     got = [m["loss"] for m in metrics(tmp_path / "run")]
+    import copy
+
+    initial = copy.deepcopy(model)
     expected, ref_grads = reference_training(model, tokens, steps=5)
+    # Step 1 runs the same weights on both sides: its loss (a mean of log-probabilities) within logprob_bound
+    # and its gradients within gradient_bound of the largest. Later steps follow AdamW from weights that
+    # already differ by rounding; AdamW's division by sqrt(v) + eps has no useful a-priori bound on how it
+    # carries that, so 2e-5 (losses) and 1e-5 (step 2's gradients) are regression tolerances: a wrong
+    # schedule, clip or decay is off by 1e-3 or more.
+    step1 = logprob_bound(forward_bound(initial, 16), initial.config.vocab_size, 2 * 16 * 4 * expected[0])
+    assert abs(got[0] - expected[0]) <= step1, (got, expected, step1)
     assert np.abs(np.array(got) - np.array(expected)).max() <= 2e-5, (got, expected)
     assert got[-1] < got[0]  # it learns
-    for step, tol in ((1, 1e-6), (2, 1e-5)):
+    largest = max(float(g.abs().max()) for g in ref_grads[0].values())
+    for step, tol in ((1, gradient_bound(initial.config, 16, 4 * 15, largest)), (2, 1e-5)):
         engine_grads = load_file(str(tmp_path / "run" / "debug" / f"grads-step-{step:06d}.safetensors"))
         assert set(engine_grads) == set(ref_grads[step - 1])
         worst = max(np.abs(engine_grads[n] - ref_grads[step - 1][n].numpy()).max() for n in engine_grads)
