@@ -61,6 +61,7 @@ bench: build
 	$(PY) bench/bench_generate.py
 	$(PY) bench/bench_threads.py
 	$(PY) bench/bench_downstream.py
+	$(PY) bench/bench_generation_eval.py
 	$(PY) bench/bench_dist.py
 	$(PY) bench/bench_serve.py
 	mkdir -p bench/results && $(BUILD)/bench_linear --out bench/results/linear-$$(date +%Y%m%d-%H%M%S).json

@@ -1,5 +1,7 @@
 #include "archspace/eval/generation_metrics.h"
 
+#include "archspace/eval/task_groups.h"
+
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <locale.h>
 #include <pcre2.h>
@@ -685,7 +687,12 @@ std::vector<std::string> generation_task_names() {
 }
 
 std::vector<std::pair<std::string, std::vector<std::string>>> generation_groups() {
-  return {{"minerva_math", kMinervaSubjects}};
+  // The task-group registry's groups of generation tasks (eval/task_groups.h holds every group once).
+  std::vector<std::pair<std::string, std::vector<std::string>>> groups;
+  for (const TaskGroup& g : task_groups()) {
+    if (!g.members.empty() && find_generation_task(g.members.front())) groups.emplace_back(g.name, g.members);
+  }
+  return groups;
 }
 
 void check_gold(const GenerationTaskSpec& spec, const nlohmann::json& gold) {

