@@ -21,20 +21,7 @@ import time
 
 import torch
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
-BINARY = REPO / "build" / "archspace"
-
-
-def cpu_flags():
-    for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("flags"):
-            flags = set(line.split(":", 1)[1].split())
-            return [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
-    return []
-
-
-def loadavg():
-    return pathlib.Path("/proc/loadavg").read_text().strip()
+from bench_downstream import BINARY, REPO, cpu_flags, loadavg  # the machine description every bench prints
 
 
 def request_lines(task, limit):
