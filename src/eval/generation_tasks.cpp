@@ -9,7 +9,7 @@
 #include "archspace/eval/tasks.h"
 #include "archspace/infer/scheduler.h"
 #include "archspace/util/error.h"
-#include "archspace/util/files.h"
+#include "archspace/util/json_file.h"
 #include "archspace/util/json_lines.h"
 
 namespace archspace {
@@ -19,14 +19,6 @@ namespace fs = std::filesystem;
 bool is_generation_task(const std::string& task) { return find_generation_task(task) != nullptr; }
 
 namespace {
-
-nlohmann::json read_config(const std::string& path) {
-  try {
-    return nlohmann::json::parse(read_text_file(path));
-  } catch (const nlohmann::json::exception& e) {
-    throw Error(path + ": not valid JSON (" + e.what() + ")");
-  }
-}
 
 // The request's generation settings: request.generation_kwargs, else the config's (both as OLMES writes them).
 void read_generation_kwargs(const nlohmann::json& kwargs, GenerationRequest& r, const std::string& where) {
@@ -53,7 +45,7 @@ GenerationTaskFiles load_generation_task(const std::string& variant_dir, const s
   t.task = task;
   t.dir = variant_dir;
   const std::string config_path = (fs::path(variant_dir) / "config.json").string();
-  const nlohmann::json config = read_config(config_path);
+  const nlohmann::json config = read_json_file(config_path);
   const nlohmann::json& task_config = json_field(config, "task_config", config_path);
   t.shots = json_int_field(task_config, "num_shots", config_path + " task_config");
 
