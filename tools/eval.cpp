@@ -139,11 +139,8 @@ int run_rescore(const DownstreamArgs& a) {
 
   if (!a.requests_out.empty()) {
     std::vector<nlohmann::json> rows = file.rows;
-    for (size_t i = 0; i < file.instances.size(); ++i) {
-      nlohmann::json m = nlohmann::json::object();
-      for (const auto& [name, value] : metrics[i].values) m[name] = value;
-      rows[file.instance_rows[i]]["metrics"] = m;
-    }
+    for (size_t i = 0; i < file.instances.size(); ++i)
+      rows[file.instance_rows[i]]["metrics"] = metrics_json(metrics[i]);
     std::string text;
     for (const auto& row : rows) text += row.dump() + "\n";
     write_text_file_atomically(a.requests_out, text);
@@ -216,9 +213,10 @@ int run_downstream(const DownstreamArgs& a, bool limit_given) {
   ScoreOptions options;
   options.max_batch_sequences = a.batch_size;
   options.max_batch_tokens = a.batch_tokens;
+  // A progress callback whose rate counts from when its phase starts (scoring, then generation).
   const auto report = [&](const char* what) {
-    return [&progress, what](int64_t done, int64_t total) {
-      const double s = progress.elapsed_seconds();
+    return [&progress, what, start = progress.elapsed_seconds()](int64_t done, int64_t total) {
+      const double s = progress.elapsed_seconds() - start;
       char rate[48];
       std::snprintf(rate, sizeof(rate), " | %.1f %s/s", s > 0 ? done / s : 0.0, what);
       progress.update(std::to_string(done) + "/" + std::to_string(total) + " " + what + rate,

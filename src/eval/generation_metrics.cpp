@@ -874,10 +874,14 @@ nlohmann::json gold_from_request(const GenerationTaskSpec& spec, const nlohmann:
   return *gold;
 }
 
-nlohmann::json generation_row(const GenerationInstance& instance, int64_t shots,
-                              const std::vector<int64_t>& prompt_tokens, const InstanceMetrics& metrics) {
+nlohmann::json metrics_json(const InstanceMetrics& metrics) {
   nlohmann::json m = nlohmann::json::object();
   for (const auto& [name, value] : metrics.values) m[name] = value;
+  return m;
+}
+
+nlohmann::json generation_row(const GenerationInstance& instance, int64_t shots,
+                              const std::vector<int64_t>& prompt_tokens, const InstanceMetrics& metrics) {
   return {{"task", instance.task},
           {"format", "gen"},
           {"shots", shots},
@@ -886,7 +890,7 @@ nlohmann::json generation_row(const GenerationInstance& instance, int64_t shots,
           {"prompt_tokens", prompt_tokens},
           {"generation", instance.generation},
           {"gold", instance.gold},
-          {"metrics", m}};
+          {"metrics", metrics_json(metrics)}};
 }
 
 RescoreFile read_rescore_file(const std::string& path) {

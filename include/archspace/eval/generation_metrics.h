@@ -92,6 +92,9 @@ std::vector<TaskResult> generation_results(const std::vector<GenerationInstance>
 // when missing or of the wrong shape (check_gold).
 nlohmann::json gold_from_request(const GenerationTaskSpec& spec, const nlohmann::json& request_line);
 
+// One instance's metrics as a requests-out row's "metrics" object {name: value}.
+nlohmann::json metrics_json(const InstanceMetrics& metrics);
+
 // The requests-out row of one generation (the contract read_rescore_file reads back): {"task", "format": "gen",
 // "shots", "doc_id", "native_id", "prompt_tokens", "generation", "gold", "metrics"}.
 nlohmann::json generation_row(const GenerationInstance& instance, int64_t shots,
