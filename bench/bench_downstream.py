@@ -34,6 +34,14 @@ def loadavg():
     return pathlib.Path("/proc/loadavg").read_text().strip()
 
 
+def exported_random_model(preset, prefix):
+    """A temporary directory with a randomly initialised `preset` model, `m`, and its Hugging Face export, `hf`."""
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix=prefix))
+    subprocess.run([str(BINARY), "init", "--preset", preset, "--out", str(tmp / "m")], check=True, capture_output=True)
+    subprocess.run([str(BINARY), "export-hf", str(tmp / "m"), str(tmp / "hf")], check=True, capture_output=True)
+    return tmp
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--preset", default="micro")
@@ -45,10 +53,7 @@ def main():
     parser.add_argument("--repeat", type=int, default=2)
     args = parser.parse_args()
     print(f"CPU flags: {' '.join(cpu_flags())}; load before: {loadavg()}")
-    tmp = pathlib.Path(tempfile.mkdtemp(prefix="bench_downstream_"))
-    subprocess.run([str(BINARY), "init", "--preset", args.preset, "--out", str(tmp / "m")], check=True,
-                   capture_output=True)
-    subprocess.run([str(BINARY), "export-hf", str(tmp / "m"), str(tmp / "hf")], check=True, capture_output=True)
+    tmp = exported_random_model(args.preset, "bench_downstream_")
 
     engine_rate, rows = 0.0, []
     for _ in range(args.repeat):

@@ -16,12 +16,11 @@ import json
 import pathlib
 import statistics
 import subprocess
-import tempfile
 import time
 
 import torch
 
-from bench_downstream import BINARY, REPO, cpu_flags, loadavg  # the machine description every bench prints
+from bench_downstream import BINARY, REPO, cpu_flags, exported_random_model, loadavg  # the machine description every bench prints
 
 
 def request_lines(task, limit):
@@ -44,10 +43,7 @@ def main():
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
     print(f"CPU flags: {' '.join(cpu_flags())}; load before: {loadavg()}")
-    tmp = pathlib.Path(tempfile.mkdtemp(prefix="bench_generation_eval_"))
-    subprocess.run([str(BINARY), "init", "--preset", args.preset, "--out", str(tmp / "m")], check=True,
-                   capture_output=True)
-    subprocess.run([str(BINARY), "export-hf", str(tmp / "m"), str(tmp / "hf")], check=True, capture_output=True)
+    tmp = exported_random_model(args.preset, "bench_generation_eval_")
 
     engine_rates, rows = [], []
     for _ in range(args.repeat):
