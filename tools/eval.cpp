@@ -14,6 +14,7 @@
 #include "archspace/eval/generation_metrics.h"
 #include "archspace/eval/generation_tasks.h"
 #include "archspace/eval/perplexity.h"
+#include "archspace/eval/suites.h"
 #include "archspace/eval/task_groups.h"
 #include "archspace/io/run_dir.h"
 #include "archspace/model/model_io.h"
@@ -47,8 +48,9 @@ void check_writable(const std::string& path) {
 }
 
 struct DownstreamArgs {
-  std::string model, tasks, format = "rc", out, requests_out, tokenizer, dtype = "fp32", device = "cpu", rescore;
+  std::string model, tasks, format = "rc", out, requests_out, tokenizer, dtype = "fp32", device = "cpu", rescore, suite;
   std::vector<std::string> tasks_dirs;
+  bool chat = false;
   std::optional<int64_t> shots;
   int64_t limit = 0, batch_size = 0, batch_tokens = 8192, max_length = 0;
 };
@@ -160,41 +162,78 @@ int run_rescore(const DownstreamArgs& a) {
   return 0;
 }
 
+// What `eval downstream` runs, found before the model loads (a typo fails at once): the multiple-choice variants,
+// the generation tasks (their own request files, format "gen", told apart by the metrics registry), the names whose
+// group rows are added, and for --suite the suite's plan (its tasks with files, and the missing ones).
+struct DownstreamPlan {
+  std::vector<std::string> dirs;
+  std::vector<TaskVariant> variants;
+  std::vector<std::string> generation_tasks, choice_names, notes;
+  std::optional<SuitePlan> suite;
+};
+
+DownstreamPlan plan_downstream(const DownstreamArgs& a) {
+  DownstreamPlan p;
+  if (!a.suite.empty()) {
+    const Suite* suite = find_suite(a.suite);
+    if (!suite) throw Error("unknown suite \"" + a.suite + "\" (suites: " + join(suite_names()) + ")");
+    // The user's request files first (the tasks no package ships), then the built-in ones.
+    p.dirs = a.tasks_dirs;
+    for (const auto& d : default_task_dirs()) p.dirs.push_back(d);
+    p.suite = plan_suite(*suite, p.dirs);
+    for (const auto& e : p.suite->entries) {
+      if (!e.missing.empty()) {
+        p.notes.push_back("suite " + suite->name + ": " + e.task.name + " is missing (" + e.missing + ")");
+      } else if (e.task.kind == "gen") {
+        p.generation_tasks.insert(p.generation_tasks.end(), e.members.begin(), e.members.end());
+      } else {
+        for (auto& v : select_task_variants(p.dirs, e.members, e.task.kind, e.task.shots, &p.notes))
+          p.variants.push_back(std::move(v));
+        p.choice_names.push_back(e.task.name);
+      }
+    }
+    return p;
+  }
+  p.dirs = a.tasks_dirs.empty() ? default_task_dirs() : a.tasks_dirs;
+  const auto names = split_nonempty(a.tasks, ',');  // tasks and groups (eval/task_groups.h)
+  std::vector<std::string> choice_tasks;
+  for (const auto& task : expand_task_groups(p.dirs, names))
+    (is_generation_task(task) ? p.generation_tasks : choice_tasks).push_back(task);
+  for (const auto& name : names) {  // the groups and tasks whose rows with_group_results builds
+    const TaskGroup* group = find_task_group(name);
+    if (group ? !is_generation_task(group->members.front()) : !is_generation_task(name)) p.choice_names.push_back(name);
+  }
+  if (!choice_tasks.empty()) p.variants = select_task_variants(p.dirs, choice_tasks, a.format, a.shots, &p.notes);
+  return p;
+}
+
 int run_downstream(const DownstreamArgs& a, bool limit_given) {
   if (!a.rescore.empty()) {
-    if (!a.model.empty() || !a.tasks.empty() || limit_given || !a.tasks_dirs.empty())
+    if (!a.model.empty() || !a.tasks.empty() || !a.suite.empty() || limit_given || !a.tasks_dirs.empty() || a.chat)
       throw Error(
           "--rescore recomputes the metrics of a requests-out file without a model: it takes no --model, "
-          "--tasks, --tasks-dir or --limit");
+          "--tasks, --suite, --chat, --tasks-dir or --limit");
     return run_rescore(a);
   }
-  if (a.model.empty() || a.tasks.empty()) throw Error("--model and --tasks are required (unless --rescore)");
+  if (a.model.empty() || (a.tasks.empty() == a.suite.empty()))
+    throw Error("--model and one of --tasks or --suite are required (unless --rescore)");
   if (limit_given && a.limit < 1) throw Error("--limit must be at least 1 (got " + std::to_string(a.limit) + ")");
   if (a.batch_size < 0 || a.batch_tokens < 1) throw Error("--batch-size must be >= 0 and --batch-tokens >= 1");
   for (const auto* path : {&a.out, &a.requests_out}) {
     if (!path->empty()) check_writable(*path);
   }
-  // Every task variant is found before the model loads: a typo fails at once. Generation tasks (their own
-  // request files, format "gen") and multiple-choice ones (--format) are told apart by the metrics registry.
-  const auto dirs = a.tasks_dirs.empty() ? default_task_dirs() : a.tasks_dirs;
-  std::vector<std::string> notes;
-  const auto names = split_nonempty(a.tasks, ',');  // tasks and groups (eval/task_groups.h)
-  std::vector<std::string> choice_tasks, generation_tasks, choice_names;
-  for (const auto& task : expand_task_groups(dirs, names))
-    (is_generation_task(task) ? generation_tasks : choice_tasks).push_back(task);
-  for (const auto& name : names) {  // the groups and tasks whose rows with_group_results builds
-    const TaskGroup* group = find_task_group(name);
-    if (group ? !is_generation_task(group->members.front()) : !is_generation_task(name)) choice_names.push_back(name);
-  }
-  const auto variants = choice_tasks.empty() ? std::vector<TaskVariant>{}
-                                             : select_task_variants(dirs, choice_tasks, a.format, a.shots, &notes);
+  const DownstreamPlan plan = plan_downstream(a);
+  const bool chat = a.chat || (plan.suite && plan.suite->suite->chat);
   ProgressLine progress("eval downstream");
-  for (const auto& n : notes) progress.note(n);
+  for (const auto& n : plan.notes) progress.note(n);
   std::vector<TaskFiles> files;
-  for (const auto& v : variants) files.push_back(load_task(v.dir, v.task, v.format, v.shots, a.limit));
+  for (const auto& v : plan.variants) {
+    files.push_back(load_task(v.dir, v.task, v.format, v.shots, a.limit));
+    if (chat) to_chat_format(files.back());
+  }
   std::vector<GenerationTaskFiles> generation_files;
-  for (const auto& task : generation_tasks) {
-    generation_files.push_back(load_generation_task(find_generation_variant(dirs, task), task, a.limit));
+  for (const auto& task : plan.generation_tasks) {
+    generation_files.push_back(load_generation_task(find_generation_variant(plan.dirs, task), task, a.limit, chat));
     if (a.shots && *a.shots != generation_files.back().shots)
       progress.note(task + ": its request files are rendered with " + std::to_string(generation_files.back().shots) +
                     " shots (--shots applies to the multiple-choice tasks)");
@@ -252,11 +291,17 @@ int run_downstream(const DownstreamArgs& a, bool limit_given) {
       instances.empty() ? GenerationScores{} : score_and_aggregate(instances, generation_shots, progress);
   progress.finish();
 
-  notes.clear();
-  std::vector<TaskResult> shown = with_group_results(choice_names, results, &notes);  // with the groups' rows
+  std::vector<std::string> notes;
+  std::vector<TaskResult> shown = with_group_results(plan.choice_names, results, &notes);  // with the groups' rows
   for (const auto& n : notes) progress.note(n);
   shown.insert(shown.end(), scored.results.begin(), scored.results.end());
-  std::cout << results_table(shown) << std::flush;
+  std::cout << results_table(shown);
+  std::optional<SuiteReport> suite;
+  if (plan.suite) {
+    suite = suite_report(*plan.suite, shown);
+    std::cout << suite_table(*suite);
+  }
+  std::cout << std::flush;
 
   if (!a.requests_out.empty()) {
     std::string text;
@@ -271,6 +316,7 @@ int run_downstream(const DownstreamArgs& a, bool limit_given) {
         nlohmann::json row = generation_row(
             instances[k], f.shots, std::vector<int64_t>(answer.prompt_tokens.begin(), answer.prompt_tokens.end()),
             scored.metrics[k]);
+        if (f.requests[i].chat) row["messages"] = f.requests[i].chat->messages;
         row["truncated"] = answer.truncated;
         row["finish_reason"] = answer.finish_reason;
         row["generated_tokens"] = answer.generated_tokens;
@@ -280,17 +326,19 @@ int run_downstream(const DownstreamArgs& a, bool limit_given) {
     write_text_file_atomically(a.requests_out, text);
   }
   if (!a.out.empty()) {
-    const nlohmann::json j = {{"model", a.model},
-                              {"dtype", a.dtype},
-                              {"device", a.device},
-                              {"tokenizer", tokenizer->name()},
-                              {"elapsed_seconds", progress.elapsed_seconds()},
-                              {"requests", requests},
-                              {"scoring_seconds", scoring_seconds},
-                              {"generation_requests", instances.size()},
-                              {"generation_seconds", generation_seconds},
-                              {"stderr", "lm-eval's standard error of the mean: sqrt(sample variance / n)"},
-                              {"results", rows_with_macro_over(shown, scored.macro_over)}};
+    nlohmann::json j = {{"model", a.model},
+                        {"dtype", a.dtype},
+                        {"device", a.device},
+                        {"tokenizer", tokenizer->name()},
+                        {"elapsed_seconds", progress.elapsed_seconds()},
+                        {"requests", requests},
+                        {"scoring_seconds", scoring_seconds},
+                        {"generation_requests", instances.size()},
+                        {"generation_seconds", generation_seconds},
+                        {"stderr", "lm-eval's standard error of the mean: sqrt(sample variance / n)"},
+                        {"results", rows_with_macro_over(shown, scored.macro_over)}};
+    j["chat"] = chat;
+    if (suite) j["suite"] = suite_json(*suite);
     write_text_file_atomically(a.out, j.dump(2) + "\n");
   }
   return 0;
@@ -369,6 +417,13 @@ Command add(CLI::App& parent) {
                  "comma-separated tasks or groups: arc_easy,arc_challenge,hellaswag,piqa,winogrande,openbookqa,"
                  "basic_arithmetic,mmlu (its 57 mmlu_<subject> tasks and their macro average),... "
                  "(required unless --rescore)");
+  ds->add_option("--suite", d->suite,
+                 "a suite of tasks with OLMES' settings, one table and its macro average: olmo3-sft (the seed's "
+                 "eight-task SFT table; chat format). Its tasks are looked for in --tasks-dir, then the built-in "
+                 "directories; tasks without files are listed as missing");
+  ds->add_flag("--chat", d->chat,
+               "prompt in the chat format (SFT/instruct models; OLMES use_chat_format): few-shot examples as "
+               "user/assistant turns through the model's chat template, generation ending at the end of the turn");
   ds->add_option("--format", d->format, "rc (ranked classification), mc (lettered choices) or both")
       ->check(CLI::IsMember({"rc", "mc", "both"}))
       ->capture_default_str();

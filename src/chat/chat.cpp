@@ -60,8 +60,7 @@ ChatExample encode_chat(const Tokenizer& tokenizer, const nlohmann::json& messag
   return ex;
 }
 
-std::vector<uint32_t> encode_chat_prompt(const Tokenizer& tokenizer, const nlohmann::json& messages,
-                                         const std::string& where) {
+std::string chat_prompt_text(const nlohmann::json& messages, const std::string& where) {
   if (!messages.is_array() || messages.empty())
     throw Error(where + ": the conversation must be a non-empty list of messages");
   std::string text;
@@ -72,8 +71,12 @@ std::vector<uint32_t> encode_chat_prompt(const Tokenizer& tokenizer, const nlohm
     text += "<|im_start|>" + checked_role(messages[i], i, where) + "\n" + messages[i]["content"].get<std::string>() +
             "<|im_end|>\n";
   }
-  text += "<|im_start|>assistant\n";
-  return tokenizer.encode(text);
+  return text + "<|im_start|>assistant\n";
+}
+
+std::vector<uint32_t> encode_chat_prompt(const Tokenizer& tokenizer, const nlohmann::json& messages,
+                                         const std::string& where) {
+  return tokenizer.encode(chat_prompt_text(messages, where));
 }
 
 std::vector<ChatExample> load_chat_jsonl(const std::string& path, const Tokenizer& tokenizer) {

@@ -37,13 +37,15 @@ void read_generation_kwargs(const nlohmann::json& kwargs, GenerationRequest& r, 
 
 }  // namespace
 
-GenerationTaskFiles load_generation_task(const std::string& variant_dir, const std::string& task, int64_t limit) {
+GenerationTaskFiles load_generation_task(const std::string& variant_dir, const std::string& task, int64_t limit,
+                                         bool chat) {
   if (limit < 0) throw Error("the document limit must be at least 1 (0: all), got " + std::to_string(limit));
   const GenerationTaskSpec* spec = find_generation_task(task);
   if (!spec) throw Error("task \"" + task + "\" is not a generation task");
   GenerationTaskFiles t;
   t.task = task;
   t.dir = variant_dir;
+  t.chat = chat;
   const std::string config_path = (fs::path(variant_dir) / "config.json").string();
   const nlohmann::json config = read_json_file(config_path);
   const nlohmann::json& task_config = json_field(config, "task_config", config_path);
@@ -64,7 +66,15 @@ GenerationTaskFiles load_generation_task(const std::string& variant_dir, const s
     if (!seen.insert(r.doc_id).second) throw Error(where + ": document " + std::to_string(r.doc_id) + " appears twice");
     r.native_id = j->contains("native_id") ? (*j)["native_id"] : nlohmann::json();
     const nlohmann::json& request = json_field(*j, "request", where);
-    r.context = json_string_field(request, "context", where + " request");
+    const nlohmann::json& context = json_field(request, "context", where + " request");
+    if (chat) {
+      r.chat = chat_prompt(context, task, t.shots, where);
+      r.context = chat_prompt_text(*r.chat, where);
+    } else if (context.is_object()) {
+      throw Error(where + ": request.context is a chat-format conversation (OLMES' use_chat_format): add --chat");
+    } else {
+      r.context = json_string_field(request, "context", where + " request");
+    }
     const nlohmann::json& stops = json_field(request, "stop_sequences", where + " request");
     if (!stops.is_array()) throw Error(where + ": request.stop_sequences must be a list of strings");
     for (const auto& s : stops) {
@@ -126,6 +136,11 @@ std::vector<std::vector<GeneratedAnswer>> generate_answers(const CausalLM& model
         s.sampling.seed = static_cast<uint64_t>(r.doc_id);  // reproducible per document
       }
       if (c.eos_token_id) s.stop_ids.push_back(static_cast<uint32_t>(*c.eos_token_id));
+      if (tasks[t].chat) {
+        const auto turn_end = tokenizer->token_to_id(kChatTurnEnd);
+        if (!turn_end) throw Error(at + ": --chat: the tokenizer has no " + std::string(kChatTurnEnd) + " token");
+        s.stop_ids.push_back(*turn_end);
+      }
       s.stop_strings = r.stop_sequences;
       s.skip_special_tokens = true;  // lm-eval decodes a generation with skip_special_tokens
       sequences.push_back(std::move(s));

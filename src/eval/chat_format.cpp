@@ -1,0 +1,130 @@
+#include "archspace/eval/chat_format.h"
+
+#include <unordered_map>
+
+#include "archspace/chat/chat.h"
+#include "archspace/util/error.h"
+
+namespace archspace {
+
+const char* const kChatTurnEnd = "<|im_end|>";
+
+namespace {
+
+bool starts_with(const std::string& s, const std::string& prefix) { return s.compare(0, prefix.size(), prefix) == 0; }
+
+std::string escaped_newlines(const std::string& s) {
+  std::string out;
+  for (char c : s) out += c == '\n' ? std::string("\\n") : std::string(1, c);
+  return out;
+}
+
+nlohmann::json turn(const char* role, std::string content) { return {{"role", role}, {"content", std::move(content)}}; }
+
+// OLMES' chat-format context: {"messages": [...], "assistant_prefix": "..."}; the roles and contents are checked
+// where the template renders them (chat_prompt_text).
+ChatPrompt chat_format_context(const nlohmann::json& context, const std::string& where) {
+  ChatPrompt p;
+  if (!context.contains("messages") || !context["messages"].is_array() || context["messages"].empty())
+    throw Error(where + ": request.context.messages must be a non-empty list of {\"role\", \"content\"} messages");
+  p.messages = context["messages"];
+  const nlohmann::json& last = p.messages.back();
+  if (!last.is_object() || last.value("role", nlohmann::json()) != "user")
+    throw Error(where + ": the last message of request.context.messages must be the user's (the model answers it)");
+  if (context.contains("assistant_prefix") && !context["assistant_prefix"].is_null()) {
+    if (!context["assistant_prefix"].is_string())
+      throw Error(where + ": request.context.assistant_prefix must be a string");
+    p.assistant_prefix = context["assistant_prefix"].get<std::string>();
+  }
+  for (const auto& [key, value] : context.items()) {
+    if (key != "messages" && key != "assistant_prefix")
+      throw Error(where + ": request.context has an unknown field \"" + key + "\" (messages, assistant_prefix)");
+  }
+  return p;
+}
+
+// A plain few-shot context as lm-eval's fewshot_as_multiturn turns (see the header).
+ChatPrompt split_few_shot(const std::string& context, const std::string& task, int64_t shots,
+                          const std::string& where) {
+  ChatPrompt p;
+  if (shots == 0) {
+    p.messages.push_back(turn("user", context));
+    return p;
+  }
+  const FewShotMarkers m = few_shot_markers(task);
+  const std::string advice = " (give OLMES' chat-format request files for this task: use_chat_format)";
+  const std::string separator = "\n\n" + m.question;
+  std::string description;
+  size_t first = 0;
+  if (!starts_with(context, m.question)) {
+    const size_t p0 = context.find(separator);
+    if (p0 == std::string::npos)
+      throw Error(where + ": --chat cannot split the few-shot context: no shot starts with \"" + m.question + "\"" +
+                  advice);
+    first = p0 + 2;
+    description = context.substr(0, first);  // a task description, "\n\n" included, opens the first user turn
+  }
+  std::vector<size_t> starts{first};
+  for (size_t q = context.find(separator, first); q != std::string::npos; q = context.find(separator, q + 1))
+    starts.push_back(q + 2);
+  if (static_cast<int64_t>(starts.size()) != shots + 1)
+    throw Error(where + ": --chat cannot split the few-shot context: it has " + std::to_string(starts.size()) +
+                " blocks starting with \"" + m.question + "\" after a blank line, expected " +
+                std::to_string(shots + 1) + " (" + std::to_string(shots) + " shots and the question)" + advice);
+  for (size_t k = 0; k < starts.size(); ++k) {
+    const size_t end = k + 1 < starts.size() ? starts[k + 1] - 2 : context.size();
+    const std::string block = context.substr(starts[k], end - starts[k]);
+    if (k + 1 == starts.size()) {
+      p.messages.push_back(turn("user", (k == 0 ? description : "") + block));
+      break;
+    }
+    const size_t marker = block.rfind(m.answer);
+    const size_t answer_at = marker == std::string::npos ? marker : marker + m.answer.size();
+    if (marker == std::string::npos || block.compare(answer_at, 1, " ") != 0 || block.size() <= answer_at + 1)
+      throw Error(where + ": --chat cannot split the few-shot context: shot " + std::to_string(k + 1) +
+                  " has no answer after \"" + escaped_newlines(m.answer) + " \"" + advice);
+    p.messages.push_back(turn("user", (k == 0 ? description : "") + block.substr(0, answer_at)));
+    p.messages.push_back(turn("assistant", block.substr(answer_at + 1)));
+  }
+  return p;
+}
+
+}  // namespace
+
+FewShotMarkers few_shot_markers(const std::string& task) {
+  if (starts_with(task, "minerva_math")) return {"Problem:", "\n\nSolution:"};
+  if (task == "drop") return {"Passage:", "\nAnswer:"};
+  if (task == "squad") return {"Title:", "\nAnswer:"};
+  if (task == "jeopardy") return {"Category:", "\nAnswer:"};
+  if (starts_with(task, "bbh") || starts_with(task, "truthfulqa")) return {"Q:", "\nA:"};
+  return {"Question:", "\nAnswer:"};
+}
+
+ChatPrompt chat_prompt(const nlohmann::json& context, const std::string& task, int64_t shots,
+                       const std::string& where) {
+  if (shots < 0) throw Error(where + ": the number of shots must be at least 0");
+  if (context.is_object()) return chat_format_context(context, where);
+  if (!context.is_string())
+    throw Error(where + ": request.context must be a string or OLMES' chat-format {\"messages\": [...]} object");
+  return split_few_shot(context.get<std::string>(), task, shots, where);
+}
+
+void to_chat_format(TaskFiles& files) {
+  std::unordered_map<std::string, std::string> rendered;  // a document's choices share one context
+  for (TaskRequest& r : files.requests) {
+    auto [it, added] = rendered.try_emplace(r.context);
+    if (added) {
+      const bool unconditional = files.uncond_offset > 0 && r.doc_id >= files.uncond_offset;
+      const std::string where =
+          files.dir + "/requests.jsonl.gz (task " + files.task + ", document " + std::to_string(r.doc_id) + ")";
+      it->second = chat_prompt_text(chat_prompt(r.context, files.task, unconditional ? 0 : files.shots, where), where);
+    }
+    r.context = it->second;
+  }
+}
+
+std::string chat_prompt_text(const ChatPrompt& prompt, const std::string& where) {
+  return archspace::chat_prompt_text(prompt.messages, where) + prompt.assistant_prefix;
+}
+
+}  // namespace archspace
