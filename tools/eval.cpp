@@ -108,7 +108,8 @@ std::vector<InstructionResult> ifeval_checks(const std::vector<std::pair<nlohman
                 "): the IFEval responses could not be checked");
   std::vector<InstructionResult> results;
   try {
-    for (const auto& r : nlohmann::json::parse(read_text_file(out_path)).at("results")) {
+    const nlohmann::json answer = nlohmann::json::parse(read_text_file(out_path));
+    for (const auto& r : answer.at("results")) {
       InstructionResult x;
       x.prompt_strict = r.at("prompt_level_strict_acc").get<bool>();
       x.prompt_loose = r.at("prompt_level_loose_acc").get<bool>();

@@ -241,9 +241,15 @@ nlohmann::json results_rows(const std::vector<TaskResult>& results) {
 }
 
 std::string results_table(const std::vector<TaskResult>& results) {
-  // A group's row is marked "(macro)"; the task column fits the longest name
+  // A group's row is marked by its primary aggregate, "(macro)" or "(micro)"; the task column fits the longest name
   // (minerva_math_counting_and_probability).
-  const auto label = [](const TaskResult& r) { return r.members > 0 ? r.task + " (macro)" : r.task; };
+  const auto label = [](const TaskResult& r) {
+    if (r.members == 0) return r.task;
+    for (const auto& m : r.metrics) {
+      if (m.primary && !m.aggregate.empty()) return r.task + " (" + m.aggregate + ")";  // bbh: micro
+    }
+    return r.task + " (macro)";
+  };
   int width = 18;
   for (const auto& r : results) width = std::max(width, static_cast<int>(label(r).size()));
   char line[512];
