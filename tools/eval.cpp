@@ -140,8 +140,9 @@ GenerationScores score_and_aggregate(const std::vector<GenerationInstance>& inst
   for (const auto& [group, members] : g.macro_over) {
     for (const auto& [name, all] : generation_groups()) {
       if (name == group && members.size() < all.size())
-        progress.note(group + ": macro over " + std::to_string(members.size()) + " of its " +
-                      std::to_string(all.size()) + " tasks (the others were not evaluated)");
+        progress.note(group + (find_task_group(group)->primary_aggregate == "micro" ? ": micro and macro" : ": macro") +
+                      " over " + std::to_string(members.size()) + " of its " + std::to_string(all.size()) +
+                      " tasks (the others were not evaluated)");
     }
   }
   return g;

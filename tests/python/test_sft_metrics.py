@@ -282,7 +282,7 @@ def test_hand_written_generations_equal_the_references(tmp_path):
     assert not macro["primary"] and macro["value"] == pytest.approx(sum(per_task) / len(per_task), abs=1e-12)
     assert micro["n"] == len(BBH_CASES) and micro["members"] == len(subtasks)
     assert 0 < sum(pooled) < len(pooled)
-    assert "bbh: macro over 14 of its 27 tasks" in result.stderr  # said, not hidden
+    assert "bbh: micro and macro over 14 of its 27 tasks" in result.stderr  # said, not hidden
     assert "bbh (micro)" in result.stdout and "ifeval" in result.stdout
 
     # Known values, stated by hand (independent of both implementations).
@@ -312,7 +312,7 @@ def test_every_bbh_subtask_has_an_answer_pattern(tmp_path):
     check_rows(rows, rescored)
     assert [r["metrics"]["exact_match"] for r in rescored] == [1.0, 0.0] * len(BBH_SUBTASKS)
     groups = [r for r in results["results"] if r["task"] == "bbh"]
-    assert {r["members"] for r in groups} == {27} and "bbh: macro over" not in result.stderr
+    assert {r["members"] for r in groups} == {27} and "bbh: micro and macro over" not in result.stderr
 
 
 def test_offline_punkt_is_nltks_english_model():
