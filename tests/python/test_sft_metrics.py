@@ -490,3 +490,11 @@ def test_bad_sft_gold_is_named(tmp_path):
     row = {"task": "bbh_snarks", "doc_id": 0, "generation": "x", "gold": ["(A)"]}
     src, err = bad(tmp_path, json.dumps(row) + "\n")
     assert f"error: {src}:1: field \"gold\" must be a string" in err
+
+
+def test_ifeval_scorer_python_that_cannot_start(tmp_path):
+    from test_generation_metrics import bad
+
+    row = {"task": "ifeval", "doc_id": 0, "generation": "x", "gold": IFEVAL_CASES[0][1]}
+    _, err = bad(tmp_path, json.dumps(row) + "\n", env={"ARCHSPACE_PYTHON": str(tmp_path / "no-python")})
+    assert "error: cannot run" in err and "no-python" in err and "ifeval_score.py" in err, err
