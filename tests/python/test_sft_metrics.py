@@ -192,6 +192,7 @@ BBH_CASES = [
     ("sports_understanding", "So the answer is `yes`.", "yes"),
     ("penguins_in_a_table", "There are $5$ penguins, the answer is $(A)$", "(A)"),
     ("movie_recommendation", "", "(A)"),
+    ("dyck_languages", "So the answer is ] ].", ") ]"),  # equal without punctuation: not for dyck
 ]
 
 POPQA_CASES = [
@@ -203,6 +204,7 @@ POPQA_CASES = [
     (" I don't know", ["London", "Londres"]),
     (" Londres", ["London", "Londres"]),
     (" Émile Zola", ["émile zola"]),  # capitalize() of a non-ASCII first letter
+    (" Paris is nice", ["paris"]),  # only capitalize() matches
 ]
 
 
@@ -291,8 +293,10 @@ def test_hand_written_generations_equal_the_references(tmp_path):
     assert got[("bbh_date_understanding", first_bbh + 1)]["exact_match"] == 1.0  # "B" -> "(B)"
     assert got[("bbh_multistep_arithmetic_two", first_bbh + 12)]["exact_match"] == 1.0  # punctuation ignored
     assert got[("bbh_dyck_languages", first_bbh + 15)]["exact_match"] == 0.0
+    assert got[("bbh_dyck_languages", first_bbh + len(BBH_CASES) - 1)]["exact_match"] == 0.0
     first_popqa = first_bbh + len(BBH_CASES)
     assert [got[("popqa", first_popqa + i)]["exact_match"] for i in range(5)] == [1.0, 1.0, 1.0, 0.0, 1.0]
+    assert got[("popqa", first_popqa + len(POPQA_CASES) - 1)]["exact_match"] == 1.0
     assert got[("ifeval", 1)]["prompt_level_strict_acc"] == 0.0  # the comma
     assert got[("ifeval", 3)] == {"prompt_level_loose_acc": 1.0, "prompt_level_strict_acc": 0.0,
                                   "inst_level_loose_acc": 1.0, "inst_level_strict_acc": 0.0}  # fmt: skip
