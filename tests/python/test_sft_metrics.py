@@ -14,13 +14,14 @@ Request files are written in OLMES' layout (TASK/VARIANT/{config.json, requests.
 native_id, doc, request, label, request_type, idx, task_name) and read by `eval downstream --tasks-dir`.
 """
 
+import atexit
 import gzip
 import json
 import math
 import os
 import pathlib
 import re
-import string
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -36,6 +37,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 import ifeval_score  # noqa: E402  (its offline Punkt model, so that lm-eval's IFEval imports without a download)
 
 _PUNKT = tempfile.mkdtemp(prefix="test-sft-punkt-")
+atexit.register(shutil.rmtree, _PUNKT, True)
 ifeval_score.install_offline_punkt(_PUNKT)
 import langdetect  # noqa: E402
 
