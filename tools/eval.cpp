@@ -86,6 +86,45 @@ std::vector<bool> minerva_equivalence(const std::vector<std::pair<std::string, s
   }
 }
 
+// IFEval's instruction checks through lm-eval's own code: scripts/ifeval_score.py with the venv's python, the docs
+// and responses in files of a scratch directory.
+std::vector<InstructionResult> ifeval_checks(const std::vector<std::pair<nlohmann::json, std::string>>& pairs) {
+  namespace fs = std::filesystem;
+  std::string tmpl = (fs::temp_directory_path() / "archspace-ifeval-XXXXXX").string();
+  if (!::mkdtemp(tmpl.data())) throw Error("cannot create a scratch directory for the IFEval checks");
+  const fs::path dir(tmpl);
+  struct Cleanup {
+    fs::path dir;
+    ~Cleanup() {
+      std::error_code ec;
+      fs::remove_all(dir, ec);
+    }
+  } cleanup{dir};
+  nlohmann::json in = {{"instances", nlohmann::json::array()}};
+  for (const auto& [doc, response] : pairs) in["instances"].push_back({{"doc", doc}, {"response", response}});
+  const std::string in_path = (dir / "responses.json").string(), out_path = (dir / "results.json").string();
+  write_text_file_atomically(in_path, in.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+  const int status = run_python_script(ARCHSPACE_IFEVAL_SCORER, {in_path, out_path});
+  if (status != 0)
+    throw Error(std::string(ARCHSPACE_IFEVAL_SCORER) + " failed (exit status " + std::to_string(status) +
+                "): the IFEval responses could not be checked");
+  std::vector<InstructionResult> results;
+  try {
+    const nlohmann::json answer = nlohmann::json::parse(read_text_file(out_path));
+    for (const auto& r : answer.at("results")) {
+      InstructionResult x;
+      x.prompt_strict = r.at("prompt_level_strict_acc").get<bool>();
+      x.prompt_loose = r.at("prompt_level_loose_acc").get<bool>();
+      x.inst_strict = r.at("inst_level_strict_acc").get<std::vector<bool>>();
+      x.inst_loose = r.at("inst_level_loose_acc").get<std::vector<bool>>();
+      results.push_back(std::move(x));
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(out_path + ": not the scorer's answer (" + e.what() + ")");
+  }
+  return results;
+}
+
 // Generations scored (eval/generation_metrics.h): per instance, per task and the groups' macros, with a note for a
 // group averaged over fewer tasks than it has.
 struct GenerationScores {
@@ -98,13 +137,14 @@ GenerationScores score_and_aggregate(const std::vector<GenerationInstance>& inst
                                      const std::vector<std::pair<std::string, int64_t>>& shots,
                                      ProgressLine& progress) {
   GenerationScores g;
-  g.metrics = score_generations(instances, minerva_equivalence);
+  g.metrics = score_generations(instances, minerva_equivalence, ifeval_checks);
   g.results = generation_results(instances, g.metrics, shots, &g.macro_over);
   for (const auto& [group, members] : g.macro_over) {
     for (const auto& [name, all] : generation_groups()) {
       if (name == group && members.size() < all.size())
-        progress.note(group + ": macro over " + std::to_string(members.size()) + " of its " +
-                      std::to_string(all.size()) + " tasks (the others were not evaluated)");
+        progress.note(group + (find_task_group(group)->primary_aggregate == "micro" ? ": micro and macro" : ": macro") +
+                      " over " + std::to_string(members.size()) + " of its " + std::to_string(all.size()) +
+                      " tasks (the others were not evaluated)");
     }
   }
   return g;
@@ -444,7 +484,7 @@ Command add(CLI::App& parent) {
   ds->add_option("--rescore", d->rescore,
                  "recompute every generation metric (per instance and per task) of a --requests-out file's "
                  "\"generation\" rows, without a model (gsm8k, minerva_math_*, drop, naturalqs_open, squad, coqa, "
-                 "jeopardy)");
+                 "jeopardy, ifeval, bbh_*, popqa)");
   add_dtype_option(ds, d->dtype, "compute dtype");
   add_device_option(ds, d->device);
   return {eval, [a, ppl, d, ds, limit]() -> int {

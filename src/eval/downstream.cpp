@@ -88,6 +88,59 @@ PreparedTask prepare_task(TaskFiles files, const Tokenizer& tokenizer, const Mod
   return p;
 }
 
+namespace {
+
+// OLMES' MC1MC2Accuracy.process_one_doc (oe_eval/metrics/metric.py) on one document's choice log-likelihoods
+// (by idx): mc1, the label of the first highest-scoring MC1 choice; mc2, the probability mass of the true MC2
+// choices, sum exp(ll) over the true ones / over all (lm-eval's truthfulqa process_results_mc2 too). The exps are
+// taken relative to the largest log-likelihood, which changes nothing but where exp(ll) itself would underflow.
+std::pair<double, double> mc1_mc2(const MultiTrueLabels& l, const std::map<int64_t, double>& ll) {
+  double mc1 = 0, best = -std::numeric_limits<double>::infinity();
+  for (int64_t i : l.mc1_indices) {
+    if (ll.at(i) > best) {
+      best = ll.at(i);
+      mc1 = static_cast<double>(l.labels[static_cast<size_t>(i)]);
+    }
+  }
+  double top = -std::numeric_limits<double>::infinity();
+  for (int64_t i : l.mc2_indices) top = std::max(top, ll.at(i));
+  double p_true = 0, p_all = 0;
+  for (int64_t i : l.mc2_indices) {
+    const double p = std::exp(ll.at(i) - top);
+    p_all += p;
+    if (l.labels[static_cast<size_t>(i)]) p_true += p;
+  }
+  return {mc1, p_true / p_all};
+}
+
+TaskResult multi_true_metrics(const TaskFiles& files, TaskResult result) {
+  std::map<int64_t, std::map<int64_t, double>> ll;  // doc -> idx -> log-likelihood
+  for (size_t i = 0; i < files.requests.size(); ++i)
+    ll[files.requests[i].doc_id][files.requests[i].idx] = result.requests[i].loglikelihood;
+  std::vector<double> mc1, mc2;
+  bool has_mc1 = true;
+  for (const auto& [doc_id, labels] : files.multi_true) {
+    const auto [a, b] = mc1_mc2(labels, ll.at(doc_id));
+    mc1.push_back(a);
+    mc2.push_back(b);
+    has_mc1 &= !labels.mc1_indices.empty();
+  }
+  result.documents = static_cast<int64_t>(files.multi_true.size());
+  if (has_mc1) result.metrics.push_back(mean_with_stderr("mc1", mc1));
+  result.metrics.push_back(mean_with_stderr("mc2", mc2));
+  bool found = false;
+  for (auto& m : result.metrics) {
+    m.primary = m.name == files.primary_metric;
+    found |= m.primary;
+  }
+  if (!found)
+    throw Error(files.dir + "/config.json: primary_metric \"" + files.primary_metric +
+                "\" is not one this task's requests give (" + (has_mc1 ? "mc1, " : "") + "mc2)");
+  return result;
+}
+
+}  // namespace
+
 TaskResult task_metrics(const TaskFiles& files, const std::vector<RequestScore>& scores) {
   if (scores.size() != files.requests.size()) throw Error("task_metrics: one score per request expected");
   TaskResult result;
@@ -96,6 +149,7 @@ TaskResult task_metrics(const TaskFiles& files, const std::vector<RequestScore>&
   result.shots = files.shots;
   result.primary_metric = files.primary_metric;
   result.requests = scores;
+  if (!files.multi_true.empty()) return multi_true_metrics(files, std::move(result));
 
   // doc_id -> choice -> request index, for conditional and unconditional requests.
   std::map<int64_t, std::map<int64_t, size_t>> cond, uncond;
@@ -187,9 +241,15 @@ nlohmann::json results_rows(const std::vector<TaskResult>& results) {
 }
 
 std::string results_table(const std::vector<TaskResult>& results) {
-  // A group's row is marked "(macro)"; the task column fits the longest name
+  // A group's row is marked by its primary aggregate, "(macro)" or "(micro)"; the task column fits the longest name
   // (minerva_math_counting_and_probability).
-  const auto label = [](const TaskResult& r) { return r.members > 0 ? r.task + " (macro)" : r.task; };
+  const auto label = [](const TaskResult& r) {
+    if (r.members == 0) return r.task;
+    for (const auto& m : r.metrics) {
+      if (m.primary && !m.aggregate.empty()) return r.task + " (" + m.aggregate + ")";  // bbh: micro
+    }
+    return r.task + " (macro)";
+  };
   int width = 18;
   for (const auto& r : results) width = std::max(width, static_cast<int>(label(r).size()));
   char line[512];

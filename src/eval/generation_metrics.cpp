@@ -8,9 +8,11 @@
 #include <wctype.h>
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -639,6 +641,125 @@ double olmes_recall(const std::string& prediction, const std::vector<std::string
   return 0.0;
 }
 
+// ---- BBH (OLMES bbh:cot-v1) --------------------------------------------------------------------------------------
+
+std::string py_capitalize(const std::string& s) {
+  static const locale_t utf8 = newlocale(LC_CTYPE_MASK, "C.UTF-8", static_cast<locale_t>(nullptr));
+  const std::vector<char32_t> cps = decode(s);
+  if (cps.empty()) return s;
+  std::string out;
+  const char32_t first = cps[0];
+  if (first < 0x80) {
+    out += static_cast<char>(first >= 'a' && first <= 'z' ? first - 32 : first);
+  } else {
+    append_utf8(out, utf8 ? static_cast<char32_t>(towupper_l(static_cast<wint_t>(first), utf8)) : first);
+  }
+  std::string rest;
+  for (size_t i = 1; i < cps.size(); ++i) append_utf8(rest, cps[i]);
+  return out + py_lower(rest);
+}
+
+std::string py_regex_escape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    const auto u = static_cast<unsigned char>(c);
+    if (u < 0x80 && !std::isalnum(u) && c != '_') out += '\\';  // PCRE2 and Python: \<punct> is the character
+    out += c;
+  }
+  return out;
+}
+
+namespace {
+
+// OLMES' BBH_ANSWER_REGEX (oe_eval/data/bbh_tasks.py): the answer's shape per subtask; "MC" a lettered choice.
+const std::map<std::string, std::string>& bbh_patterns() {
+  static const std::map<std::string, std::string> m = {
+      {"boolean_expressions", "[tT]rue|[fF]alse"},
+      {"causal_judgement", "[yY]es|[nN]o"},
+      {"date_understanding", "MC"},
+      {"disambiguation_qa", "MC"},
+      {"dyck_languages", "[\\]\\)\\}\\> ]+"},
+      {"formal_fallacies", "[iI]nvalid|[vV]alid"},
+      {"geometric_shapes", "MC"},
+      {"hyperbaton", "MC"},
+      {"logical_deduction_five_objects", "MC"},
+      {"logical_deduction_seven_objects", "MC"},
+      {"logical_deduction_three_objects", "MC"},
+      {"movie_recommendation", "MC"},
+      {"multistep_arithmetic_two", "-?\\d+"},
+      {"navigate", "[nN]o|[yY]es"},
+      {"object_counting", "\\d+"},
+      {"penguins_in_a_table", "MC"},
+      {"reasoning_about_colored_objects", "MC"},
+      {"ruin_names", "MC"},
+      {"salient_translation_error_detection", "MC"},
+      {"snarks", "MC"},
+      {"sports_understanding", "[yY]es|[nN]o"},
+      {"temporal_sequences", "MC"},
+      {"tracking_shuffled_objects_five_objects", "MC"},
+      {"tracking_shuffled_objects_seven_objects", "MC"},
+      {"tracking_shuffled_objects_three_objects", "MC"},
+      {"web_of_lies", "[yY]es|[nN]o"},
+      {"word_sorting", "[a-z ]+"},
+  };
+  return m;
+}
+
+// re.findall(pattern, s)[-1] for a pattern with one group (its group), or nullopt when nothing matches.
+std::optional<std::string> last_group(const std::string& pattern, const std::string& s) {
+  const std::vector<Match> all = regex(pattern).find_all(s);
+  if (all.empty()) return std::nullopt;
+  return all.back().groups.size() > 1 ? all.back().groups[1].value_or("") : *all.back().groups[0];
+}
+
+}  // namespace
+
+const std::string& bbh_answer_pattern(const std::string& subtask) {
+  const auto it = bbh_patterns().find(subtask);
+  if (it == bbh_patterns().end()) throw Error("unknown BBH subtask \"" + subtask + "\"");
+  return it->second;
+}
+
+std::string bbh_extract_answer(const std::string& generation, const std::string& subtask) {
+  std::string answer_regex = bbh_answer_pattern(subtask);
+  const bool mc = answer_regex == "MC";
+  if (mc) answer_regex = "\\([A-Z]\\)";
+  std::vector<std::string> templates = {"(?i)So the answer is ($ANS$)\\.?", "(?i)answer is ($ANS$)",
+                                        "(?i)answer:.*?($ANS$)", "(?i)answer\\b.*?($ANS$)", "($ANS$)"};
+  if (mc) templates.push_back("\\b([A-Z])\\b");
+  templates.push_back("(?i)($ANS$)");
+  std::string extracted;
+  for (std::string t : templates) {
+    replace_all(t, "$ANS$", answer_regex);
+    if (const auto found = last_group(t, generation)) {
+      extracted = *found;
+      break;
+    }
+  }
+  // Surrounding delimiters, each pair in turn, unless the answer itself may start with it.
+  static const std::vector<std::pair<std::string, std::string>> delimiters = {
+      {"$", "$"},     {"\\(", "\\)"}, {"(", ")"}, {"**", "**"}, {"***", "***"},
+      {"\\[", "\\]"}, {"'", "'"},     {"`", "`"}, {"\"", "\""}};
+  for (const auto& [left, right] : delimiters) {
+    if (regex(answer_regex).match(left, 0, PCRE2_ANCHORED)) continue;  // re.match(answer_regex, left)
+    extracted =
+        py_strip(regex_sub("^" + py_regex_escape(left) + "(.*)" + py_regex_escape(right) + "$", "\\1", extracted));
+  }
+  if (mc && decode(extracted).size() == 1) extracted = "(" + extracted + ")";
+  return extracted;
+}
+
+// ---- PopQA -----------------------------------------------------------------------------------------------------
+
+bool popqa_match(const std::string& generation, const std::vector<std::string>& aliases) {
+  for (const auto& a : aliases) {
+    for (const std::string& form : {a, py_lower(a), py_capitalize(a)}) {
+      if (generation.find(form) != std::string::npos) return true;
+    }
+  }
+  return false;
+}
+
 }  // namespace genmetrics
 
 // ---- the registry ----------------------------------------------------------------------------------------------
@@ -660,6 +781,15 @@ const std::vector<GenerationTaskSpec>& registry() {
     v.push_back({"drop", "", {"f1", "exact_match"}, "f1", "span_lists"});
     for (const std::string t : {"naturalqs_open", "squad", "coqa", "jeopardy"})
       v.push_back({t, "", {"f1", "exact_match", "recall"}, "f1", "strings"});
+    // The SFT table's tasks whose request files the user brings (OLMES --save-raw-requests).
+    v.push_back({"ifeval",
+                 "",
+                 {"prompt_level_loose_acc", "prompt_level_strict_acc", "inst_level_loose_acc", "inst_level_strict_acc"},
+                 "prompt_level_loose_acc",
+                 "ifeval"});
+    for (const auto& t : find_task_group("bbh")->members)
+      v.push_back({t, "bbh", {"exact_match", "exact_match_simple"}, "exact_match", "string"});
+    v.push_back({"popqa", "", {"exact_match"}, "exact_match", "strings"});
     return v;
   }();
   return specs;
@@ -704,6 +834,18 @@ void check_gold(const GenerationTaskSpec& spec, const nlohmann::json& gold) {
   } else if (spec.gold_kind == "strings") {
     if (!gold.is_string() && !all_strings(gold))
       throw Error("field \"gold\" must be a string or a non-empty list of strings (task " + spec.task + ")");
+  } else if (spec.gold_kind == "ifeval") {
+    const auto bad = [&](const std::string& what) {
+      throw Error("field \"gold\" must be an IFEval doc: " + what + " (task " + spec.task + ")");
+    };
+    if (!gold.is_object()) bad("an object");
+    if (!gold.contains("instruction_id_list") || !all_strings(gold["instruction_id_list"]))
+      bad("instruction_id_list, a non-empty list of strings");
+    if (!gold.contains("kwargs") || !gold["kwargs"].is_array() ||
+        gold["kwargs"].size() != gold["instruction_id_list"].size() ||
+        !std::all_of(gold["kwargs"].begin(), gold["kwargs"].end(), [](const auto& k) { return k.is_object(); }))
+      bad("kwargs, a list of objects, one per instruction");
+    if (!gold.contains("prompt") || !gold["prompt"].is_string()) bad("prompt, a string");
   } else {
     if (!gold.is_array() || gold.empty() ||
         !std::all_of(gold.begin(), gold.end(), [&](const auto& x) { return all_strings(x); }))
@@ -715,11 +857,13 @@ void check_gold(const GenerationTaskSpec& spec, const nlohmann::json& gold) {
 }
 
 std::vector<InstanceMetrics> score_generations(const std::vector<GenerationInstance>& instances,
-                                               const AnswerEquivalence& equivalence) {
+                                               const AnswerEquivalence& equivalence,
+                                               const InstructionCheck& instructions) {
   namespace gm = genmetrics;
   std::vector<InstanceMetrics> out(instances.size());
   // Minerva pairs whose strings differ go to `equivalence` together, each distinct pair once.
   std::map<std::pair<std::string, std::string>, std::vector<size_t>> pending;
+  std::vector<size_t> ifeval;  // instances whose instructions `instructions` checks
   for (size_t i = 0; i < instances.size(); ++i) {
     const GenerationInstance& x = instances[i];
     const GenerationTaskSpec* spec = find_generation_task(x.task);
@@ -744,6 +888,19 @@ std::vector<InstanceMetrics> score_generations(const std::vector<GenerationInsta
       } else {
         pending[{answer, gold}].push_back(i);
       }
+    } else if (x.task == "ifeval") {
+      for (const auto& name : spec->metrics) v.push_back({name, 0.0});
+      ifeval.push_back(i);
+    } else if (spec->group == "bbh") {
+      const std::string subtask = x.task.substr(4);  // bbh_<subtask>
+      const std::string answer = gm::bbh_extract_answer(x.generation, subtask);
+      const std::string gold = x.gold.get<std::string>();
+      const bool em = gm::exact_match(answer, gold, {}, /*ignore_case=*/true,
+                                      /*ignore_punctuation=*/subtask != "dyck_languages");
+      v.push_back({"exact_match", em ? 1.0 : 0.0});
+      v.push_back({"exact_match_simple", answer == gold ? 1.0 : 0.0});
+    } else if (x.task == "popqa") {
+      v.push_back({"exact_match", gm::popqa_match(x.generation, gold_strings(x.gold)) ? 1.0 : 0.0});
     } else if (x.task == "drop") {
       const auto [em, f1] = gm::drop_em_f1(x.generation, x.gold.get<std::vector<std::vector<std::string>>>());
       v.push_back({"f1", f1});
@@ -772,6 +929,30 @@ std::vector<InstanceMetrics> score_generations(const std::vector<GenerationInsta
     for (const auto& [pair, users] : pending) {
       for (size_t i : users) out[i].values[0].second = equal[k] ? 1.0 : 0.0;
       ++k;
+    }
+  }
+  if (!ifeval.empty()) {
+    if (!instructions) throw Error("IFEval responses need the instruction checks, and none were given");
+    std::vector<std::pair<nlohmann::json, std::string>> pairs;
+    for (size_t i : ifeval) pairs.emplace_back(instances[i].gold, instances[i].generation);
+    const std::vector<InstructionResult> results = instructions(pairs);
+    if (results.size() != pairs.size())
+      throw Error("the instruction checks answered " + std::to_string(results.size()) + " responses for " +
+                  std::to_string(pairs.size()));
+    for (size_t k = 0; k < ifeval.size(); ++k) {
+      const InstructionResult& r = results[k];
+      const size_t n = instances[ifeval[k]].gold["instruction_id_list"].size();
+      if (r.inst_strict.size() != n || r.inst_loose.size() != n)
+        throw Error("the instruction checks answered " + std::to_string(r.inst_strict.size()) + " instructions for " +
+                    std::to_string(n) + " (ifeval document " + instances[ifeval[k]].doc_id.dump() + ")");
+      const auto fraction = [n](const std::vector<bool>& b) {
+        return static_cast<double>(std::count(b.begin(), b.end(), true)) / static_cast<double>(n);
+      };
+      auto& v = out[ifeval[k]].values;  // the registry's order
+      v[0].second = r.prompt_loose ? 1.0 : 0.0;
+      v[1].second = r.prompt_strict ? 1.0 : 0.0;
+      v[2].second = fraction(r.inst_loose);
+      v[3].second = fraction(r.inst_strict);
     }
   }
   return out;
@@ -805,6 +986,17 @@ std::vector<TaskResult> generation_results(const std::vector<GenerationInstance>
       std::vector<double> xs;
       for (size_t i : by_task[task]) xs.push_back(metrics[i].values.at(m).second);
       MetricValue v = mean_with_stderr(spec->metrics[m], xs);
+      if (spec->gold_kind == "ifeval" && spec->metrics[m].rfind("inst_level", 0) == 0) {
+        // Over all instructions pooled: each document's fraction weighs its number of instructions.
+        double followed = 0, total = 0;
+        for (size_t i : by_task[task]) {
+          const auto n = static_cast<double>(instances[i].gold["instruction_id_list"].size());
+          followed += metrics[i].values.at(m).second * n;
+          total += n;
+        }
+        v.value = followed / total;
+        v.stderr_ = std::numeric_limits<double>::quiet_NaN();
+      }
       v.primary = spec->metrics[m] == spec->primary_metric;
       r.metrics.push_back(v);
     }
@@ -814,6 +1006,7 @@ std::vector<TaskResult> generation_results(const std::vector<GenerationInstance>
   if (macro_over) macro_over->clear();
   std::vector<TaskResult> groups;
   for (const auto& [group, members] : generation_groups()) {
+    const bool micro = find_task_group(group)->primary_aggregate == "micro";
     std::vector<const TaskResult*> present;
     std::vector<std::string> names;
     for (const auto& m : members) {
@@ -846,6 +1039,18 @@ std::vector<TaskResult> generation_results(const std::vector<GenerationInstance>
       const auto k = static_cast<double>(present.size());
       v.value /= k;
       v.stderr_ = std::sqrt(var) / k;
+      if (micro) {
+        // Every member document pooled, the group's primary (OLMES' suite primary_metric "micro").
+        std::vector<double> pooled;
+        for (const auto& name : names) {
+          for (size_t i : by_task[name]) pooled.push_back(metrics[i].values.at(m).second);
+        }
+        MetricValue p = mean_with_stderr(v.name, pooled);
+        p.primary = v.primary;
+        p.aggregate = "micro";
+        v.primary = false;
+        g.metrics.push_back(p);
+      }
       g.metrics.push_back(v);
     }
     groups.push_back(std::move(g));
@@ -855,7 +1060,48 @@ std::vector<TaskResult> generation_results(const std::vector<GenerationInstance>
   return results;
 }
 
+namespace {
+
+// ifeval: the doc's fields the checks read; popqa: the label, else doc.possible_answers (a list, or the JSON text
+// of one as the HF dataset stores it).
+std::optional<nlohmann::json> doc_gold(const GenerationTaskSpec& spec, const nlohmann::json& line) {
+  const nlohmann::json* doc =
+      line.is_object() && line.contains("doc") && line["doc"].is_object() ? &line["doc"] : nullptr;
+  if (spec.gold_kind == "ifeval") {
+    if (!doc) throw Error("missing field \"doc\" (the IFEval instructions of task ifeval)");
+    nlohmann::json g = nlohmann::json::object();
+    for (const char* key : {"key", "prompt", "instruction_id_list", "kwargs"}) {
+      if (!doc->contains(key)) throw Error(std::string("missing field \"doc.") + key + "\" (task ifeval)");
+      g[key] = (*doc)[key];
+    }
+    try {
+      check_gold(spec, g);
+    } catch (const Error& e) {
+      throw Error(std::string("field \"doc\": ") + e.what());
+    }
+    return g;
+  }
+  if (spec.task == "popqa" && doc && doc->contains("possible_answers") &&
+      !(line.contains("label") && (line["label"].is_string() || line["label"].is_array()))) {
+    nlohmann::json answers = (*doc)["possible_answers"];
+    if (answers.is_string()) {
+      answers = nlohmann::json::parse(answers.get<std::string>(), nullptr, /*allow_exceptions=*/false);
+      if (answers.is_discarded()) throw Error("field \"doc.possible_answers\": a string that is not a JSON list");
+    }
+    try {
+      check_gold(spec, answers);
+    } catch (const Error& e) {
+      throw Error(std::string("field \"doc.possible_answers\": ") + e.what());
+    }
+    return answers;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
 nlohmann::json gold_from_request(const GenerationTaskSpec& spec, const nlohmann::json& request_line) {
+  if (auto g = doc_gold(spec, request_line)) return *g;
   const bool drop = spec.gold_kind == "span_lists";
   const char* field = drop ? "doc.answers" : "label";
   const nlohmann::json* gold = nullptr;

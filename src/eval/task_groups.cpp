@@ -88,7 +88,8 @@ TaskResult aggregate(const TaskGroup& group, const std::vector<const TaskResult*
 }  // namespace
 
 const std::vector<TaskGroup>& task_groups() {
-  // OLMES' MMLU_SUBJECTS (the 57 of hails/mmlu_no_train, cais/mmlu) and MATH_TASK_TYPES.
+  // OLMES' MMLU_SUBJECTS (the 57 of hails/mmlu_no_train, cais/mmlu), MATH_TASK_TYPES and BBH_TASKS
+  // (oe_eval/data/*, as its task suites oe_eval/configs/task_suites.py use them).
   static const std::vector<TaskGroup> groups = {
       {"mmlu", prefixed("mmlu_", {"abstract_algebra",
                                   "anatomy",
@@ -150,6 +151,36 @@ const std::vector<TaskGroup>& task_groups() {
       {"minerva_math",
        prefixed("minerva_math_", {"algebra", "counting_and_probability", "geometry", "intermediate_algebra",
                                   "number_theory", "prealgebra", "precalculus"})},
+      // OLMES' BBH_TASKS; its suite bbh:cot-v1::tulu reports the micro average.
+      {"bbh",
+       prefixed("bbh_", {"boolean_expressions",
+                         "causal_judgement",
+                         "date_understanding",
+                         "disambiguation_qa",
+                         "dyck_languages",
+                         "formal_fallacies",
+                         "geometric_shapes",
+                         "hyperbaton",
+                         "logical_deduction_five_objects",
+                         "logical_deduction_seven_objects",
+                         "logical_deduction_three_objects",
+                         "movie_recommendation",
+                         "multistep_arithmetic_two",
+                         "navigate",
+                         "object_counting",
+                         "penguins_in_a_table",
+                         "reasoning_about_colored_objects",
+                         "ruin_names",
+                         "salient_translation_error_detection",
+                         "snarks",
+                         "sports_understanding",
+                         "temporal_sequences",
+                         "tracking_shuffled_objects_five_objects",
+                         "tracking_shuffled_objects_seven_objects",
+                         "tracking_shuffled_objects_three_objects",
+                         "web_of_lies",
+                         "word_sorting"}),
+       "micro"},
   };
   return groups;
 }

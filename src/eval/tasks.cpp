@@ -31,6 +31,32 @@ std::optional<std::pair<std::string, int64_t>> parse_variant(const std::string& 
   return std::nullopt;
 }
 
+// A TruthfulQA document's labels from one of its request lines' doc (tasks.h): OLMES' labels, mc1_indices,
+// mc2_indices, or lm-eval's mc2_targets.labels.
+MultiTrueLabels read_multi_true(const nlohmann::json& doc, const std::string& where) {
+  const auto ints = [&](const nlohmann::json& v, const std::string& field, bool binary) {
+    if (!v.is_array()) throw Error(where + ": field \"doc." + field + "\" must be a list of integers");
+    std::vector<int64_t> out;
+    for (const auto& x : v) {
+      if (!x.is_number_integer() || x.get<int64_t>() < 0 || (binary && x.get<int64_t>() > 1))
+        throw Error(where + ": field \"doc." + field + "\" must be a list of " +
+                    (binary ? "0/1 labels" : "choice indices"));
+      out.push_back(x.get<int64_t>());
+    }
+    return out;
+  };
+  MultiTrueLabels l;
+  if (doc.contains("mc2_indices")) {
+    l.labels = ints(doc["labels"], "labels", true);
+    if (doc.contains("mc1_indices")) l.mc1_indices = ints(doc["mc1_indices"], "mc1_indices", false);
+    l.mc2_indices = ints(doc["mc2_indices"], "mc2_indices", false);
+    if (l.mc2_indices.empty()) throw Error(where + ": field \"doc.mc2_indices\" is empty");
+  } else {
+    l.labels = ints(json_field(doc["mc2_targets"], "labels", where + " doc.mc2_targets"), "mc2_targets.labels", true);
+  }
+  return l;
+}
+
 }  // namespace
 
 // The whole (decompressed) file. zlib reads an uncompressed file as it is, so a corrupt one shows as a
@@ -220,7 +246,14 @@ TaskFiles load_task(const std::string& variant_dir, const std::string& task, con
     TaskRequest r;
     r.doc_id = json_int_field(*j, "doc_id", where);
     r.idx = json_int_field(*j, "idx", where);
-    r.label = json_int_field(*j, "label", where);
+    const nlohmann::json* doc = j->contains("doc") && (*j)["doc"].is_object() ? &(*j)["doc"] : nullptr;
+    const bool multi = doc && ((doc->contains("labels") && doc->contains("mc2_indices")) ||
+                               (doc->contains("mc2_targets") && (*doc)["mc2_targets"].is_object()));
+    if (multi) {
+      if (!t.multi_true.count(r.doc_id)) t.multi_true[r.doc_id] = read_multi_true(*doc, where);
+    } else {
+      r.label = json_int_field(*j, "label", where);
+    }
     r.native_id = j->contains("native_id") ? (*j)["native_id"] : nlohmann::json();
     const auto& request = json_field(*j, "request", where);
     r.context = json_string_field(request, "context", where + " request");
@@ -235,9 +268,15 @@ TaskFiles load_task(const std::string& variant_dir, const std::string& task, con
   }
   if (conditional.empty()) throw Error(requests_path + ": no requests");
 
-  // Each document's choices must be 0..k-1, once each, with one gold label among them.
+  // Each document's choices must be 0..k-1, once each, with one gold label among them (TruthfulQA's: a label per
+  // choice and indices among them).
   std::map<int64_t, std::vector<const TaskRequest*>> docs;
   for (const auto& r : conditional) docs[r.doc_id].push_back(&r);
+  for (auto it = t.multi_true.begin(); it != t.multi_true.end();)  // documents past the limit
+    it = docs.count(it->first) ? std::next(it) : t.multi_true.erase(it);
+  if (!t.multi_true.empty() && t.multi_true.size() != docs.size())
+    throw Error(requests_path +
+                ": some documents carry TruthfulQA labels (doc.labels, doc.mc2_indices) and some do not");
   for (auto& [doc_id, choices] : docs) {
     std::sort(choices.begin(), choices.end(), [](auto* a, auto* b) { return a->idx < b->idx; });
     for (size_t i = 0; i < choices.size(); ++i) {
@@ -245,6 +284,21 @@ TaskFiles load_task(const std::string& variant_dir, const std::string& task, con
         throw Error(requests_path + ": document " + std::to_string(doc_id) +
                     ": choices must be numbered 0..k-1 once each, with one label");
       }
+    }
+    if (auto m = t.multi_true.find(doc_id); m != t.multi_true.end()) {
+      const auto k = static_cast<int64_t>(choices.size());
+      MultiTrueLabels& l = m->second;
+      if (l.mc2_indices.empty()) {  // lm-eval's form: one request per MC2 choice
+        for (int64_t i = 0; i < k; ++i) l.mc2_indices.push_back(i);
+      }
+      const bool in_range = std::all_of(l.mc1_indices.begin(), l.mc1_indices.end(), [k](int64_t i) { return i < k; }) &&
+                            std::all_of(l.mc2_indices.begin(), l.mc2_indices.end(), [k](int64_t i) { return i < k; });
+      if (static_cast<int64_t>(l.labels.size()) != k || !in_range)
+        throw Error(requests_path + ": document " + std::to_string(doc_id) + ": its " +
+                    std::to_string(l.labels.size()) +
+                    " labels (doc.labels or doc.mc2_targets.labels) and its indices must cover its " +
+                    std::to_string(k) + " choices");
+      continue;
     }
     if (choices[0]->label < 0 || choices[0]->label >= static_cast<int64_t>(choices.size())) {
       throw Error(requests_path + ": document " + std::to_string(doc_id) + ": label " +

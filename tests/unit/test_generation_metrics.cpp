@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include "archspace/eval/generation_metrics.h"
+#include "archspace/util/error.h"
 #include "test_support.h"
 
 namespace archspace {
@@ -199,6 +200,38 @@ TEST(GenerationMetrics, RowsRoundTripThroughTheRescoreReader) {
   EXPECT_EQ(f.rows[0]["prompt_tokens"], nlohmann::json::parse("[1, 2]"));
   EXPECT_EQ(f.shots, (std::vector<std::pair<std::string, int64_t>>{{"drop", 5}, {"jeopardy", 5}}));
   std::filesystem::remove_all(dir);
+}
+
+TEST(GenerationMetrics, BbhExtraction) {
+  // OLMES' _extract_answer_regex (restated in Python in tests/python/test_sft_metrics.py) on the same strings.
+  EXPECT_EQ(gm::bbh_extract_answer("So the answer is (B).", "date_understanding"), "(B)");
+  EXPECT_EQ(gm::bbh_extract_answer("answer: **(C)**", "date_understanding"), "(C)");
+  EXPECT_EQ(gm::bbh_extract_answer("It is D.", "date_understanding"), "(D)");
+  EXPECT_EQ(gm::bbh_extract_answer("So the answer is True.", "boolean_expressions"), "True");
+  EXPECT_EQ(gm::bbh_extract_answer("So the answer is ] ) }.", "dyck_languages"), "] ) }");
+  EXPECT_EQ(gm::bbh_extract_answer("So the answer is apple banana.", "word_sorting"), "apple banana");
+  EXPECT_EQ(gm::bbh_extract_answer("the answer is $-42$", "multistep_arithmetic_two"), "-42");
+  EXPECT_EQ(gm::bbh_extract_answer("nothing here", "date_understanding"), "");
+  EXPECT_THROW(gm::bbh_answer_pattern("no_such_subtask"), Error);
+  // Every member of the group bbh has its answer pattern.
+  for (const auto& t : generation_task_names()) {
+    if (t.rfind("bbh_", 0) == 0) EXPECT_NO_THROW(gm::bbh_answer_pattern(t.substr(4))) << t;
+  }
+}
+
+TEST(GenerationMetrics, PopqaMatchAndCapitalize) {
+  // Python's str.capitalize on the same strings (ß would title-case to "Ss" in Python: simple mappings here).
+  EXPECT_EQ(gm::py_capitalize("émile zola"), "Émile zola");
+  EXPECT_EQ(gm::py_capitalize("hello World"), "Hello world");
+  EXPECT_EQ(gm::py_capitalize("ÉCOLE"), "École");
+  EXPECT_EQ(gm::py_capitalize("1abc"), "1abc");
+  EXPECT_EQ(gm::py_capitalize(""), "");
+  EXPECT_TRUE(gm::popqa_match(" it is paris", {"Paris"}));
+  EXPECT_TRUE(gm::popqa_match(" Émile zola", {"émile zola"}));  // its capitalize()
+  EXPECT_FALSE(gm::popqa_match(" Émile Zola", {"émile zola"}));
+  EXPECT_FALSE(gm::popqa_match(" NEW YORK", {"new york"}));
+  EXPECT_FALSE(gm::popqa_match(" London", {"Paris", "Lutetia"}));
+  EXPECT_EQ(gm::py_regex_escape("a.b(c)$"), "a\\.b\\(c\\)\\$");
 }
 
 }  // namespace

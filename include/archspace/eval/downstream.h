@@ -17,6 +17,9 @@
 //                  file gives it, leading space included, as OLMES counts; OLMo's in-loop len_norm drops it)
 //   acc_uncond     that sum minus the same continuation's after the unconditional context ("Answer:"),
 //                  where the task has unconditional requests (PMI, OLMo's pmi_dc)
+// A TruthfulQA-style task (eval/tasks.h, several true choices) has instead OLMES' MC1MC2Accuracy:
+//   mc1            the label of the choice with the highest sum among the MC1 choices
+//   mc2            the normalised probability mass of the true MC2 choices, sum exp(ll) true / sum exp(ll)
 // Each with lm-eval's standard error of a mean: sqrt(sample variance / n), the sample variance with n - 1.
 #pragma once
 
@@ -58,7 +61,7 @@ struct RequestScore {
 };
 
 struct MetricValue {
-  std::string name;  // acc_raw, acc_per_token, acc_per_char, acc_uncond
+  std::string name;  // acc_raw, acc_per_token, acc_per_char, acc_uncond; mc1, mc2; generation metrics
   double value = 0, stderr_ = 0;
   bool primary = false;
   std::string aggregate;  // a group's row (eval/task_groups.h): "macro" or "micro"; empty for a task

@@ -22,6 +22,24 @@
 //                   f1 (primary), exact_match, recall: OLMES' SQuADF1EMRecallMetric (SQuAD v1.1 normalisation:
 //                   lower case, ASCII punctuation and the articles a/an/the removed, whitespace collapsed; max over
 //                   the gold answers; recall: some gold, stripped and lower-cased, occurs in the generation).
+//   ifeval          prompt_level_loose_acc (primary), prompt_level_strict_acc, inst_level_loose_acc,
+//                   inst_level_strict_acc: lm-eval's IFEval checks (lm_eval/tasks/ifeval, the code OLMES'
+//                   IFEvalMetric runs from its copy), run by the caller's InstructionCheck (the CLI: lm-eval's
+//                   process_results in scripts/ifeval_score.py). Gold: the doc's key, prompt, instruction_id_list
+//                   and kwargs. Per instance an inst_level value is the fraction of its instructions followed; the
+//                   task's is over all instructions pooled (OLMES' aggregate_to_task, lm-eval's
+//                   agg_inst_level_acc), with no standard error (neither reports one).
+//   bbh_<subtask>   (the 27 of OLMES' BBH_TASKS) exact_match (primary), exact_match_simple: OLMES'
+//                   bbh:cot-v1::tulu (answer_extract_fn "answer_regex", GenericBBH._extract_answer_regex): the
+//                   subtask's answer pattern (MC: "(X)") tried after "So the answer is", "answer is", "answer:",
+//                   "answer", alone, (MC) a bare capital, then case-insensitively, the last match of the first
+//                   pattern that matches; delimiters ($ $, ( ), ** **, [ ], quotes) stripped; a bare MC letter
+//                   becomes "(X)". exact_match: lm-eval's exact_match with ignore_case and ignore_punctuation (not
+//                   for dyck_languages, whose answers are punctuation); exact_match_simple: equal strings. The
+//                   27 form the group bbh, micro-averaged (OLMES' suite bbh:cot-v1::tulu: primary_metric micro),
+//                   its macro average reported beside it.
+//   popqa           exact_match (primary): OLMES' PopQA alias match: some gold alias a occurs in the generation
+//                   as a, a.lower() or a.capitalize() (Python's). Gold: the label, else doc.possible_answers.
 //
 // Not thread-safe: the compiled patterns are cached and share their match data.
 //
@@ -46,7 +64,8 @@ struct GenerationTaskSpec {
   std::string group;                 // "minerva_math" for the seven subjects, else empty
   std::vector<std::string> metrics;  // in output order, the primary first
   std::string primary_metric;
-  std::string gold_kind;  // "string", "strings" (a string or a list of alternatives), "span_lists" (drop)
+  std::string gold_kind;  // "string", "strings" (a string or a list of alternatives), "span_lists" (drop),
+                          // "ifeval" (an object: key, prompt, instruction_id_list, kwargs)
 };
 
 // The registry entry of `task`; nullptr when the task is not a generation task known here.
@@ -62,6 +81,14 @@ void check_gold(const GenerationTaskSpec& spec, const nlohmann::json& gold);
 // Decides is_equiv for (answer, gold) pairs of normalised Minerva answers: one bool per pair.
 using AnswerEquivalence = std::function<std::vector<bool>(const std::vector<std::pair<std::string, std::string>>&)>;
 
+// IFEval's checks of (doc, response) pairs (doc: the instance's gold), one result per pair.
+struct InstructionResult {
+  bool prompt_strict = false, prompt_loose = false;
+  std::vector<bool> inst_strict, inst_loose;  // one per instruction of the doc
+};
+using InstructionCheck =
+    std::function<std::vector<InstructionResult>(const std::vector<std::pair<nlohmann::json, std::string>>&)>;
+
 struct GenerationInstance {
   std::string task;
   nlohmann::json doc_id, native_id;
@@ -74,14 +101,18 @@ struct InstanceMetrics {
 };
 
 // Per-instance metrics of every instance (their tasks must be in the registry and their gold checked).
-// `equivalence` is called once, for the Minerva pairs whose strings differ, and only when there are some.
+// `equivalence` is called once, for the Minerva pairs whose strings differ, and only when there are some;
+// `instructions` once for the ifeval instances, when there are some (their results checked against the docs).
 std::vector<InstanceMetrics> score_generations(const std::vector<GenerationInstance>& instances,
-                                               const AnswerEquivalence& equivalence);
+                                               const AnswerEquivalence& equivalence,
+                                               const InstructionCheck& instructions = nullptr);
 
-// Per task (in the order tasks first appear), format "gen": every metric's mean and standard error; shots as
-// given per task (-1: unknown). Then one row per group with members present: the macro average of each metric
-// over those members (stderr: sqrt(sum of the members' squared standard errors) / members), n the members'
-// documents summed. `macro_over` receives, per group result, the members it averages.
+// Per task (in the order tasks first appear), format "gen": every metric's mean and standard error (ifeval's
+// inst_level metrics: over instructions, see above); shots as given per task (-1: unknown). Then one row per group
+// with members present: the macro average of each metric over those members (stderr: sqrt(sum of the members'
+// squared standard errors) / members), n the members' documents summed; a group whose primary aggregate is micro
+// (bbh) also has each metric over the members' documents pooled (aggregate "micro", the primary one).
+// `macro_over` receives, per group result, the members it averages.
 std::vector<TaskResult> generation_results(const std::vector<GenerationInstance>& instances,
                                            const std::vector<InstanceMetrics>& metrics,
                                            const std::vector<std::pair<std::string, int64_t>>& shots,
@@ -153,6 +184,17 @@ std::string squad_normalize(const std::string& s);  // SQuAD v1.1 normalize_answ
 double squad_f1(const std::string& prediction, const std::string& gold);
 double squad_em(const std::string& prediction, const std::string& gold);
 double olmes_recall(const std::string& prediction, const std::vector<std::string>& golds);
+
+std::string py_capitalize(const std::string& s);    // Python str.capitalize (simple case mappings)
+std::string py_regex_escape(const std::string& s);  // a pattern matching s literally (re.escape)
+
+// OLMES' BBH answer of a generation for one subtask ("date_understanding", ...); its answer pattern ("MC":
+// a lettered choice).
+std::string bbh_extract_answer(const std::string& generation, const std::string& subtask);
+const std::string& bbh_answer_pattern(const std::string& subtask);  // throws for a subtask OLMES does not have
+
+// OLMES' PopQA match: some alias a with a, a.lower() or a.capitalize() a substring of the generation.
+bool popqa_match(const std::string& generation, const std::vector<std::string>& aliases);
 
 }  // namespace genmetrics
 

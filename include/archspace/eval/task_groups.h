@@ -1,6 +1,6 @@
 // Task groups: a name that stands for a fixed list of member tasks, as OLMES' task suites do (mmlu: the 57
-// mmlu_<subject> tasks; minerva_math: its seven subjects). `--tasks mmlu` evaluates every member and adds the
-// group's rows after them:
+// mmlu_<subject> tasks; minerva_math: its seven subjects; bbh: the 27 bbh_<subtask> tasks). `--tasks mmlu` evaluates
+// every member and adds the group's rows after them:
 //   macro  the plain mean over the members of each metric they all have (OLMES' suite primary_metric "macro",
 //          the group's primary: the members' primary metric), stderr sqrt(sum of the members' stderr^2) / k
 //          (lm-eval's unweighted_mean_stderr: the k member means are independent)
@@ -19,7 +19,8 @@ namespace archspace {
 
 struct TaskGroup {
   std::string name;
-  std::vector<std::string> members;  // task directory names, in report order
+  std::vector<std::string> members;         // task directory names, in report order
+  std::string primary_aggregate = "macro";  // OLMES' suite primary_metric: "macro", or "micro" (bbh)
 };
 
 // Every group the engine knows, by name.

@@ -4,9 +4,16 @@
 // one choice's continuation, `idx` (the choice), `label` (the gold choice) and `doc_id`; requests with
 // doc_id >= config metric_kwargs.uncond_docid_offset are the unconditional ones (doc_id - offset's choice
 // scored after "Answer:" alone) behind acc_uncond.
+//
+// TruthfulQA (several true choices per document) as OLMES' truthfulqa writes it: each line's doc carries the
+// document's choices' 0/1 `labels`, `mc1_indices` and `mc2_indices` (OLMES' TruthfulQA._process_doc merges the
+// mc1_targets and mc2_targets choices into one list; `idx` indexes it); lm-eval's form, doc.mc2_targets.labels with
+// one request per MC2 choice, is read too (MC2 over every choice, no MC1). Such a task is scored by OLMES'
+// MC1MC2Accuracy (eval/downstream.h), its requests' `label` not used.
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -22,13 +29,21 @@ struct TaskRequest {
   std::string context, continuation;
 };
 
+// One TruthfulQA document's labels (see the top of this file).
+struct MultiTrueLabels {
+  std::vector<int64_t> labels;       // per choice (idx), 1 true, 0 false
+  std::vector<int64_t> mc1_indices;  // the choices MC1 ranks (empty: no MC1)
+  std::vector<int64_t> mc2_indices;  // the choices MC2 weighs
+};
+
 struct TaskFiles {
   std::string task, format, dir;  // format: "rc" or "mc"
   int64_t shots = 0;
-  std::string primary_metric;         // as OLMES names it: acc_raw, acc_per_char, ...
-  int64_t uncond_offset = 0;          // 0: no unconditional requests
-  int64_t documents = 0;              // conditional documents loaded (after the limit)
-  std::vector<TaskRequest> requests;  // in file order: conditional ones first, then unconditional ones
+  std::string primary_metric;                     // as OLMES names it: acc_raw, acc_per_char, ...
+  int64_t uncond_offset = 0;                      // 0: no unconditional requests
+  int64_t documents = 0;                          // conditional documents loaded (after the limit)
+  std::vector<TaskRequest> requests;              // in file order: conditional ones first, then unconditional ones
+  std::map<int64_t, MultiTrueLabels> multi_true;  // per document of a TruthfulQA-style task; else empty
 };
 
 // Where task directories are looked for: ARCHSPACE_EVAL_TASKS (':'-separated) when set, else the
@@ -74,7 +89,7 @@ std::string json_string_field(const nlohmann::json& j, const std::string& key, c
 // Reads one variant directory: config.json and requests.jsonl.gz, the first `limit` documents (0: all,
 // with their unconditional requests). Throws naming the file (and line) for a missing or corrupt file, a
 // request of another type than loglikelihood (generation-based tasks are not supported), or documents
-// whose choices are not 0..k-1 with the gold among them.
+// whose choices are not 0..k-1 with the gold among them (TruthfulQA's: labels per choice, indices among them).
 TaskFiles load_task(const std::string& variant_dir, const std::string& task, const std::string& format, int64_t shots,
                     int64_t limit = 0);
 
