@@ -12,8 +12,8 @@
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 2) return 0;
-  static const char* const tasks[] = {"gsm8k", "minerva_math_algebra", "drop", "squad", "jeopardy", "bbh_navigate",
-                                      "mmlu_anatomy", "truthfulqa"};
+  static const char* const tasks[] = {"gsm8k",    "minerva_math_algebra", "drop",         "squad",
+                                      "jeopardy", "bbh_navigate",         "mmlu_anatomy", "truthfulqa"};
   const std::string task = tasks[data[0] % (sizeof(tasks) / sizeof(tasks[0]))];
   const int64_t shots = data[1] % 10;
   const std::string text(reinterpret_cast<const char*>(data) + 2, size - 2);

@@ -99,7 +99,8 @@ SuiteReport suite_report(const SuitePlan& plan, const std::vector<TaskResult>& r
       report.rows.push_back(row);
       continue;
     }
-    const bool group = find_task_group(e.task.name) != nullptr;
+    const TaskGroup* task_group = find_task_group(e.task.name);
+    const bool group = task_group != nullptr;
     const std::string format = e.task.kind;
     const TaskResult* found = nullptr;
     for (const auto& r : results) {
@@ -108,7 +109,8 @@ SuiteReport suite_report(const SuitePlan& plan, const std::vector<TaskResult>& r
     const MetricValue* value = nullptr;
     if (found) {
       for (const auto& m : found->metrics) {
-        if (m.name == e.task.metric && (!group || m.aggregate == "macro")) value = &m;
+        // A group's value is its primary aggregate (OLMES' suite: macro, bbh micro).
+        if (m.name == e.task.metric && (!group || m.aggregate == task_group->primary_aggregate)) value = &m;
       }
     }
     if (!value)

@@ -242,3 +242,56 @@ def test_unknown_suite_and_suite_with_tasks(exported):
     assert r.returncode == 1 and 'unknown suite "olmo3" (suites: olmo3-sft)' in r.stderr
     r = run_cli("eval", "downstream", "--model", hf, "--suite", "olmo3-sft", "--tasks", "gsm8k", check=False)
     assert r.returncode == 1 and "one of --tasks or --suite" in r.stderr
+
+
+def suite_request_files(root):
+    """Request files for the four tasks no package ships, as a user would bring them: chat-format objects for the
+    generation tasks (OLMES' use_chat_format), TruthfulQA's 6-shot primer as a plain context split under --chat."""
+    from test_sft_metrics import BBH_SUBTASKS, TRUTHFULQA
+
+    def chat_line(doc_id, question, extra):
+        request = {"context": {"messages": [{"role": "user", "content": question}]}, "stop_sequences": ["\n\n"],
+                   "generation_kwargs": {"max_gen_toks": MAX_GEN_TOKS, "do_sample": False, "temperature": 0.0}}
+        return {"doc_id": doc_id, "native_id": doc_id, "request": request, "request_type": "generate_until", **extra}
+
+    def write(task, variant, shots, lines, primary="exact_match"):
+        d = root / task / variant
+        d.mkdir(parents=True)
+        (d / "config.json").write_text(json.dumps({"task_config": {"num_shots": shots, "primary_metric": primary}}))
+        with gzip.open(d / "requests.jsonl.gz", "wt") as f:
+            f.writelines(json.dumps(line) + "\n" for line in lines)
+
+    doc = {"key": 1, "prompt": "Write about cats without commas.", "instruction_id_list": ["punctuation:no_comma"],
+           "kwargs": [{}]}
+    write("ifeval", "gen_0shot", 0, [chat_line(0, doc["prompt"], {"doc": doc})], "prompt_level_loose_acc")
+    write("popqa", "gen_15shot", 15, [chat_line(0, "Q: Who wrote Hamlet? A:", {"doc": {
+        "possible_answers": json.dumps(["William Shakespeare", "Shakespeare"])}})])
+    for s in BBH_SUBTASKS:
+        write(f"bbh_{s}", "gen_3shot", 3, [chat_line(0, "Q: Pick one. (A) a (B) b\nA:", {"label": "(A)"})])
+    primer = "".join(f"Q: primer question {i}?\nA: primer answer {i}.\n\n" for i in range(6))
+    lines = []
+    for d, (q, choices, labels, mc1, mc2) in enumerate(TRUTHFULQA):
+        tq = {"index": d, "question": q, "choices": choices, "labels": labels, "mc1_indices": mc1, "mc2_indices": mc2}
+        for i, c in enumerate(choices):
+            lines.append({"doc_id": d, "native_id": d, "doc": tq, "label": 0, "request_type": "loglikelihood",
+                          "idx": i, "request": {"context": primer + f"Q: {q}\nA:", "continuation": c}})
+    write("truthfulqa", "rc_6shot", 6, lines, "mc2")
+
+
+def test_suite_with_the_users_request_files_has_all_eight(exported, tmp_path):
+    tmp, hf = exported
+    suite_request_files(tmp_path / "olmes")
+    out = tmp_path / "suite.json"
+    r = run_cli("eval", "downstream", "--model", hf, "--suite", "olmo3-sft", "--limit", 1, "--tasks-dir",
+                tmp_path / "olmes", "--out", out)
+    j = json.loads(out.read_text())
+    suite = j["suite"]
+    assert suite["missing"] == [] and suite["macro_over"] == suite["tasks"]
+    rows = {row["task"]: row for row in suite["rows"]}
+    results = {(x["task"], x["metric"], x.get("aggregate")): x for x in j["results"]}
+    assert rows["bbh"]["value"] == results[("bbh", "exact_match", "micro")]["value"]  # OLMES' suite: bbh micro
+    assert rows["bbh"]["n"] == 27 and rows["truthfulqa"]["n"] == 1
+    assert rows["truthfulqa"]["value"] == results[("truthfulqa", "mc2", None)]["value"]
+    assert rows["ifeval"]["value"] == results[("ifeval", "prompt_level_loose_acc", None)]["value"]
+    assert suite["macro"] == pytest.approx(sum(row["value"] for row in rows.values()) / 8, rel=1e-12)
+    assert "over 8 of 8 tasks" in r.stdout and "missing:" not in r.stdout

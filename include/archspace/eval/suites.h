@@ -2,7 +2,7 @@
 // NAME`) and reported as one table of per-task primary metrics with their macro average, as OLMES' suites are.
 //
 // olmo3-sft: the seed's result table of the SFT models (eight tasks, chat format, greedy):
-//   bbh           3-shot CoT, exact match after "So the answer is" (the group's macro over its subtasks)
+//   bbh           3-shot CoT, exact match after "So the answer is" (the group's micro over its 27 subtasks)
 //   drop          3-shot, F1
 //   gsm8k         8-shot CoT, exact match on the last number
 //   ifeval        0-shot, prompt-level loose accuracy
@@ -28,7 +28,7 @@ namespace archspace {
 struct SuiteTask {
   std::string name;    // a task or a task group (eval/task_groups.h)
   std::string kind;    // "gen" (generation, eval/generation_tasks.h) or a multiple-choice format ("mc", "rc")
-  std::string metric;  // the table's metric (the task's primary)
+  std::string metric;  // the table's metric (the task's primary; a group's at its primary aggregate)
   int64_t shots = 0;   // OLMES' setting (multiple-choice files are looked for with it)
 };
 
