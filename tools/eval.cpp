@@ -2,6 +2,7 @@
 // archspace eval downstream: OLMES multiple-choice tasks (eval/downstream.h) and generation tasks
 // (eval/generation_tasks.h, scored by eval/generation_metrics.h), a table and a JSON file;
 // --rescore: the metrics of a requests-out file's generations recomputed (eval/generation_metrics.h), no model.
+// The code tasks' programs run in eval/code_sandbox.h's sandbox.
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -10,6 +11,7 @@
 #include <optional>
 
 #include "archspace/data/token_shards.h"
+#include "archspace/eval/code_sandbox.h"
 #include "archspace/eval/downstream.h"
 #include "archspace/eval/generation_metrics.h"
 #include "archspace/eval/generation_tasks.h"
@@ -84,6 +86,25 @@ std::vector<bool> minerva_equivalence(const std::vector<std::pair<std::string, s
   }
 }
 
+// The code tasks' programs in the sandbox (eval/code_sandbox.h), OLMES' 3 s each, a few at a time; a note counts
+// the outcomes. Fails closed: without isolation nothing runs and the error says what is missing.
+CodeExecutor sandbox_executor(ProgressLine& progress) {
+  return [&progress](const std::vector<std::string>& programs) {
+    const std::vector<SandboxResult> results = run_python_sandboxed(programs, SandboxLimits{});
+    std::vector<bool> passed;
+    int64_t n_passed = 0, n_timed_out = 0;
+    for (const auto& r : results) {
+      passed.push_back(r.passed);
+      n_passed += r.passed;
+      n_timed_out += r.status == "timed out";
+    }
+    progress.note(std::to_string(programs.size()) + " programs run in the sandbox: " + std::to_string(n_passed) +
+                  " passed, " + std::to_string(n_timed_out) + " timed out, " +
+                  std::to_string(static_cast<int64_t>(programs.size()) - n_passed - n_timed_out) + " failed");
+    return passed;
+  };
+}
+
 // Generations scored (eval/generation_metrics.h): per instance, per task and the groups' macros, with a note for a
 // group averaged over fewer tasks than it has.
 struct GenerationScores {
@@ -96,7 +117,7 @@ GenerationScores score_and_aggregate(const std::vector<GenerationInstance>& inst
                                      const std::vector<std::pair<std::string, int64_t>>& shots,
                                      ProgressLine& progress) {
   GenerationScores g;
-  g.metrics = score_generations(instances, minerva_equivalence);
+  g.metrics = score_generations(instances, minerva_equivalence, sandbox_executor(progress));
   g.results = generation_results(instances, g.metrics, shots, &g.macro_over);
   for (const auto& [group, members] : g.macro_over) {
     for (const auto& [name, all] : generation_groups()) {
@@ -389,7 +410,7 @@ Command add(CLI::App& parent) {
   ds->add_option("--rescore", d->rescore,
                  "recompute every generation metric (per instance and per task) of a --requests-out file's "
                  "\"generation\" rows, without a model (gsm8k, minerva_math_*, drop, naturalqs_open, squad, coqa, "
-                 "jeopardy)");
+                 "jeopardy, codex_humaneval, codex_mbpp: their programs run in the sandbox)");
   add_dtype_option(ds, d->dtype, "compute dtype");
   add_device_option(ds, d->device);
   return {eval, [a, ppl, d, ds, limit]() -> int {

@@ -22,6 +22,15 @@
 //                   f1 (primary), exact_match, recall: OLMES' SQuADF1EMRecallMetric (SQuAD v1.1 normalisation:
 //                   lower case, ASCII punctuation and the articles a/an/the removed, whitespace collapsed; max over
 //                   the gold answers; recall: some gold, stripped and lower-cased, occurs in the generation).
+//   codex_humaneval, codex_mbpp
+//                   pass_at_1 (primary): the generated program run against the task's tests (greedy, one sample:
+//                   pass@1 is 1 when it passes), by the caller's CodeExecutor (the CLI's sandbox,
+//                   eval/code_sandbox.h; 3 s per program). The program as OLMES assembles it (as AI2's olmo_eval
+//                   restates oe-eval's: evals/tasks/humaneval.py and mbpp.py, code + "\n" + tests, 3 s): HumanEval
+//                   prompt + generation + "\n" + test + "\ncheck(entry_point)" (as lm-eval's humaneval and
+//                   human-eval); MBPP generation + "\n" + the test_list asserts joined by "\n" (OLMES' evalplus
+//                   variant of the shipped files; test_setup_code is not run, as there). Gold: HumanEval
+//                   {"prompt", "test", "entry_point"}, MBPP {"test_list"}, from the request line's doc.
 //
 // Not thread-safe: the compiled patterns are cached and share their match data.
 //
@@ -46,7 +55,8 @@ struct GenerationTaskSpec {
   std::string group;                 // "minerva_math" for the seven subjects, else empty
   std::vector<std::string> metrics;  // in output order, the primary first
   std::string primary_metric;
-  std::string gold_kind;  // "string", "strings" (a string or a list of alternatives), "span_lists" (drop)
+  std::string gold_kind;  // "string", "strings" (a string or a list of alternatives), "span_lists" (drop),
+                          // "humaneval_tests", "mbpp_tests" (objects of the doc's test fields)
 };
 
 // The registry entry of `task`; nullptr when the task is not a generation task known here.
@@ -62,6 +72,9 @@ void check_gold(const GenerationTaskSpec& spec, const nlohmann::json& gold);
 // Decides is_equiv for (answer, gold) pairs of normalised Minerva answers: one bool per pair.
 using AnswerEquivalence = std::function<std::vector<bool>(const std::vector<std::pair<std::string, std::string>>&)>;
 
+// Runs each program against its tests: one bool per program, true when it passed.
+using CodeExecutor = std::function<std::vector<bool>(const std::vector<std::string>& programs)>;
+
 struct GenerationInstance {
   std::string task;
   nlohmann::json doc_id, native_id;
@@ -74,9 +87,11 @@ struct InstanceMetrics {
 };
 
 // Per-instance metrics of every instance (their tasks must be in the registry and their gold checked).
-// `equivalence` is called once, for the Minerva pairs whose strings differ, and only when there are some.
+// `equivalence` is called once, for the Minerva pairs whose strings differ, and only when there are some;
+// `execute` once, with the code tasks' programs (genmetrics::code_program), and only when there are some.
 std::vector<InstanceMetrics> score_generations(const std::vector<GenerationInstance>& instances,
-                                               const AnswerEquivalence& equivalence);
+                                               const AnswerEquivalence& equivalence,
+                                               const CodeExecutor& execute = nullptr);
 
 // Per task (in the order tasks first appear), format "gen": every metric's mean and standard error; shots as
 // given per task (-1: unknown). Then one row per group with members present: the macro average of each metric
@@ -88,7 +103,8 @@ std::vector<TaskResult> generation_results(const std::vector<GenerationInstance>
                                            std::vector<std::pair<std::string, std::vector<std::string>>>* macro_over);
 
 // The gold of one OLMES request line (a requests.jsonl.gz line) of a registry task: doc.answers for drop (the list of
-// gold span lists; the line's continuation is tuple text, not the gold), else its label. Throws naming the field
+// gold span lists; the line's continuation is tuple text, not the gold), the doc's test fields for the code tasks,
+// else its label. Throws naming the field
 // when missing or of the wrong shape (check_gold).
 nlohmann::json gold_from_request(const GenerationTaskSpec& spec, const nlohmann::json& request_line);
 
@@ -153,6 +169,9 @@ std::string squad_normalize(const std::string& s);  // SQuAD v1.1 normalize_answ
 double squad_f1(const std::string& prediction, const std::string& gold);
 double squad_em(const std::string& prediction, const std::string& gold);
 double olmes_recall(const std::string& prediction, const std::vector<std::string>& golds);
+
+// The program a code task runs for one generation (gold checked by check_gold).
+std::string code_program(const GenerationTaskSpec& spec, const std::string& generation, const nlohmann::json& gold);
 
 }  // namespace genmetrics
 
