@@ -34,20 +34,25 @@ TEST(CodeTasks, RegistryAndGold) {
   }
   const auto& he = *find_generation_task("codex_humaneval");
   const auto& mbpp = *find_generation_task("codex_mbpp");
-  EXPECT_EQ(gold_from_request(he, kHumanEvalLine),
-            nlohmann::json({{"prompt", kHumanEvalLine["doc"]["prompt"]},
-                            {"test", kHumanEvalLine["doc"]["test"]},
-                            {"entry_point", "inc"}}));
+  EXPECT_EQ(gold_from_request(he, kHumanEvalLine), nlohmann::json({{"prompt", kHumanEvalLine["doc"]["prompt"]},
+                                                                   {"test", kHumanEvalLine["doc"]["test"]},
+                                                                   {"entry_point", "inc"}}));
   EXPECT_EQ(gold_from_request(mbpp, kMbppLine), nlohmann::json({{"test_list", kMbppLine["doc"]["test_list"]}}));
   testing::expect_error([&] { gold_from_request(he, kMbppLine); }, {"missing field \"doc.prompt\"", "codex_humaneval"});
   testing::expect_error([&] { gold_from_request(mbpp, kHumanEvalLine); }, {"missing field \"doc.test_list\""});
   auto bad = kMbppLine;
   bad["doc"]["test_list"] = nlohmann::json::array();
   testing::expect_error([&] { gold_from_request(mbpp, bad); }, {"field \"doc\"", "\"test_list\", a non-empty list"});
-  testing::expect_error([&] { check_gold(he, nlohmann::json({{"prompt", "p"}, {"test", 1}, {"entry_point", "f"}})); },
-                        {"field \"gold\"", "\"test\" is missing or not a string"});
-  testing::expect_error([&] { check_gold(he, nlohmann::json({{"prompt", "p"}, {"test", "t"}, {"entry_point", ""}})); },
-                        {"\"entry_point\" is empty"});
+  testing::expect_error(
+      [&] {
+        check_gold(he, nlohmann::json({{"prompt", "p"}, {"test", 1}, {"entry_point", "f"}}));
+      },
+      {"field \"gold\"", "\"test\" is missing or not a string"});
+  testing::expect_error(
+      [&] {
+        check_gold(he, nlohmann::json({{"prompt", "p"}, {"test", "t"}, {"entry_point", ""}}));
+      },
+      {"\"entry_point\" is empty"});
   testing::expect_error([&] { check_gold(mbpp, "assert f() == 1"); }, {"field \"gold\""});
 }
 
@@ -55,9 +60,10 @@ TEST(CodeTasks, ProgramsAsOlmesAssemblesThem) {
   const auto& he = *find_generation_task("codex_humaneval");
   const auto& mbpp = *find_generation_task("codex_mbpp");
   // HumanEval: prompt + completion, "\n", the test (with its check function), "\ncheck(entry_point)".
-  EXPECT_EQ(genmetrics::code_program(he, "    return x + 1\n", gold_from_request(he, kHumanEvalLine)),
-            "def inc(x):\n    \"\"\"x + 1\"\"\"\n    return x + 1\n\n\n\ndef check(candidate):\n    assert candidate(1) == "
-            "2\n\ncheck(inc)");
+  EXPECT_EQ(
+      genmetrics::code_program(he, "    return x + 1\n", gold_from_request(he, kHumanEvalLine)),
+      "def inc(x):\n    \"\"\"x + 1\"\"\"\n    return x + 1\n\n\n\ndef check(candidate):\n    assert candidate(1) == "
+      "2\n\ncheck(inc)");
   // MBPP: completion, "\n", the test_list asserts one per line.
   EXPECT_EQ(genmetrics::code_program(mbpp, "def inc(x):\n  return x + 1", gold_from_request(mbpp, kMbppLine)),
             "def inc(x):\n  return x + 1\nassert inc(1) == 2\nassert inc(2) == 3");
@@ -121,15 +127,20 @@ TEST(CodeTasks, ShippedCanonicalSolutionsPassAndWrongOnesFail) {
       const bool humaneval = task == "codex_humaneval";
       const std::string solution = j["doc"][humaneval ? "canonical_solution" : "code"];
       right.push_back({task, r.doc_id, r.native_id, solution, r.gold});
-      wrong.push_back({task, r.doc_id, r.native_id, humaneval ? "    return None\n" : "def f():\n    return None\n",
-                       r.gold});
+      if (k % 4 == 1)  // a quarter of the documents suffices for the wrong answers
+        wrong.push_back(
+            {task, r.doc_id, r.native_id, humaneval ? "    return None\n" : "def f():\n    return None\n", r.gold});
       needs_setup.push_back(!humaneval && !j["doc"]["test_setup_code"].get<std::string>().empty());
     }
     ASSERT_EQ(k, files.requests.size());
     ASSERT_GE(right.size(), 164u);
+    // A generous time limit: the point is the programs, not this machine's speed (MBPP 112's own solution needs
+    // about 3.2 CPU seconds here, past OLMES' 3 s, and would fail at that limit as it would in OLMES).
     const auto executor = [](const std::vector<std::string>& programs) {
+      SandboxLimits limits;
+      limits.timeout_seconds = 30;
       std::vector<bool> passed;
-      for (const auto& r : run_python_sandboxed(programs)) passed.push_back(r.passed);
+      for (const auto& r : run_python_sandboxed(programs, limits)) passed.push_back(r.passed);
       return passed;
     };
     const auto good = score_generations(right, nullptr, executor);
@@ -137,10 +148,11 @@ TEST(CodeTasks, ShippedCanonicalSolutionsPassAndWrongOnesFail) {
     int passed = 0, setup = 0;
     for (size_t i = 0; i < right.size(); ++i) {
       EXPECT_EQ(good[i].values[0].second, needs_setup[i] ? 0.0 : 1.0) << task << " doc " << right[i].doc_id;
-      EXPECT_EQ(bad[i].values[0].second, 0.0) << task << " doc " << right[i].doc_id;
       passed += good[i].values[0].second == 1.0;
       setup += needs_setup[i];
     }
+    for (size_t i = 0; i < wrong.size(); ++i)
+      EXPECT_EQ(bad[i].values[0].second, 0.0) << task << " doc " << wrong[i].doc_id;
     EXPECT_EQ(passed + setup, static_cast<int>(right.size())) << task;
   }
 }
