@@ -2,6 +2,7 @@
 // archspace eval downstream: OLMES multiple-choice tasks (eval/downstream.h) and generation tasks
 // (eval/generation_tasks.h, scored by eval/generation_metrics.h), a table and a JSON file;
 // --rescore: the metrics of a requests-out file's generations recomputed (eval/generation_metrics.h), no model.
+// The code tasks' programs run in eval/code_sandbox.h's sandbox.
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -10,6 +11,7 @@
 #include <optional>
 
 #include "archspace/data/token_shards.h"
+#include "archspace/eval/code_sandbox.h"
 #include "archspace/eval/downstream.h"
 #include "archspace/eval/generation_metrics.h"
 #include "archspace/eval/generation_tasks.h"
@@ -125,6 +127,25 @@ std::vector<InstructionResult> ifeval_checks(const std::vector<std::pair<nlohman
   return results;
 }
 
+// The code tasks' programs in the sandbox (eval/code_sandbox.h), OLMES' 3 s each, a few at a time; a note counts
+// the outcomes. Fails closed: without isolation nothing runs and the error says what is missing.
+CodeExecutor sandbox_executor(ProgressLine& progress) {
+  return [&progress](const std::vector<std::string>& programs) {
+    const std::vector<SandboxResult> results = run_python_sandboxed(programs, SandboxLimits{});
+    std::vector<bool> passed;
+    int64_t n_passed = 0, n_timed_out = 0;
+    for (const auto& r : results) {
+      passed.push_back(r.passed);
+      n_passed += r.passed;
+      n_timed_out += r.status == "timed out";
+    }
+    progress.note(std::to_string(programs.size()) + " programs run in the sandbox: " + std::to_string(n_passed) +
+                  " passed, " + std::to_string(n_timed_out) + " timed out, " +
+                  std::to_string(static_cast<int64_t>(programs.size()) - n_passed - n_timed_out) + " failed");
+    return passed;
+  };
+}
+
 // Generations scored (eval/generation_metrics.h): per instance, per task and the groups' macros, with a note for a
 // group averaged over fewer tasks than it has.
 struct GenerationScores {
@@ -137,7 +158,7 @@ GenerationScores score_and_aggregate(const std::vector<GenerationInstance>& inst
                                      const std::vector<std::pair<std::string, int64_t>>& shots,
                                      ProgressLine& progress) {
   GenerationScores g;
-  g.metrics = score_generations(instances, minerva_equivalence, ifeval_checks);
+  g.metrics = score_generations(instances, minerva_equivalence, ifeval_checks, sandbox_executor(progress));
   g.results = generation_results(instances, g.metrics, shots, &g.macro_over);
   for (const auto& [group, members] : g.macro_over) {
     for (const auto& [name, all] : generation_groups()) {
@@ -277,6 +298,13 @@ int run_downstream(const DownstreamArgs& a, bool limit_given) {
     if (a.shots && *a.shots != generation_files.back().shots)
       progress.note(task + ": its request files are rendered with " + std::to_string(generation_files.back().shots) +
                     " shots (--shots applies to the multiple-choice tasks)");
+  }
+
+  // Code tasks need the sandbox: without it they fail now, not after the generation.
+  for (const auto& task : plan.generation_tasks) {
+    const std::string kind = find_generation_task(task)->gold_kind;
+    if ((kind == "humaneval_tests" || kind == "mbpp_tests") && !sandbox_support().available)
+      throw Error(task + " runs the generated programs, which needs the code sandbox: " + sandbox_support().reason);
   }
 
   const std::string model_dir = resolve_model_dir(a.model);
@@ -484,7 +512,7 @@ Command add(CLI::App& parent) {
   ds->add_option("--rescore", d->rescore,
                  "recompute every generation metric (per instance and per task) of a --requests-out file's "
                  "\"generation\" rows, without a model (gsm8k, minerva_math_*, drop, naturalqs_open, squad, coqa, "
-                 "jeopardy, ifeval, bbh_*, popqa)");
+                 "jeopardy, ifeval, bbh_*, popqa, codex_humaneval, codex_mbpp: their programs run in the sandbox)");
   add_dtype_option(ds, d->dtype, "compute dtype");
   add_device_option(ds, d->device);
   return {eval, [a, ppl, d, ds, limit]() -> int {

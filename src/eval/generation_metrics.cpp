@@ -760,6 +760,18 @@ bool popqa_match(const std::string& generation, const std::vector<std::string>& 
   return false;
 }
 
+std::string code_program(const GenerationTaskSpec& spec, const std::string& generation, const nlohmann::json& gold) {
+  if (spec.gold_kind == "humaneval_tests")
+    return gold["prompt"].get<std::string>() + generation + "\n" + gold["test"].get<std::string>() + "\ncheck(" +
+           gold["entry_point"].get<std::string>() + ")";
+  if (spec.gold_kind == "mbpp_tests") {
+    std::string tests;
+    for (const auto& t : gold["test_list"]) tests += (tests.empty() ? "" : "\n") + t.get<std::string>();
+    return generation + "\n" + tests;
+  }
+  throw Error("code_program: task " + spec.task + " is not a code task");
+}
+
 }  // namespace genmetrics
 
 // ---- the registry ----------------------------------------------------------------------------------------------
@@ -790,6 +802,8 @@ const std::vector<GenerationTaskSpec>& registry() {
     for (const auto& t : find_task_group("bbh")->members)
       v.push_back({t, "bbh", {"exact_match", "exact_match_simple"}, "exact_match", "string"});
     v.push_back({"popqa", "", {"exact_match"}, "exact_match", "strings"});
+    v.push_back({"codex_humaneval", "", {"pass_at_1"}, "pass_at_1", "humaneval_tests"});
+    v.push_back({"codex_mbpp", "", {"pass_at_1"}, "pass_at_1", "mbpp_tests"});
     return v;
   }();
   return specs;
@@ -846,6 +860,19 @@ void check_gold(const GenerationTaskSpec& spec, const nlohmann::json& gold) {
         !std::all_of(gold["kwargs"].begin(), gold["kwargs"].end(), [](const auto& k) { return k.is_object(); }))
       bad("kwargs, a list of objects, one per instruction");
     if (!gold.contains("prompt") || !gold["prompt"].is_string()) bad("prompt, a string");
+  } else if (spec.gold_kind == "humaneval_tests") {
+    for (const char* key : {"prompt", "test", "entry_point"}) {
+      if (!gold.is_object() || !gold.contains(key) || !gold[key].is_string())
+        throw Error(std::string("field \"gold\" must be an object with the strings \"prompt\", \"test\" and "
+                                "\"entry_point\" (task ") +
+                    spec.task + "): \"" + key + "\" is missing or not a string");
+    }
+    if (gold["entry_point"].get<std::string>().empty())
+      throw Error("field \"gold\": \"entry_point\" is empty (task " + spec.task + ")");
+  } else if (spec.gold_kind == "mbpp_tests") {
+    if (!gold.is_object() || !gold.contains("test_list") || !all_strings(gold["test_list"]))
+      throw Error("field \"gold\" must be an object with \"test_list\", a non-empty list of strings (task " +
+                  spec.task + ")");
   } else {
     if (!gold.is_array() || gold.empty() ||
         !std::all_of(gold.begin(), gold.end(), [&](const auto& x) { return all_strings(x); }))
@@ -858,12 +885,14 @@ void check_gold(const GenerationTaskSpec& spec, const nlohmann::json& gold) {
 
 std::vector<InstanceMetrics> score_generations(const std::vector<GenerationInstance>& instances,
                                                const AnswerEquivalence& equivalence,
-                                               const InstructionCheck& instructions) {
+                                               const InstructionCheck& instructions, const CodeExecutor& execute) {
   namespace gm = genmetrics;
   std::vector<InstanceMetrics> out(instances.size());
   // Minerva pairs whose strings differ go to `equivalence` together, each distinct pair once.
   std::map<std::pair<std::string, std::string>, std::vector<size_t>> pending;
-  std::vector<size_t> ifeval;  // instances whose instructions `instructions` checks
+  std::vector<size_t> ifeval;         // instances whose instructions `instructions` checks
+  std::vector<std::string> programs;  // the code tasks' programs, run together
+  std::vector<size_t> program_of;
   for (size_t i = 0; i < instances.size(); ++i) {
     const GenerationInstance& x = instances[i];
     const GenerationTaskSpec* spec = find_generation_task(x.task);
@@ -905,6 +934,10 @@ std::vector<InstanceMetrics> score_generations(const std::vector<GenerationInsta
       const auto [em, f1] = gm::drop_em_f1(x.generation, x.gold.get<std::vector<std::vector<std::string>>>());
       v.push_back({"f1", f1});
       v.push_back({"exact_match", em});
+    } else if (spec->gold_kind == "humaneval_tests" || spec->gold_kind == "mbpp_tests") {
+      v.push_back({"pass_at_1", 0.0});
+      programs.push_back(gm::code_program(*spec, x.generation, x.gold));
+      program_of.push_back(i);
     } else {
       const std::vector<std::string> golds = gold_strings(x.gold);
       double f1 = 0, em = 0;
@@ -954,6 +987,17 @@ std::vector<InstanceMetrics> score_generations(const std::vector<GenerationInsta
       v[2].second = fraction(r.inst_loose);
       v[3].second = fraction(r.inst_strict);
     }
+  }
+  if (!programs.empty()) {
+    if (!execute)
+      throw Error(
+          "code tasks (codex_humaneval, codex_mbpp) run their programs against the tests, and no executor "
+          "(sandbox) was given");
+    const std::vector<bool> passed = execute(programs);
+    if (passed.size() != programs.size())
+      throw Error("the code executor answered " + std::to_string(passed.size()) + " programs for " +
+                  std::to_string(programs.size()));
+    for (size_t k = 0; k < programs.size(); ++k) out[program_of[k]].values[0].second = passed[k] ? 1.0 : 0.0;
   }
   return out;
 }
@@ -1102,6 +1146,24 @@ std::optional<nlohmann::json> doc_gold(const GenerationTaskSpec& spec, const nlo
 
 nlohmann::json gold_from_request(const GenerationTaskSpec& spec, const nlohmann::json& request_line) {
   if (auto g = doc_gold(spec, request_line)) return *g;
+  if (spec.gold_kind == "humaneval_tests" || spec.gold_kind == "mbpp_tests") {
+    const bool humaneval = spec.gold_kind == "humaneval_tests";
+    const std::vector<std::string> keys =
+        humaneval ? std::vector<std::string>{"prompt", "test", "entry_point"} : std::vector<std::string>{"test_list"};
+    nlohmann::json gold = nlohmann::json::object();
+    for (const auto& key : keys) {
+      if (!request_line.is_object() || !request_line.contains("doc") || !request_line["doc"].is_object() ||
+          !request_line["doc"].contains(key))
+        throw Error("missing field \"doc." + key + "\" (the tests of task " + spec.task + ")");
+      gold[key] = request_line["doc"][key];
+    }
+    try {
+      check_gold(spec, gold);
+    } catch (const Error& e) {
+      throw Error(std::string("field \"doc\": ") + e.what());
+    }
+    return gold;
+  }
   const bool drop = spec.gold_kind == "span_lists";
   const char* field = drop ? "doc.answers" : "label";
   const nlohmann::json* gold = nullptr;

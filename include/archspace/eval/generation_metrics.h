@@ -40,6 +40,15 @@
 //                   its macro average reported beside it.
 //   popqa           exact_match (primary): OLMES' PopQA alias match: some gold alias a occurs in the generation
 //                   as a, a.lower() or a.capitalize() (Python's). Gold: the label, else doc.possible_answers.
+//   codex_humaneval, codex_mbpp
+//                   pass_at_1 (primary): the generated program run against the task's tests (greedy, one sample:
+//                   pass@1 is 1 when it passes), by the caller's CodeExecutor (the CLI's sandbox,
+//                   eval/code_sandbox.h; 3 s per program). The program as OLMES assembles it (as AI2's olmo_eval
+//                   restates oe-eval's: evals/tasks/humaneval.py and mbpp.py, code + "\n" + tests, 3 s): HumanEval
+//                   prompt + generation + "\n" + test + "\ncheck(entry_point)" (as lm-eval's humaneval and
+//                   human-eval); MBPP generation + "\n" + the test_list asserts joined by "\n" (OLMES' evalplus
+//                   variant of the shipped files; test_setup_code is not run, as there). Gold: HumanEval
+//                   {"prompt", "test", "entry_point"}, MBPP {"test_list"}, from the request line's doc.
 //
 // Not thread-safe: the compiled patterns are cached and share their match data.
 //
@@ -65,7 +74,8 @@ struct GenerationTaskSpec {
   std::vector<std::string> metrics;  // in output order, the primary first
   std::string primary_metric;
   std::string gold_kind;  // "string", "strings" (a string or a list of alternatives), "span_lists" (drop),
-                          // "ifeval" (an object: key, prompt, instruction_id_list, kwargs)
+                          // "ifeval" (an object: key, prompt, instruction_id_list, kwargs),
+                          // "humaneval_tests", "mbpp_tests" (objects of the doc's test fields)
 };
 
 // The registry entry of `task`; nullptr when the task is not a generation task known here.
@@ -88,6 +98,8 @@ struct InstructionResult {
 };
 using InstructionCheck =
     std::function<std::vector<InstructionResult>(const std::vector<std::pair<nlohmann::json, std::string>>&)>;
+// Runs each program against its tests: one bool per program, true when it passed.
+using CodeExecutor = std::function<std::vector<bool>(const std::vector<std::string>& programs)>;
 
 struct GenerationInstance {
   std::string task;
@@ -102,10 +114,12 @@ struct InstanceMetrics {
 
 // Per-instance metrics of every instance (their tasks must be in the registry and their gold checked).
 // `equivalence` is called once, for the Minerva pairs whose strings differ, and only when there are some;
-// `instructions` once for the ifeval instances, when there are some (their results checked against the docs).
+// `instructions` once for the ifeval instances, when there are some (their results checked against the docs);
+// `execute` once, with the code tasks' programs (genmetrics::code_program), and only when there are some.
 std::vector<InstanceMetrics> score_generations(const std::vector<GenerationInstance>& instances,
                                                const AnswerEquivalence& equivalence,
-                                               const InstructionCheck& instructions = nullptr);
+                                               const InstructionCheck& instructions = nullptr,
+                                               const CodeExecutor& execute = nullptr);
 
 // Per task (in the order tasks first appear), format "gen": every metric's mean and standard error (ifeval's
 // inst_level metrics: over instructions, see above); shots as given per task (-1: unknown). Then one row per group
@@ -119,7 +133,8 @@ std::vector<TaskResult> generation_results(const std::vector<GenerationInstance>
                                            std::vector<std::pair<std::string, std::vector<std::string>>>* macro_over);
 
 // The gold of one OLMES request line (a requests.jsonl.gz line) of a registry task: doc.answers for drop (the list of
-// gold span lists; the line's continuation is tuple text, not the gold), else its label. Throws naming the field
+// gold span lists; the line's continuation is tuple text, not the gold), the doc's test fields for the code tasks,
+// else its label. Throws naming the field
 // when missing or of the wrong shape (check_gold).
 nlohmann::json gold_from_request(const GenerationTaskSpec& spec, const nlohmann::json& request_line);
 
@@ -195,6 +210,8 @@ const std::string& bbh_answer_pattern(const std::string& subtask);  // throws fo
 
 // OLMES' PopQA match: some alias a with a, a.lower() or a.capitalize() a substring of the generation.
 bool popqa_match(const std::string& generation, const std::vector<std::string>& aliases);
+// The program a code task runs for one generation (gold checked by check_gold).
+std::string code_program(const GenerationTaskSpec& spec, const std::string& generation, const nlohmann::json& gold);
 
 }  // namespace genmetrics
 
