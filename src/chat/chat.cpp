@@ -65,7 +65,8 @@ std::vector<uint32_t> encode_chat_prompt(const Tokenizer& tokenizer, const nlohm
   if (!messages.is_array() || messages.empty())
     throw Error(where + ": the conversation must be a non-empty list of messages");
   std::string text;
-  if (!messages[0].is_object() || messages[0].value("role", "") != "system") {
+  const nlohmann::json& first = messages[0];
+  if (!first.is_object() || !first.contains("role") || first["role"] != "system") {
     text += std::string("<|im_start|>system\n") + kDefaultSystemPrompt + "<|im_end|>\n";
   }
   for (size_t i = 0; i < messages.size(); ++i) {
