@@ -126,7 +126,7 @@ std::vector<std::vector<GeneratedAnswer>> generate_answers(const CausalLM& model
         s.sampling.seed = static_cast<uint64_t>(r.doc_id);  // reproducible per document
       }
       if (c.eos_token_id) s.stop_ids.push_back(static_cast<uint32_t>(*c.eos_token_id));
-      s.stop_strings = r.stop_sequences;
+      s.stop_strings = std::make_shared<const std::vector<std::string>>(r.stop_sequences);
       s.skip_special_tokens = true;  // lm-eval decodes a generation with skip_special_tokens
       sequences.push_back(std::move(s));
       where.emplace_back(t, i);
@@ -138,7 +138,7 @@ std::vector<std::vector<GeneratedAnswer>> generate_answers(const CausalLM& model
 
   SchedulerOptions so;
   so.max_batch = options.max_batch;
-  so.max_queue = 1;  // one submission holds every sequence; the scheduler admits them as rows free up
+  so.max_queue = total;  // one submission holds every sequence; the scheduler admits them as rows free up
   so.prefill_chunk = options.prefill_chunk;
   Scheduler scheduler(model, std::move(tokenizer), so);
   const std::shared_ptr<Ticket> ticket = scheduler.submit(std::move(sequences));
