@@ -414,3 +414,44 @@ def test_soak_floods_mixed_with_normal_requests(server, alone):
         assert sum(f.result() for f in floods_done) >= 10
         assert all(f.result() >= 1 for f in normal_done)
     assert rss_mb(server) - before < 300, (before, rss_mb(server))
+
+
+def wait_for_health(server, predicate, timeout=30):
+    import time
+
+    deadline = time.time() + timeout
+    while True:
+        h = requests.get(server.url + "/health", timeout=10).json()
+        if predicate(h):
+            return h
+        assert time.time() < deadline, h
+        time.sleep(0.01)
+
+
+def test_a_client_that_leaves_frees_its_sequences(server):
+    """A streaming client that closes, and a non-streaming one that resets its connection: their sequences
+    leave the batch within a few decode steps (well under the 3,000 tokens they asked for); the server still
+    answers."""
+    import socket
+    import struct
+    import time
+
+    host, port = server.url.rsplit("//", 1)[1].split(":")
+    wait_for_health(server, lambda h: h["running"] == 0)
+    for stream in (True, False):
+        body = json.dumps({"prompt": PROMPTS[0], "max_tokens": 3000, "temperature": 0, "stream": stream,
+                           "n": 4}).encode()
+        sock = socket.create_connection((host, int(port)), timeout=30)
+        sock.sendall(request_bytes("/v1/completions", body, [f"Content-Length: {len(body)}"]))
+        if stream:
+            assert sock.recv(4096).startswith(b"HTTP/1.1 200")  # decoding has begun
+        before = wait_for_health(server, lambda h: h["running"] == 4)["generated_tokens"]
+        if not stream:  # an abortive close: RST, which a server can tell from a half-close
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.close()
+        left = time.time()
+        h = wait_for_health(server, lambda h: h["running"] == 0, timeout=10)
+        assert time.time() - left < 5
+        # No sequence finished: they were dropped, not decoded to their 3,000 tokens.
+        assert h["generated_tokens"] == before, (stream, before, h)
+    assert greedy(server.url, 1)
