@@ -149,7 +149,8 @@ const std::vector<std::string>& generation_fields() {
 
 void check_known_fields(const json& body, const std::vector<std::string>& common,
                         std::initializer_list<const char*> own) {
-  for (const auto& [key, value] : body.items()) {
+  for (auto it = body.begin(); it != body.end(); ++it) {
+    const std::string& key = it.key();
     if (std::find(common.begin(), common.end(), key) != common.end()) continue;
     if (std::find_if(own.begin(), own.end(), [&](const char* n) { return key == n; }) != own.end()) continue;
     throw bad(key, "Unrecognized request argument supplied: '" + clipped(key, 100) + "'");
