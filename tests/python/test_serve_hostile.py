@@ -455,3 +455,25 @@ def test_a_client_that_leaves_frees_its_sequences(server):
         # No sequence finished: they were dropped, not decoded to their 3,000 tokens.
         assert h["generated_tokens"] == before, (stream, before, h)
     assert greedy(server.url, 1)
+
+
+def test_a_second_sigterm_exits_at_once(model_dir):  # noqa: F811
+    """The first SIGTERM lets a 3,000-token request in flight finish; the second ends the process at once
+    (128 + 15) instead of waiting for it."""
+    import signal
+    import time
+
+    s = Server(model_dir[0], "--max-batch", 1)
+    try:
+        stream = requests.post(s.url + "/v1/completions", stream=True, timeout=120,
+                               json={"prompt": PROMPTS[0], "max_tokens": 3000, "temperature": 0, "stream": True})
+        next(line for line in stream.iter_lines() if line)
+        s.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        assert s.proc.poll() is None  # still finishing the request
+        s.proc.send_signal(signal.SIGTERM)
+        start = time.time()
+        assert s.proc.wait(10) == 128 + signal.SIGTERM
+        assert time.time() - start < 5
+    finally:
+        s.stop()
