@@ -458,16 +458,27 @@ def test_a_client_that_leaves_frees_its_sequences(server):
 
 
 def test_a_second_sigterm_exits_at_once(model_dir):  # noqa: F811
-    """The first SIGTERM lets a 3,000-token request in flight finish; the second ends the process at once
-    (128 + 15) instead of waiting for it."""
+    """The first SIGTERM lets a long request in flight go on; the second ends the process at once (128 + 15)
+    instead of waiting for it."""
     import signal
     import time
 
+    import threading
+
     s = Server(model_dir[0], "--max-batch", 1)
     try:
+        # 60,000 tokens: minutes of decoding, so the first signal cannot see it finish.
         stream = requests.post(s.url + "/v1/completions", stream=True, timeout=120,
-                               json={"prompt": PROMPTS[0], "max_tokens": 3000, "temperature": 0, "stream": True})
-        next(line for line in stream.iter_lines() if line)
+                               json={"prompt": PROMPTS[0], "max_tokens": 60000, "temperature": 0, "stream": True})
+        lines = stream.iter_lines()
+        next(line for line in lines if line)
+        def drain():  # keep reading, until the process ends under it
+            try:
+                for _ in lines:
+                    pass
+            except requests.RequestException:
+                pass
+        threading.Thread(target=drain, daemon=True).start()
         s.proc.send_signal(signal.SIGTERM)
         time.sleep(0.3)
         assert s.proc.poll() is None  # still finishing the request
