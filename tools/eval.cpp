@@ -23,6 +23,7 @@
 #include "archspace/tokenizer/tokenizer.h"
 #include "archspace/util/error.h"
 #include "archspace/util/files.h"
+#include "archspace/util/json_file.h"
 #include "archspace/util/progress.h"
 #include "archspace/util/strings.h"
 #include "command.h"
@@ -81,7 +82,7 @@ std::vector<bool> minerva_equivalence(const std::vector<std::pair<std::string, s
                 "): Minerva MATH answers could not be compared");
   nlohmann::json out;
   try {
-    out = nlohmann::json::parse(read_text_file(out_path)).at("equivalent");
+    out = parse_json_text(read_text_file(out_path), out_path).at("equivalent");
     return out.get<std::vector<bool>>();
   } catch (const nlohmann::json::exception& e) {
     throw Error(out_path + ": not the scorer's answer (" + e.what() + ")");
@@ -112,7 +113,7 @@ std::vector<InstructionResult> ifeval_checks(const std::vector<std::pair<nlohman
                 "): the IFEval responses could not be checked");
   std::vector<InstructionResult> results;
   try {
-    const nlohmann::json answer = nlohmann::json::parse(read_text_file(out_path));
+    const nlohmann::json answer = parse_json_text(read_text_file(out_path), out_path);
     for (const auto& r : answer.at("results")) {
       InstructionResult x;
       x.prompt_strict = r.at("prompt_level_strict_acc").get<bool>();

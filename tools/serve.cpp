@@ -90,9 +90,33 @@ Command add(CLI::App& parent) {
   app->add_option("--max-batch", s.scheduler.max_batch, "sequences decoded together")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{4096}));
-  app->add_option("--max-queue", s.scheduler.max_queue, "requests waiting to start; beyond, 429")
+  app->add_option("--max-queue", s.scheduler.max_queue,
+                  "sequences (prompts x n of each request) waiting to start; beyond, 429 (a request of more: 400)")
       ->capture_default_str()
-      ->check(CLI::Range(int64_t{0}, int64_t{100000}));
+      ->check(CLI::Range(int64_t{1}, int64_t{1000000}));
+  app->add_option("--max-body-bytes", s.max_body_bytes,
+                  "request body as received, whatever its transfer encoding; beyond, 413")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1024}, int64_t{1} << 32));
+  app->add_option("--max-header-bytes", s.max_header_bytes, "request line and headers together; beyond, 431")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1024}, int64_t{16} << 20));
+  app->add_option("--max-header-lines", s.max_header_lines, "header lines of a request; beyond, 431")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{8}, int64_t{100000}));
+  app->add_option("--request-timeout", s.request_timeout_s,
+                  "seconds from a request's arrival to its last token; then 504 (streams: an error event)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{86400 * 7}));
+  app->add_option("--max-prompt-tokens", s.request.max_prompt_tokens, "prompt tokens of one request, summed")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
+  app->add_option("--max-stop-strings", s.request.max_stop_strings, "stop strings of one request")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{4096}));
+  app->add_option("--max-stop-bytes", s.request.max_stop_bytes, "bytes of each stop string")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{65536}));
   app->add_option("--tokenizer", a->tokenizer, "tokenizer (default: the one the model directory carries)");
   add_dtype_option(app, a->dtype, "compute dtype");
   add_device_option(app, a->device);

@@ -27,6 +27,8 @@ Command add(CLI::App& parent) {
   app->add_option("--set", a->overrides,
                   "override a key of the TOML: section.key=value (repeatable; type-checked, unknown keys refused)");
   app->add_flag("--resume", a->options.resume, "continue from the run's latest checkpoint");
+  app->add_option("--resume-from", a->options.resume_from,
+                  "continue from this checkpoint: step-N (or N) of the run, or a checkpoint directory");
   app->add_option("--stop-after", a->options.stop_after_step, "stop after this step as if interrupted (for tests)");
   return {app, [a] { return run(*a); }};
 }

@@ -64,7 +64,8 @@ std::string chat_prompt_text(const nlohmann::json& messages, const std::string& 
   if (!messages.is_array() || messages.empty())
     throw Error(where + ": the conversation must be a non-empty list of messages");
   std::string text;
-  if (!messages[0].is_object() || messages[0].value("role", "") != "system") {
+  const nlohmann::json& first = messages[0];
+  if (!first.is_object() || !first.contains("role") || first["role"] != "system") {
     text += std::string("<|im_start|>system\n") + kDefaultSystemPrompt + "<|im_end|>\n";
   }
   for (size_t i = 0; i < messages.size(); ++i) {

@@ -10,6 +10,7 @@
 #include <fstream>
 
 #include "archspace/util/error.h"
+#include "archspace/util/files.h"
 #include "archspace/util/json_file.h"
 #include "archspace/util/sha256.h"
 
@@ -253,8 +254,12 @@ bool TokenShards::verify_cached() const {
   }
   std::error_code ec;
   if (fs::exists(stamp, ec)) {
-    std::ifstream in(stamp);
-    const json recorded = json::parse(in, nullptr, /*allow_exceptions=*/false);
+    // A stamp that does not parse (or nests too deep) is stale: verify again.
+    json recorded;
+    try {
+      recorded = parse_json_text(read_text_file(stamp.string()), stamp.string());
+    } catch (const Error&) {
+    }
     if (recorded == state) return false;
   }
   verify();

@@ -19,6 +19,7 @@
 #include <set>
 
 #include "archspace/util/error.h"
+#include "archspace/util/json_file.h"
 #include "archspace/util/json_lines.h"
 
 namespace archspace {
@@ -1129,6 +1130,7 @@ std::optional<nlohmann::json> doc_gold(const GenerationTaskSpec& spec, const nlo
       !(line.contains("label") && (line["label"].is_string() || line["label"].is_array()))) {
     nlohmann::json answers = (*doc)["possible_answers"];
     if (answers.is_string()) {
+      check_json_depth(answers.get<std::string>(), "field \"doc.possible_answers\"");
       answers = nlohmann::json::parse(answers.get<std::string>(), nullptr, /*allow_exceptions=*/false);
       if (answers.is_discarded()) throw Error("field \"doc.possible_answers\": a string that is not a JSON list");
     }

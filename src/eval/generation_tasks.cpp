@@ -141,7 +141,7 @@ std::vector<std::vector<GeneratedAnswer>> generate_answers(const CausalLM& model
         if (!turn_end) throw Error(at + ": --chat: the tokenizer has no " + std::string(kChatTurnEnd) + " token");
         s.stop_ids.push_back(*turn_end);
       }
-      s.stop_strings = r.stop_sequences;
+      s.stop_strings = std::make_shared<const std::vector<std::string>>(r.stop_sequences);
       s.skip_special_tokens = true;  // lm-eval decodes a generation with skip_special_tokens
       sequences.push_back(std::move(s));
       where.emplace_back(t, i);
@@ -153,7 +153,7 @@ std::vector<std::vector<GeneratedAnswer>> generate_answers(const CausalLM& model
 
   SchedulerOptions so;
   so.max_batch = options.max_batch;
-  so.max_queue = 1;  // one submission holds every sequence; the scheduler admits them as rows free up
+  so.max_queue = total;  // one submission holds every sequence; the scheduler admits them as rows free up
   so.prefill_chunk = options.prefill_chunk;
   Scheduler scheduler(model, std::move(tokenizer), so);
   const std::shared_ptr<Ticket> ticket = scheduler.submit(std::move(sequences));

@@ -12,6 +12,7 @@
 
 #include "archspace/util/error.h"
 #include "archspace/util/files.h"
+#include "archspace/util/json_file.h"
 #include "archspace/util/json_lines.h"
 #include "archspace/util/strings.h"
 
@@ -213,12 +214,7 @@ TaskFiles load_task(const std::string& variant_dir, const std::string& task, con
   t.dir = variant_dir;
 
   const std::string config_path = (fs::path(variant_dir) / "config.json").string();
-  nlohmann::json config;
-  try {
-    config = nlohmann::json::parse(read_text_file(config_path));
-  } catch (const nlohmann::json::exception& e) {
-    throw Error(config_path + ": not valid JSON (" + e.what() + ")");
-  }
+  const nlohmann::json config = read_json_file(config_path);
   const nlohmann::json& task_config = json_field(config, "task_config", config_path);
   t.primary_metric = json_string_field(task_config, "primary_metric", config_path + " task_config");
   if (task_config.contains("metric_kwargs") && task_config["metric_kwargs"].is_object() &&

@@ -13,7 +13,7 @@
 namespace archspace {
 
 int64_t sample_token(const at::Tensor& logits, const SamplingOptions& o, at::Generator& gen) {
-  if (o.temperature <= 0) return logits.argmax().item<int64_t>();
+  if (o.temperature < kGreedyTemperature) return logits.argmax().item<int64_t>();
   at::Tensor scaled = logits.to(at::kFloat).cpu() / o.temperature;
   if (o.top_k > 0 && o.top_k < scaled.size(0)) {
     const float kth = std::get<0>(scaled.topk(o.top_k)).min().item<float>();
@@ -24,10 +24,45 @@ int64_t sample_token(const at::Tensor& logits, const SamplingOptions& o, at::Gen
     // Keep the smallest set of most likely tokens whose probability reaches top_p.
     auto [sorted, order] = probs.sort(-1, /*descending=*/true);
     at::Tensor before = sorted.cumsum(-1) - sorted;  // mass of the tokens ranked above each
-    sorted.masked_fill_(before >= o.top_p, 0.0);
+    at::Tensor drop = before >= o.top_p;             // top_p in fp32: 1e-300 is 0 there, and would drop every token
+    drop[0] = false;
+    sorted.masked_fill_(drop, 0.0);
     probs = at::zeros_like(probs).scatter(0, order, sorted);
   }
+  if (o.min_p > 0) {  // transformers' MinPLogitsWarper: relative to the most likely token, which stays
+    probs = probs.masked_fill(probs < probs.max() * o.min_p, 0.0);
+  }
   return at::multinomial(probs, 1, false, gen).item<int64_t>();
+}
+
+Penalties::Penalties(const SamplingOptions& o, const std::vector<uint32_t>& prompt, int64_t vocab)
+    : repetition_(o.repetition_penalty), presence_(o.presence_penalty), frequency_(o.frequency_penalty) {
+  if (repetition_ == 1.0 && presence_ == 0.0 && frequency_ == 0.0) return;
+  seen_ = at::zeros({vocab}, at::kBool);
+  counts_ = at::zeros({vocab}, at::kFloat);
+  if (!prompt.empty()) {
+    seen_.index_fill_(0, at::tensor(std::vector<int64_t>(prompt.begin(), prompt.end()), at::kLong), true);
+  }
+}
+
+void Penalties::add(int64_t id) {
+  if (!active()) return;
+  seen_[id] = true;
+  counts_[id] += 1;
+}
+
+at::Tensor Penalties::apply(const at::Tensor& logits) const {
+  if (!active()) return logits;
+  const int64_t V = logits.size(0);
+  at::Tensor out = logits.to(at::kFloat).clone();
+  if (repetition_ != 1.0) {
+    at::Tensor seen = seen_.narrow(0, 0, V);
+    out = at::where(seen, at::where(out < 0, out * repetition_, out / repetition_), out);
+  }
+  at::Tensor counts = counts_.narrow(0, 0, V);
+  if (frequency_ != 0.0) out -= counts * frequency_;
+  if (presence_ != 0.0) out -= (counts > 0).to(at::kFloat) * presence_;
+  return out;
 }
 
 void GenerateOptions::validate() const {
@@ -66,7 +101,9 @@ std::string CompletionText::add(const std::string& token_bytes) {
   // A new occurrence ends in the new bytes; the earliest one of any stop string cuts the text.
   const size_t added_from = bytes_.size() - token_bytes.size();
   size_t cut = std::string::npos;
-  for (const auto& stop : stops_) {
+  static const std::vector<std::string> none;
+  const std::vector<std::string>& stops = stops_ ? *stops_ : none;
+  for (const auto& stop : stops) {
     const size_t at = bytes_.find(stop, added_from >= stop.size() ? added_from - stop.size() + 1 : 0);
     cut = std::min(cut, at);
   }
@@ -77,7 +114,7 @@ std::string CompletionText::add(const std::string& token_bytes) {
   if (stopped_) return flush();
   size_t release = bytes_.size() - incomplete_utf8_tail(bytes_);
   // Hold back a tail that may be the start of a stop string.
-  for (const auto& stop : stops_) {
+  for (const auto& stop : stops) {
     for (size_t n = std::min(stop.size() - 1, bytes_.size()); n > 0; --n) {
       if (bytes_.compare(bytes_.size() - n, n, stop, 0, n) == 0) {
         release = std::min(release, bytes_.size() - n);

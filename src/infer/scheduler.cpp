@@ -8,6 +8,7 @@
 
 #include "archspace/model/kv_cache.h"
 #include "archspace/util/error.h"
+#include "archspace/util/error_message.h"
 
 namespace archspace {
 
@@ -25,6 +26,11 @@ std::optional<Ticket::Event> Ticket::next_event() {
 void Ticket::wait() {
   std::unique_lock lock(mutex_);
   changed_.wait(lock, [&] { return finished_count_ == finished_.size(); });
+}
+
+bool Ticket::wait_for(std::chrono::milliseconds timeout) {
+  std::unique_lock lock(mutex_);
+  return changed_.wait_for(lock, timeout, [&] { return finished_count_ == finished_.size(); });
 }
 
 std::string Ticket::error() const {
@@ -49,7 +55,13 @@ void Ticket::finish(size_t index, SequenceResult result) {
   changed_.notify_all();
 }
 
+void Ticket::expire() {
+  timed_out_ = true;
+  fail("the request passed its deadline (--request-timeout) before it finished");
+}
+
 void Ticket::fail(const std::string& message) {
+  cancelled_ = true;  // its other sequences leave the batch (or never join it)
   std::lock_guard lock(mutex_);
   if (error_.empty()) error_ = message;
   for (size_t i = 0; i < finished_.size(); ++i) {
@@ -70,6 +82,7 @@ struct Scheduler::Row {
   SequenceResult result;
   CompletionText text;
   at::Generator gen;
+  Penalties penalties;
   int64_t pending = -1;  // the token this row feeds at the next decode step
 };
 
@@ -80,16 +93,42 @@ Scheduler::Scheduler(const CausalLM& model, std::shared_ptr<const Tokenizer> tok
       sampled_ids_(std::min<int64_t>(model.config().vocab_size, tokenizer_->vocab_size())) {
   if (options_.max_batch < 1)
     throw Error("--max-batch must be at least 1 (got " + std::to_string(options_.max_batch) + ")");
-  if (options_.max_queue < 0) throw Error("--max-queue must be >= 0 (got " + std::to_string(options_.max_queue) + ")");
+  if (options_.max_queue < 1) throw Error("--max-queue must be >= 1 (got " + std::to_string(options_.max_queue) + ")");
   thread_ = std::thread([this] { loop(); });
 }
 
 Scheduler::~Scheduler() { stop(); }
 
-std::shared_ptr<Ticket> Scheduler::submit(std::vector<SequenceRequest> sequences) {
+std::shared_ptr<Ticket> Scheduler::submit(std::vector<SequenceRequest> sequences,
+                                          std::chrono::steady_clock::time_point deadline) {
+  const auto count = static_cast<int64_t>(sequences.size());
+  if (count == 0) throw Error("a request with no sequences");
+  if (count > options_.max_queue) {
+    throw Error("the request holds " + std::to_string(count) + " sequences (prompts x n), more than the " +
+                std::to_string(options_.max_queue) + " the queue holds (--max-queue)");
+  }
+  // What would fail the shared decode step (a position past the model's, an id outside its table) is refused
+  // here, for the request alone; the limits are checked without overflow.
+  const int64_t positions = model_.config().max_position_embeddings, vocab = model_.config().vocab_size;
+  for (size_t i = 0; i < sequences.size(); ++i) {
+    const SequenceRequest& s = sequences[i];
+    const auto n = static_cast<int64_t>(s.prompt.size());
+    const std::string which = "sequence " + std::to_string(i) + ": ";
+    if (n == 0) throw Error(which + "empty prompt");
+    if (s.max_tokens < 0 || n > positions || s.max_tokens > positions - n) {
+      throw Error(which + "a prompt of " + std::to_string(n) + " tokens and max_tokens " +
+                  std::to_string(s.max_tokens) + " do not fit max_position_embeddings " + std::to_string(positions));
+    }
+    for (uint32_t id : s.prompt) {
+      if (static_cast<int64_t>(id) >= vocab)
+        throw Error(which + "token id " + std::to_string(id) + " outside the vocabulary of " + std::to_string(vocab));
+    }
+  }
   auto ticket = std::make_shared<Ticket>(sequences.size());
+  ticket->deadline_ = deadline;
   std::lock_guard lock(mutex_);
-  if (stopping_ || static_cast<int64_t>(waiting_.size()) >= options_.max_queue) return nullptr;
+  if (stopping_ || waiting_sequences_ + count > options_.max_queue) return nullptr;
+  waiting_sequences_ += count;
   waiting_.push_back({ticket, std::move(sequences), 0});
   wake_.notify_all();
   return ticket;
@@ -106,7 +145,7 @@ void Scheduler::stop() {
 
 SchedulerStats Scheduler::stats() const {
   std::lock_guard lock(mutex_);
-  return {running_, static_cast<int64_t>(waiting_.size()), completed_, generated_};
+  return {running_, waiting_sequences_, completed_, generated_};
 }
 
 void Scheduler::finish(Row& row, const std::string& reason) {
@@ -139,6 +178,7 @@ bool Scheduler::take_token(Row& row, const at::Tensor& logits, int64_t id) {
     }
   }
   row.result.tokens.push_back(std::move(token));
+  row.penalties.add(id);
   const auto uid = static_cast<uint32_t>(id);
   const bool silent = r.skip_special_tokens && tokenizer_->is_special(uid);
   row.ticket->push_text(row.index, row.text.add(silent ? std::string() : tokenizer_->id_to_token(uid)));
@@ -159,10 +199,11 @@ std::unique_ptr<Scheduler::Row> Scheduler::admit(const std::shared_ptr<Ticket>& 
   auto row = std::make_unique<Row>();
   row->ticket = ticket;
   row->index = index;
-  row->text = CompletionText(sequence.stop_strings);
+  row->text = CompletionText(sequence.stop_strings);  // shares the request's one list
   row->gen = at::make_generator<at::CPUGeneratorImpl>(sequence.sampling.seed);
   row->request = std::move(sequence);
   const SequenceRequest& r = row->request;
+  row->penalties = Penalties(r.sampling, r.prompt, model_.config().vocab_size);
 
   at::Tensor first;  // [V]: the distribution of the first generated token (logits or log-probabilities)
   if (r.score_prompt) {
@@ -190,7 +231,7 @@ std::unique_ptr<Scheduler::Row> Scheduler::admit(const std::shared_ptr<Ticket>& 
   };
   const bool prefilled = !first.defined();
   if (prefilled) first = prefill();
-  const int64_t id = sample_token(first.narrow(0, 0, sampled_ids_), r.sampling, row->gen);
+  const int64_t id = sample_token(row->penalties.apply(first.narrow(0, 0, sampled_ids_)), r.sampling, row->gen);
   if (take_token(*row, first, id)) return nullptr;  // one token was all it needed: no cache joins
   if (!prefilled) prefill();
   return row;
@@ -212,14 +253,27 @@ void Scheduler::loop() {
       std::unique_lock lock(mutex_);
       wake_.wait(lock, [&] { return stopping_ || !waiting_.empty() || !rows.empty(); });
       if (stopping_ && waiting_.empty() && rows.empty()) break;
+      const auto now = std::chrono::steady_clock::now();
+      // Requests that failed, were cancelled or expired while waiting leave the queue whole.
+      for (auto it = waiting_.begin(); it != waiting_.end();) {
+        if (now >= it->ticket->deadline_ && !it->ticket->cancelled()) it->ticket->expire();
+        if (it->ticket->cancelled()) {
+          waiting_sequences_ -= static_cast<int64_t>(it->sequences.size() - it->next);
+          it = waiting_.erase(it);
+        } else {
+          ++it;
+        }
+      }
       while (static_cast<int64_t>(rows.size() + admissions.size()) < options_.max_batch && !waiting_.empty()) {
         Waiting& w = waiting_.front();
-        if (!w.ticket->cancelled()) admissions.push_back({w.ticket, w.next, std::move(w.sequences[w.next])});
-        if (w.ticket->cancelled() || ++w.next == w.sequences.size()) waiting_.pop_front();
+        admissions.push_back({w.ticket, w.next, std::move(w.sequences[w.next])});
+        --waiting_sequences_;
+        if (++w.next == w.sequences.size()) waiting_.pop_front();
       }
       running_ = static_cast<int64_t>(rows.size() + admissions.size());
     }
     for (Admission& a : admissions) {
+      if (a.ticket->cancelled()) continue;  // a sibling sequence failed at its admission
       try {
         KVCache joining(c);
         std::unique_ptr<Row> row = admit(a.ticket, a.index, std::move(a.sequence), joining);
@@ -228,13 +282,16 @@ void Scheduler::loop() {
           rows.push_back(std::move(row));
         }
       } catch (const std::exception& e) {
-        a.ticket->fail(e.what());
+        a.ticket->fail(error_message(e));
       }
     }
-    // Rows whose client went away leave before the step.
+    // Rows whose client went away, or whose request failed or passed its deadline, leave before the step.
     std::vector<int64_t> keep;
+    const auto now = std::chrono::steady_clock::now();
     for (size_t r = 0; r < rows.size(); ++r) {
-      if (!rows[r]->ticket->cancelled()) keep.push_back(static_cast<int64_t>(r));
+      Ticket& t = *rows[r]->ticket;
+      if (now >= t.deadline_ && !t.cancelled()) t.expire();
+      if (!t.cancelled()) keep.push_back(static_cast<int64_t>(r));
     }
     if (keep.size() != rows.size()) {
       std::vector<std::unique_ptr<Row>> kept;
@@ -256,13 +313,24 @@ void Scheduler::loop() {
       at::Tensor ids = at::tensor(feed, at::kLong).view({static_cast<int64_t>(rows.size()), 1}).to(model_.device());
       at::Tensor logits =
           model_.forward(ids, {AttentionImpl::kSdpa, &batch}).select(1, 0).to(at::kCPU, at::kFloat);  // [B, V]
+      // Each row samples on its own: a failure there (a distribution that is not one) fails its request
+      // alone, and the neighbours go on.
       for (size_t r = 0; r < rows.size(); ++r) {
-        at::Tensor row_logits = logits[static_cast<int64_t>(r)];
-        const int64_t id = sample_token(row_logits.narrow(0, 0, sampled_ids_), rows[r]->request.sampling, rows[r]->gen);
-        if (!take_token(*rows[r], row_logits, id)) keep.push_back(static_cast<int64_t>(r));
+        Row& row = *rows[r];
+        if (row.ticket->cancelled()) continue;  // a sibling sequence of its request failed this step
+        try {
+          at::Tensor row_logits = logits[static_cast<int64_t>(r)];
+          const int64_t id =
+              sample_token(row.penalties.apply(row_logits.narrow(0, 0, sampled_ids_)), row.request.sampling, row.gen);
+          if (!take_token(row, row_logits, id)) keep.push_back(static_cast<int64_t>(r));
+        } catch (const std::exception& e) {
+          row.ticket->fail(error_message(e));
+        }
       }
-    } catch (const std::exception& e) {
-      for (const auto& row : rows) row->ticket->fail(e.what());
+      // Rows of a request that failed after they sampled leave too.
+      std::erase_if(keep, [&](int64_t r) { return rows[r]->ticket->cancelled(); });
+    } catch (const std::exception& e) {  // the batched forward: a server fault, shared by every row
+      for (const auto& row : rows) row->ticket->fail(error_message(e));
       keep.clear();
     }
     if (keep.size() != rows.size()) {

@@ -4,8 +4,12 @@
 #include <sys/file.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <vector>
 
 #include "archspace/util/error.h"
 #include "archspace/util/json_file.h"
@@ -16,15 +20,62 @@ namespace archspace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
+namespace {
+// The run's step-N checkpoint names, oldest first (the zero-padded names sort by step). A directory gets its
+// name by the rename that ends a save, after checksums.json was written, so each one was complete.
+std::vector<std::string> step_checkpoints(const std::string& run_dir) {
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(fs::path(run_dir) / "checkpoints", ec)) {
+    const std::string n = e.path().filename().string();
+    if (e.is_directory() && n.rfind("step-", 0) == 0 && fs::exists(e.path() / "checksums.json")) names.push_back(n);
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+}  // namespace
+
 std::string latest_checkpoint(const std::string& run_dir) {
-  const fs::path pointer = fs::path(run_dir) / "checkpoints" / "latest";
-  if (!fs::exists(pointer)) return "";
+  const fs::path root = fs::path(run_dir) / "checkpoints", pointer = root / "latest";
+  const std::vector<std::string> steps = step_checkpoints(run_dir);
+  if (!fs::exists(pointer)) return steps.empty() ? "" : (root / steps.back()).string();
   std::string name;
   std::ifstream(pointer) >> name;
-  const fs::path dir = fs::path(run_dir) / "checkpoints" / name;
+  const fs::path dir = root / name;
   if (name.empty() || !fs::is_directory(dir))
     throw Error(pointer.string() + ": names '" + name + "', which is not a checkpoint directory");
+  if (!steps.empty() && name.rfind("step-", 0) == 0 && steps.back() > name) return (root / steps.back()).string();
   return dir.string();
+}
+
+std::string newest_intact_checkpoint(const std::string& run_dir, const std::string& except) {
+  const std::vector<std::string> steps = step_checkpoints(run_dir);
+  for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
+    const fs::path dir = fs::path(run_dir) / "checkpoints" / *it;
+    if (!except.empty() && fs::equivalent(dir, except)) continue;
+    try {
+      verify_checkpoint(dir.string());
+      return dir.string();
+    } catch (const Error&) {
+    }
+  }
+  return "";
+}
+
+std::string resolve_checkpoint(const std::string& run_dir, const std::string& spec) {
+  const fs::path root = fs::path(run_dir) / "checkpoints";
+  if (fs::is_directory(spec) && fs::exists(fs::path(spec) / "checksums.json")) return spec;
+  std::string name = spec;
+  if (!name.empty() && std::all_of(name.begin(), name.end(), ::isdigit)) {
+    char buf[32];
+    std::snprintf(buf, sizeof(buf), "step-%08lld", std::stoll(name));
+    name = buf;
+  }
+  if (name.find('/') == std::string::npos && fs::is_directory(root / name)) return (root / name).string();
+  std::string have;
+  for (const auto& n : step_checkpoints(run_dir)) have += (have.empty() ? "" : ", ") + n;
+  throw Error("--resume-from " + spec + ": no such checkpoint in " + root.string() +
+              " (it holds: " + (have.empty() ? std::string("none") : have) + ")");
 }
 
 void verify_checkpoint(const std::string& dir) {

@@ -97,6 +97,7 @@ std::shared_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) 
   if (std::memchr(bytes + 8, 0, header_len)) {
     throw Error(path + ": the header holds a NUL byte (only spaces may pad it): corrupt or not a safetensors file");
   }
+  check_json_depth(std::string_view(reinterpret_cast<const char*>(bytes) + 8, header_len), path + ": header");
   json header;
   try {
     header = json::parse(bytes + 8, bytes + 8 + header_len);

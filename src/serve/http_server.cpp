@@ -7,8 +7,10 @@
 #include <cstdio>
 
 #include "archspace/infer/prompts.h"
+#include "archspace/serve/http_guard.h"
 #include "archspace/serve/openai_schema.h"
 #include "archspace/util/error.h"
+#include "archspace/util/error_message.h"
 
 namespace archspace::serve {
 
@@ -45,15 +47,21 @@ struct HttpServer::Impl {
   Impl(const CausalLM& m, std::shared_ptr<const Tokenizer> t, ServerOptions o)
       : tokenizer(std::move(t)),
         options(std::move(o)),
-        model{options.model_id, m.config(), *tokenizer, stop_token_ids(*tokenizer, m.config(), false),
-              stop_token_ids(*tokenizer, m.config(), true)},
-        scheduler(m, tokenizer, options.scheduler) {
+        model{options.model_id,
+              m.config(),
+              *tokenizer,
+              stop_token_ids(*tokenizer, m.config(), false),
+              stop_token_ids(*tokenizer, m.config(), true),
+              options.request},
+        scheduler(m, tokenizer, options.scheduler),
+        server(HttpLimits{options.max_header_bytes, options.max_header_lines, options.max_body_bytes}) {
     // One handler thread per connection: enough for every sequence being decoded, every request queued,
     // and a few more so that a full queue is answered (429) rather than left waiting for a thread.
-    const size_t threads = static_cast<size_t>(options.scheduler.max_batch + options.scheduler.max_queue + 8);
+    const size_t threads =
+        static_cast<size_t>(std::min<int64_t>(options.scheduler.max_batch + options.scheduler.max_queue, 512) + 8);
     server.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
     server.set_keep_alive_timeout(2);  // idle keep-alive connections do not delay a shutdown long
-    server.set_payload_max_length(64 << 20);
+    server.set_payload_max_length(static_cast<size_t>(options.max_body_bytes));
     routes();
   }
 
@@ -61,25 +69,42 @@ struct HttpServer::Impl {
   ServerOptions options;
   ServedModel model;
   Scheduler scheduler;
-  httplib::Server server;
+  GuardedServer server;
   std::atomic<int64_t> next_id{1};
 
   std::string new_id(const char* prefix) { return prefix + std::to_string(next_id++); }
 
   std::shared_ptr<Ticket> submit(std::vector<SequenceRequest> sequences) {
-    auto ticket = scheduler.submit(std::move(sequences));
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(options.request_timeout_s);
+    auto ticket = scheduler.submit(std::move(sequences), deadline);
     if (!ticket) {
       throw ApiError(429,
-                     "The server is busy: " + std::to_string(options.scheduler.max_queue) +
-                         " requests are already waiting (--max-queue); retry later",
+                     "The server is busy: the queue of " + std::to_string(options.scheduler.max_queue) +
+                         " sequences (--max-queue) cannot take this request now; retry later",
                      "", "queue_full");
     }
     return ticket;
   }
 
+  static ApiError failure(const Ticket& ticket) {
+    if (ticket.timed_out()) return ApiError(504, ticket.error(), "", "timeout");
+    return ApiError(500, "the model failed on this request: " + ticket.error());
+  }
+
+  // Waits for a whole (non-streamed) answer; a client that reset its connection cancels its sequences
+  // (they leave the batch at the next step) and gets nothing.
+  static bool wait_for_client(Ticket& ticket) {
+    while (!ticket.wait_for(std::chrono::milliseconds(50))) {
+      if (GuardedServer::client_gone()) {
+        ticket.cancel();
+        return false;
+      }
+    }
+    return true;
+  }
+
   static void check_failed(const Ticket& ticket) {
-    const std::string error = ticket.error();
-    if (!error.empty()) throw ApiError(500, "the model failed on this request: " + error);
+    if (!ticket.error().empty()) throw failure(ticket);
   }
 
   // Server-sent events of one request: each choice's text as it comes, its finish reason, then usage
@@ -104,9 +129,8 @@ struct HttpServer::Impl {
               }
             }
           }
-          const std::string error = ticket->error();
-          if (!error.empty()) {
-            write_event(sink, dump(ApiError(500, "the model failed on this request: " + error).body()));
+          if (!ticket->error().empty()) {
+            write_event(sink, dump(failure(*ticket).body()));
           } else if (final_usage) {
             write_event(sink, dump(final_usage()));
           }
@@ -125,7 +149,7 @@ struct HttpServer::Impl {
     const std::string id = new_id("cmpl-");
     const int64_t created = now_seconds();
     if (!request->params.stream) {
-      ticket->wait();
+      if (!wait_for_client(*ticket)) return;
       check_failed(*ticket);
       send_json(res, completion_response(*request, ticket->results(), model, id, created));
       return;
@@ -160,7 +184,7 @@ struct HttpServer::Impl {
     const std::string id = new_id("chatcmpl-");
     const int64_t created = now_seconds();
     if (!request->params.stream) {
-      ticket->wait();
+      if (!wait_for_client(*ticket)) return;
       check_failed(*ticket);
       send_json(res, chat_response(*request, ticket->results(), model, id, created));
       return;
@@ -192,7 +216,8 @@ struct HttpServer::Impl {
     stream(res, ticket, chunk, final_usage, opening);
   }
 
-  // Wraps a handler: ApiError and bad input answer with OpenAI's error body.
+  // Wraps a handler: ApiError and bad input (Error, or a JSON value of a type the checks missed) answer
+  // with OpenAI's error body, 400; anything else is the server's fault, 500, its message without a backtrace.
   template <typename F>
   httplib::Server::Handler guarded(F f) {
     return [this, f](const httplib::Request& req, httplib::Response& res) {
@@ -202,12 +227,21 @@ struct HttpServer::Impl {
         send_error(res, e);
       } catch (const Error& e) {
         send_error(res, ApiError(400, e.what()));
+      } catch (const nlohmann::json::exception& e) {
+        send_error(res, ApiError(400, std::string("invalid request: ") + e.what()));
+      } catch (const std::exception& e) {
+        send_error(res, ApiError(500, "internal error: " + error_message(e)));
       }
     };
   }
 
   void routes() {
     server.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+      if (const std::string& why = GuardedServer::refusal(); !why.empty()) {  // malformed framing: 400, close
+        send_error(res, ApiError(GuardedServer::refusal_status(), why));
+        res.set_header("Connection", "close");
+        return httplib::Server::HandlerResponse::Handled;
+      }
       if (options.api_key.empty() || req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
       if (req.get_header_value("Authorization") == "Bearer " + options.api_key)
         return httplib::Server::HandlerResponse::Unhandled;
@@ -218,7 +252,13 @@ struct HttpServer::Impl {
       return httplib::Server::HandlerResponse::Handled;
     });
     server.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
-      if (!res.body.empty()) return;  // an error the route already answered
+      if (!res.body.empty()) return;                                          // an error the route already answered
+      if (const std::string& why = GuardedServer::refusal(); !why.empty()) {  // headers or body over a limit
+        res.status = GuardedServer::refusal_status();
+        res.set_header("Connection", "close");
+        send_json(res, ApiError(res.status, why).body(), res.status);
+        return;
+      }
       const std::string message =
           res.status == 404 ? "no route " + req.method + " " + req.path : "HTTP " + std::to_string(res.status);
       send_json(res, ApiError(res.status, message).body(), res.status);
@@ -228,7 +268,7 @@ struct HttpServer::Impl {
       try {
         std::rethrow_exception(ep);
       } catch (const std::exception& e) {
-        message = std::string("internal error: ") + e.what();
+        message = "internal error: " + error_message(e);
       } catch (...) {
       }
       send_error(res, ApiError(500, message));

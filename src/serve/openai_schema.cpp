@@ -1,10 +1,12 @@
 #include "archspace/serve/openai_schema.h"
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 
 #include "archspace/chat/chat.h"
 #include "archspace/util/error.h"
+#include "archspace/util/json_file.h"
 
 namespace archspace::serve {
 
@@ -44,11 +46,26 @@ json ApiError::body() const {
             {"code", code.empty() ? json(nullptr) : json(code)}}}};
 }
 
+namespace {
+// nlohmann's messages quote the token read, which may be most of the body.
+std::string clipped(std::string s, size_t most = 300) {
+  if (s.size() > most) s = utf8_lossy(s.substr(0, most)) + "...";
+  return s;
+}
+}  // namespace
+
 json parse_body(const std::string& body) {
+  try {
+    check_json_depth(body, "the request body");
+  } catch (const Error& e) {
+    throw ApiError(400, e.what());
+  }
   try {
     return json::parse(body);
   } catch (const json::parse_error& e) {
-    throw ApiError(400, std::string("the request body is not valid JSON: ") + e.what());
+    throw ApiError(400, "the request body is not valid JSON: " + clipped(e.what()));
+  } catch (const json::exception& e) {  // out_of_range: a number too large for a double (1e400)
+    throw ApiError(400, "the request body holds a number out of range: " + clipped(e.what()));
   }
 }
 
@@ -72,6 +89,9 @@ std::optional<bool> get_bool(const json& body, const char* name) {
 std::optional<int64_t> get_int(const json& body, const char* name) {
   const json* v = field(body, name);
   if (!v) return std::nullopt;
+  // An unsigned beyond int64 would wrap (2^64-1 to -1, top_k "off"): out of range instead.
+  if (v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
+    throw bad(name, std::string("'") + name + "' is out of range (above 2^63-1), got " + v->dump());
   if (v->is_number_integer()) return v->get<int64_t>();
   if (v->is_number_float() && std::floor(v->get<double>()) == v->get<double>() && std::abs(v->get<double>()) < 1e15)
     return static_cast<int64_t>(v->get<double>());
@@ -101,12 +121,44 @@ void check_model(const json& body, const ServedModel& model) {
   }
 }
 
+// The fields each route reads (OpenAI's, and vLLM's extras: top_k, min_p, repetition_penalty, ignore_eos);
+// any other is a 400 naming it, as OpenAI answers, rather than silently ignored.
+const std::vector<std::string>& generation_fields() {
+  static const std::vector<std::string> names = {"model",
+                                                 "n",
+                                                 "best_of",
+                                                 "max_tokens",
+                                                 "max_completion_tokens",
+                                                 "temperature",
+                                                 "top_p",
+                                                 "top_k",
+                                                 "min_p",
+                                                 "seed",
+                                                 "stop",
+                                                 "stream",
+                                                 "stream_options",
+                                                 "frequency_penalty",
+                                                 "presence_penalty",
+                                                 "repetition_penalty",
+                                                 "ignore_eos",
+                                                 "logit_bias",
+                                                 "user",
+                                                 "logprobs"};
+  return names;
+}
+
+void check_known_fields(const json& body, const std::vector<std::string>& common,
+                        std::initializer_list<const char*> own) {
+  for (auto it = body.begin(); it != body.end(); ++it) {
+    const std::string& key = it.key();
+    if (std::find(common.begin(), common.end(), key) != common.end()) continue;
+    if (std::find_if(own.begin(), own.end(), [&](const char* n) { return key == n; }) != own.end()) continue;
+    throw bad(key, "Unrecognized request argument supplied: '" + clipped(key, 100) + "'");
+  }
+}
+
 // Fields the engine does not implement: accepted only at their neutral values.
 void refuse_unsupported(const json& body) {
-  for (const char* name : {"frequency_penalty", "presence_penalty"}) {
-    if (auto v = get_number(body, name); v && *v != 0)
-      throw bad(name, std::string("'") + name + "' is not supported (only 0)");
-  }
   if (const json* v = field(body, "logit_bias")) {
     if (!v->is_object()) throw bad("logit_bias", "'logit_bias' must be an object, got " + kind_of(*v));
     if (!v->empty()) throw bad("logit_bias", "'logit_bias' is not supported");
@@ -116,9 +168,26 @@ void refuse_unsupported(const json& body) {
     if (v && !(v->is_string() && v->get<std::string>().empty()))
       throw bad(name, std::string("'") + name + "' is not supported");
   }
+  get_string(body, "user");  // accepted, type-checked, unused
 }
 
-GenerationParams parse_params(const json& body, int64_t default_max_tokens, bool zero_tokens_allowed) {
+std::string number_text(double v) {
+  if (std::floor(v) == v && std::abs(v) < 1e15) return std::to_string(static_cast<int64_t>(v));
+  return json(v).dump();
+}
+
+// A number field within [lo, hi] (bounds named in the message).
+double number_in(const json& body, const char* name, double fallback, double lo, double hi, bool lo_open = false) {
+  const double v = get_number(body, name).value_or(fallback);
+  if (!std::isfinite(v) || v > hi || (lo_open ? v <= lo : v < lo)) {
+    throw bad(name, std::string("'") + name + "' must be in " + (lo_open ? "(" : "[") + number_text(lo) + ", " +
+                        number_text(hi) + "], got " + json(v).dump());
+  }
+  return v;
+}
+
+GenerationParams parse_params(const json& body, int64_t default_max_tokens, bool zero_tokens_allowed,
+                              const RequestLimits& limits) {
   GenerationParams p;
   SamplingOptions& s = p.sampling;
   s.temperature = get_number(body, "temperature").value_or(1.0);
@@ -129,6 +198,11 @@ GenerationParams parse_params(const json& body, int64_t default_max_tokens, bool
   const int64_t top_k = get_int(body, "top_k").value_or(0);
   if (top_k < -1) throw bad("top_k", "'top_k' must be >= -1 (-1 or 0: off), got " + std::to_string(top_k));
   s.top_k = std::max<int64_t>(top_k, 0);
+  s.min_p = number_in(body, "min_p", 0.0, 0.0, 1.0);
+  s.repetition_penalty = number_in(body, "repetition_penalty", 1.0, 0.0, 10.0, /*lo_open=*/true);
+  s.presence_penalty = number_in(body, "presence_penalty", 0.0, -2.0, 2.0);
+  s.frequency_penalty = number_in(body, "frequency_penalty", 0.0, -2.0, 2.0);
+  p.ignore_eos = get_bool(body, "ignore_eos").value_or(false);
   if (auto seed = get_int(body, "seed")) {
     s.seed = static_cast<uint64_t>(*seed);
   } else {
@@ -149,6 +223,10 @@ GenerationParams parse_params(const json& body, int64_t default_max_tokens, bool
     if (stop->is_string()) {
       p.stop.push_back(stop->get<std::string>());
     } else if (stop->is_array()) {
+      if (static_cast<int64_t>(stop->size()) > limits.max_stop_strings) {
+        throw bad("stop", "'stop' holds " + std::to_string(stop->size()) + " strings, more than " +
+                              std::to_string(limits.max_stop_strings) + " (--max-stop-strings)");
+      }
       for (const json& s : *stop) {
         if (!s.is_string())
           throw bad("stop", "'stop' must be a string or a list of strings, got a list holding " + kind_of(s));
@@ -159,6 +237,10 @@ GenerationParams parse_params(const json& body, int64_t default_max_tokens, bool
     }
     for (const auto& s : p.stop) {
       if (s.empty()) throw bad("stop", "'stop' holds an empty string (it would stop before the first token)");
+      if (static_cast<int64_t>(s.size()) > limits.max_stop_bytes) {
+        throw bad("stop", "'stop' holds a string of " + std::to_string(s.size()) + " bytes, more than " +
+                              std::to_string(limits.max_stop_bytes) + " (--max-stop-bytes)");
+      }
       if (find_invalid_utf8(s)) throw bad("stop", "'stop' holds invalid UTF-8");
     }
   }
@@ -174,12 +256,11 @@ void check_length(const std::vector<uint32_t>& prompt, int64_t max_tokens, const
                   const std::string& what) {
   const int64_t limit = model.config.max_position_embeddings, n = static_cast<int64_t>(prompt.size());
   if (n == 0) throw bad(what, "'" + what + "' is empty (no tokens)");
-  if (n + max_tokens > limit) {
+  if (n > limit || max_tokens > limit - n) {  // n + max_tokens may overflow
     throw ApiError(400,
                    "This model's maximum context length is " + std::to_string(limit) +
-                       " tokens (max_position_embeddings); the request asks for " + std::to_string(n + max_tokens) +
-                       " (" + std::to_string(n) + " in the " + what + ", " + std::to_string(max_tokens) +
-                       " in max_tokens)",
+                       " tokens (max_position_embeddings); the request asks for " + std::to_string(n) + " in the " +
+                       what + " and " + std::to_string(max_tokens) + " in max_tokens",
                    what, "context_length_exceeded");
   }
 }
@@ -193,7 +274,8 @@ std::vector<uint32_t> ids_of(const json& list, const ServedModel& model, const s
   std::vector<uint32_t> ids;
   for (const json& v : list) {
     if (!v.is_number_integer() || v.get<int64_t>() < 0)
-      throw bad(param, "'" + param + "' token ids must be non-negative integers, got " + v.dump());
+      throw bad(param, "'" + param + "' token ids must be non-negative integers, got " +
+                           (v.is_number() ? v.dump() : kind_of(v)));
     const int64_t id = v.get<int64_t>();
     if (id >= model.config.vocab_size)
       throw bad(param, "'" + param + "' holds token id " + std::to_string(id) + ", outside the vocabulary [0, " +
@@ -203,13 +285,14 @@ std::vector<uint32_t> ids_of(const json& list, const ServedModel& model, const s
   return ids;
 }
 
-SequenceRequest base_sequence(const GenerationParams& p, const std::vector<uint32_t>& prompt, size_t choice) {
+SequenceRequest base_sequence(const GenerationParams& p, const std::vector<uint32_t>& prompt, size_t choice,
+                              const std::shared_ptr<const std::vector<std::string>>& stops) {
   SequenceRequest s;
   s.prompt = prompt;
   s.max_tokens = p.max_tokens;
   s.sampling = p.sampling;
   s.sampling.seed = p.sampling.seed + choice;  // the n choices of one prompt differ
-  s.stop_strings = p.stop;
+  s.stop_strings = stops;                      // one list for the whole request
   return s;
 }
 
@@ -217,6 +300,7 @@ SequenceRequest base_sequence(const GenerationParams& p, const std::vector<uint3
 
 CompletionRequest parse_completion_request(const json& body, const ServedModel& model) {
   check_object(body);
+  check_known_fields(body, generation_fields(), {"prompt", "echo", "suffix"});
   check_model(body, model);
   refuse_unsupported(body);
   CompletionRequest r;
@@ -242,7 +326,7 @@ CompletionRequest parse_completion_request(const json& body, const ServedModel& 
     throw bad("prompt", "'prompt' must be a non-empty string, list of token ids, or list of either; got " +
                             (prompt->is_array() ? std::string("an empty list") : kind_of(*prompt)));
   }
-  r.params = parse_params(body, 16, /*zero_tokens_allowed=*/true);
+  r.params = parse_params(body, 16, /*zero_tokens_allowed=*/true, model.limits);
   r.echo = get_bool(body, "echo").value_or(false);
   if (auto logprobs = get_int(body, "logprobs")) {
     if (*logprobs < 0 || *logprobs > 20)
@@ -253,15 +337,32 @@ CompletionRequest parse_completion_request(const json& body, const ServedModel& 
     throw bad("max_tokens", "'max_tokens' 0 returns nothing without 'echo' (use echo with logprobs to score a prompt)");
   if (r.params.stream && r.logprobs >= 0)
     throw bad("logprobs", "'logprobs' is not supported with 'stream' (ask without streaming)");
-  for (const auto& p : r.prompts) check_length(p, r.params.max_tokens, model, "prompt");
+  int64_t prompt_tokens = 0;
+  for (const auto& p : r.prompts) {
+    check_length(p, r.params.max_tokens, model, "prompt");
+    prompt_tokens += static_cast<int64_t>(p.size());  // each within the context: no overflow
+  }
+  if (prompt_tokens > model.limits.max_prompt_tokens) {
+    throw bad("prompt", "the request's prompts hold " + std::to_string(prompt_tokens) + " tokens, more than " +
+                            std::to_string(model.limits.max_prompt_tokens) + " (--max-prompt-tokens)");
+  }
   return r;
 }
 
 ChatRequest parse_chat_request(const json& body, const ServedModel& model) {
   check_object(body);
+  check_known_fields(body, generation_fields(),
+                     {"messages", "top_logprobs", "tools", "tool_choice", "functions", "function_call",
+                      "response_format", "parallel_tool_calls"});
   check_model(body, model);
   refuse_unsupported(body);
   if (get_bool(body, "logprobs").value_or(false)) throw bad("logprobs", "'logprobs' is not supported for chat");
+  if (auto top = get_int(body, "top_logprobs")) {
+    if (*top < 0 || *top > 20)
+      throw bad("top_logprobs", "'top_logprobs' must be in [0, 20], got " + std::to_string(*top));
+    if (*top > 0) throw bad("top_logprobs", "'top_logprobs' needs 'logprobs', which is not supported for chat");
+  }
+  get_bool(body, "parallel_tool_calls");
   const json* messages = field(body, "messages");
   if (!messages) throw bad("messages", "'messages' is required");
   if (!messages->is_array() || messages->empty())
@@ -282,17 +383,18 @@ ChatRequest parse_chat_request(const json& body, const ServedModel& model) {
     throw bad("messages", e.what());
   }
   const int64_t rest = model.config.max_position_embeddings - static_cast<int64_t>(r.prompt.size());
-  r.params = parse_params(body, std::max<int64_t>(rest, 1), /*zero_tokens_allowed=*/false);
+  r.params = parse_params(body, std::max<int64_t>(rest, 1), /*zero_tokens_allowed=*/false, model.limits);
   check_length(r.prompt, r.params.max_tokens, model, "messages");
   return r;
 }
 
 std::vector<SequenceRequest> completion_sequences(const CompletionRequest& r, const ServedModel& model) {
   std::vector<SequenceRequest> out;
+  const auto stops = std::make_shared<const std::vector<std::string>>(r.params.stop);
   for (const auto& prompt : r.prompts) {
     for (int64_t j = 0; j < r.params.n; ++j) {
-      SequenceRequest s = base_sequence(r.params, prompt, j);
-      s.stop_ids = model.completion_stop_ids;
+      SequenceRequest s = base_sequence(r.params, prompt, j, stops);
+      if (!r.params.ignore_eos) s.stop_ids = model.completion_stop_ids;
       s.logprobs = r.logprobs;
       s.score_prompt = r.echo && r.logprobs >= 0;
       out.push_back(std::move(s));
@@ -303,9 +405,10 @@ std::vector<SequenceRequest> completion_sequences(const CompletionRequest& r, co
 
 std::vector<SequenceRequest> chat_sequences(const ChatRequest& r, const ServedModel& model) {
   std::vector<SequenceRequest> out;
+  const auto stops = std::make_shared<const std::vector<std::string>>(r.params.stop);
   for (int64_t j = 0; j < r.params.n; ++j) {
-    SequenceRequest s = base_sequence(r.params, r.prompt, j);
-    s.stop_ids = model.chat_stop_ids;
+    SequenceRequest s = base_sequence(r.params, r.prompt, j, stops);
+    if (!r.params.ignore_eos) s.stop_ids = model.chat_stop_ids;
     out.push_back(std::move(s));
   }
   return out;
@@ -394,6 +497,7 @@ json chat_response(const ChatRequest& r, const std::vector<SequenceResult>& resu
 
 json tokenize_response(const json& body, const ServedModel& model) {
   check_object(body);
+  check_known_fields(body, {"model"}, {"prompt", "messages", "add_special_tokens"});
   check_model(body, model);
   std::vector<uint32_t> ids;
   if (const json* messages = field(body, "messages")) {
@@ -415,6 +519,7 @@ json tokenize_response(const json& body, const ServedModel& model) {
 
 json detokenize_response(const json& body, const ServedModel& model) {
   check_object(body);
+  check_known_fields(body, {"model"}, {"tokens"});
   check_model(body, model);
   const json* tokens = field(body, "tokens");
   if (!tokens || !tokens->is_array()) throw bad("tokens", "'tokens' is required (a list of token ids)");

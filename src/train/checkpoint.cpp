@@ -49,9 +49,12 @@ std::string step_name(int64_t step) {
 }
 
 // Test hook: die (SIGKILL, no cleanup) half-way through writing the checkpoint of this step.
-void maybe_crash(int64_t step) {
+// Tests of crash safety: ARCHSPACE_TEST_KILL_DURING_CHECKPOINT=N kills the process (SIGKILL) while step N's
+// checkpoint is half written; N:published, after its rename and before `latest` names it.
+void maybe_crash(int64_t step, bool published) {
   const char* env = std::getenv("ARCHSPACE_TEST_KILL_DURING_CHECKPOINT");
-  if (env && std::atoll(env) == step) ::raise(SIGKILL);
+  if (!env || std::atoll(env) != step) return;
+  if ((std::string(env).find(":published") != std::string::npos) == published) ::raise(SIGKILL);
 }
 
 }  // namespace
@@ -67,7 +70,7 @@ std::string save_checkpoint(const std::string& run_dir, int64_t step, const Chec
     fs::create_directories(tmp);
     save_model(*c.model, (tmp / "model").string(), at::kFloat);
     if (!c.tokenizer_file.empty()) fs::copy_file(c.tokenizer_file, tmp / "model" / "tokenizer.json");
-    maybe_crash(step);
+    maybe_crash(step, false);
     save_safetensors((tmp / "optimizer.safetensors").string(), c.optimizer_state);
     write_text(tmp / "trainer_state.json", c.trainer_state.dump(2) + "\n");
     if (!c.config_text.empty()) write_text(tmp / "train_config.toml", c.config_text);
@@ -86,6 +89,7 @@ std::string save_checkpoint(const std::string& run_dir, int64_t step, const Chec
     fs::remove_all(tmp, ignored);  // leave the previous checkpoints exactly as they were
     throw;
   }
+  maybe_crash(step, true);
   write_pointer(root, "latest", name);
   if (is_final) write_pointer(root, "final", name);
 

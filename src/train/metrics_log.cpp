@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "archspace/util/error.h"
+#include "archspace/util/json_file.h"
 
 namespace archspace {
 
@@ -14,7 +15,7 @@ MetricsLog::MetricsLog(const std::string& path, int64_t resume_step) : path_(pat
     std::ifstream in(path);
     for (std::string line; std::getline(in, line);) {
       try {
-        if (json::parse(line).at("step").get<int64_t>() <= resume_step) keep.push_back(line);
+        if (parse_json_text(line, path).at("step").get<int64_t>() <= resume_step) keep.push_back(line);
       } catch (const std::exception&) {
         // A line cut short by a kill: not a step of the run.
       }

@@ -169,7 +169,9 @@ void Trainer::setup_dist() {
 
 void Trainer::setup_run_dir() {
   if (rank_ == 0) run_lock_ = std::make_unique<RunDirLock>(cfg_.run_dir);  // before anything reads or writes it
-  if (options_.resume) {
+  if (!options_.resume_from.empty()) {
+    resume_from_ = resolve_checkpoint(cfg_.run_dir, options_.resume_from);
+  } else if (options_.resume) {
     resume_from_ = latest_checkpoint(cfg_.run_dir);
     if (resume_from_.empty())
       progress_->note("--resume: " + cfg_.run_dir + " has no checkpoint yet; starting from step 0");
@@ -310,7 +312,16 @@ NamedTensors Trainer::optimizer_state() {
 
 void Trainer::resume() {
   if (resume_from_.empty()) return;
-  verify_checkpoint(resume_from_);
+  try {
+    verify_checkpoint(resume_from_);
+  } catch (const Error& e) {
+    // Name the way out: the newest checkpoint that does verify, and the flag that resumes from it.
+    const std::string intact = newest_intact_checkpoint(cfg_.run_dir, resume_from_);
+    throw Error(std::string(e.what()) + "; " +
+                (intact.empty() ? std::string("no other checkpoint of the run verifies (start again without --resume)")
+                                : "the newest intact checkpoint is " + intact + ": resume from it with --resume-from " +
+                                      fs::path(intact).filename().string()));
+  }
   const json state = read_trainer_state(resume_from_);
   // Resuming under other batch geometry would silently read other instances: refuse.
   // The global batch counts every rank: another split of the same global batch (ranks x grad_accum) is fine.

@@ -4,11 +4,13 @@
 
 #include "archspace/util/error.h"
 #include "archspace/util/files.h"
+#include "archspace/util/json_file.h"
 
 namespace archspace {
 
 std::optional<nlohmann::json> parse_json_line(const std::string& line, const std::string& where) {
   if (line.find_first_not_of(" \t\r") == std::string::npos) return std::nullopt;
+  check_json_depth(line, where);
   try {
     return nlohmann::json::parse(line);
   } catch (const nlohmann::json::exception& e) {  // parse_error, or out_of_range for a number too large

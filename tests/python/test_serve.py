@@ -246,7 +246,9 @@ def test_bad_requests_answer_openai_errors(server):
     expect_error(post({"prompt": "hi", "stop": [1]}), 400, "'stop' must be", param="stop")
     expect_error(post({"prompt": "hi", "echo": "yes"}), 400, "'echo' must be a boolean", param="echo")
     expect_error(post({"prompt": "hi", "top_p": 0}), 400, "'top_p' must be in (0, 1]", param="top_p")
-    expect_error(post({"prompt": "hi", "frequency_penalty": 0.5}), 400, "not supported", param="frequency_penalty")
+    expect_error(post({"prompt": "hi", "frequency_penalty": 2.5}), 400, "'frequency_penalty' must be in [-2, 2]",
+                 param="frequency_penalty")
+    expect_error(post({"prompt": "hi", "logit_bias": {"5": 1}}), 400, "not supported", param="logit_bias")
     expect_error(post({"prompt": [5, 100278]}), 400, "token id 100278, outside the vocabulary", param="prompt")
     e = expect_error(post({"prompt": "hi", "max_tokens": 65536}), 400, "max_position_embeddings", "65536")
     assert e["code"] == "context_length_exceeded"

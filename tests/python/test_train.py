@@ -257,6 +257,36 @@ def test_kill_during_checkpoint_write_then_resume(tmp_path, resume_setup):
     assert_same_run(tmp_path / "straight", tmp_path / "crashed")
 
 
+def test_kill_between_publishing_and_latest_then_resume(tmp_path, resume_setup):
+    """A kill after step 6's checkpoint was renamed into place but before `latest` named it: --resume finds
+    step 6 (complete: it was renamed after its checksums) and continues bit-exactly."""
+    run_cli("train", "--config", resume_setup("straight"))
+    env = dict(os.environ, ARCHSPACE_TEST_KILL_DURING_CHECKPOINT="6:published")
+    result = subprocess.run([str(BINARY), "train", "--config", str(resume_setup("crashed"))], env=env, capture_output=True)
+    assert result.returncode == -signal.SIGKILL
+    ckpts = tmp_path / "crashed" / "checkpoints"
+    assert (ckpts / "latest").read_text().strip() == "step-00000004" and (ckpts / "step-00000006").is_dir()
+    out = run_cli("train", "--config", resume_setup("crashed"), "--resume")
+    assert "step-00000006 at step 6" in out.stdout + out.stderr
+    assert_same_run(tmp_path / "straight", tmp_path / "crashed")
+
+
+def test_a_corrupt_newest_checkpoint_names_the_intact_one_and_resume_from_uses_it(tmp_path, resume_setup):
+    run_cli("train", "--config", resume_setup("straight"))
+    run_cli("train", "--config", resume_setup("run"), "--stop-after", "6")  # checkpoints 4 and 6
+    opt = tmp_path / "run" / "checkpoints" / "step-00000006" / "optimizer.safetensors"
+    data = bytearray(opt.read_bytes())
+    data[-5] ^= 0xFF
+    opt.write_bytes(bytes(data))
+    expect_error(["train", "--config", resume_setup("run"), "--resume"], "step-00000006", "checksum mismatch",
+                 "the newest intact checkpoint is", "step-00000004", "--resume-from step-00000004")
+    expect_error(["train", "--config", resume_setup("run"), "--resume-from", "step-9"], "--resume-from step-9",
+                 "no such checkpoint", "step-00000004, step-00000006")
+    out = run_cli("train", "--config", resume_setup("run"), "--resume-from", "step-00000004")
+    assert "step-00000004 at step 4" in out.stdout + out.stderr
+    assert_same_run(tmp_path / "straight", tmp_path / "run")
+
+
 def test_matched_runs_see_identical_batches(tmp_path):
     write_shards(tmp_path / "shards", synthetic_tokens(4000))
     hashes = {}

@@ -7,8 +7,10 @@
 #include "archspace/config/model_config.h"
 #include "archspace/model/causal_lm.h"
 #include "archspace/util/error.h"
+#include "archspace/util/json_file.h"
 #include "archspace/util/json_lines.h"
 #include "archspace/util/strings.h"
+#include "test_support.h"
 
 using namespace archspace;
 using nlohmann::json;
@@ -204,4 +206,23 @@ TEST(Strings, SplitNonemptyDropsEmptyParts) {
   EXPECT_EQ(split_nonempty("", ','), V{});
   EXPECT_EQ(split_nonempty(",,", ','), V{});
   EXPECT_EQ(split_nonempty("single", ','), V{"single"});
+}
+
+// Nesting deeper than kMaxJsonDepth is refused before nlohmann parses (its values copy and dump recursively:
+// 100,000 levels overflowed the stack); brackets inside strings do not count.
+TEST(JsonDepth, DeepNestingIsAnErrorNamingTheFileBeforeAnyParse) {
+  auto nested = [](int n) { return std::string(n, '[') + std::string(n, ']'); };
+  EXPECT_NO_THROW(check_json_depth(nested(kMaxJsonDepth), "x"));
+  EXPECT_NO_THROW(check_json_depth("[\"" + std::string(100000, '[') + "\\\"[\"]", "x"));
+  archspace::testing::expect_error([&] { check_json_depth(nested(kMaxJsonDepth + 1), "x.json"); },
+                                   {"x.json", "nested deeper than 256 levels", "at byte 256"});
+  archspace::testing::expect_error([&] { parse_json_text("{\"a\": " + nested(100000) + "}", "config.json"); },
+                                   {"config.json", "nested deeper"});
+  archspace::testing::expect_error([&] { parse_json_line(nested(100000), "prompts.jsonl:3"); },
+                                   {"prompts.jsonl:3", "nested deeper"});
+  const auto dir = archspace::testing::fresh_dir("json_depth");
+  std::ofstream((dir / "config.json").string()) << "{\"x\": " << nested(100000) << "}";
+  archspace::testing::expect_error([&] { read_json_file((dir / "config.json").string()); },
+                                   {"config.json", "nested deeper"});
+  std::filesystem::remove_all(dir);
 }

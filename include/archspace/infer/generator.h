@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -14,10 +15,19 @@
 
 namespace archspace {
 
+// Temperatures below this are greedy (vLLM's _SAMPLING_EPS): dividing logits by 1e-39 overflows to inf.
+inline constexpr double kGreedyTemperature = 1e-5;
+
 struct SamplingOptions {
-  double temperature = 0.0;  // 0: greedy
+  double temperature = 0.0;  // 0 (or below kGreedyTemperature): greedy
   int64_t top_k = 0;         // 0: off
   double top_p = 1.0;        // 1: off
+  double min_p = 0.0;        // 0: off; else drop tokens below min_p x the most likely one's probability
+  // vLLM's penalties (neutral values: off). repetition: transformers' RepetitionPenaltyLogitsProcessor over
+  // the prompt and the output; presence/frequency: OpenAI's, logit -= presence x [count > 0] + frequency x
+  // count, counts over the output.
+  double repetition_penalty = 1.0;
+  double presence_penalty = 0.0, frequency_penalty = 0.0;
   uint64_t seed = 0;
 };
 
@@ -50,7 +60,11 @@ struct GenerateResult {
 // streamed always add up to the final text.
 class CompletionText {
  public:
-  explicit CompletionText(std::vector<std::string> stop_strings = {}) : stops_(std::move(stop_strings)) {}
+  explicit CompletionText(std::vector<std::string> stop_strings = {})
+      : stops_(std::make_shared<const std::vector<std::string>>(std::move(stop_strings))) {}
+  // Shares the list (a request's n x prompts sequences hold one copy); null: no stop strings.
+  explicit CompletionText(std::shared_ptr<const std::vector<std::string>> stop_strings)
+      : stops_(std::move(stop_strings)) {}
   // Adds one token's bytes; returns the text that became safe to stream (may be empty).
   std::string add(const std::string& token_bytes);
   // Releases whatever is held back (at the end of the completion).
@@ -59,13 +73,31 @@ class CompletionText {
   std::string text() const;                  // the whole text so far (invalid UTF-8 replaced)
 
  private:
-  std::vector<std::string> stops_;
+  std::shared_ptr<const std::vector<std::string>> stops_;
   std::string bytes_;
   size_t emitted_ = 0;
   bool stopped_ = false;
 };
 
-// Picks the next token from logits [V] (fp32).
+// One sequence's token history for the penalties of SamplingOptions; empty (and free) when none is active.
+class Penalties {
+ public:
+  Penalties() = default;
+  Penalties(const SamplingOptions& options, const std::vector<uint32_t>& prompt, int64_t vocab);
+  bool active() const { return seen_.defined(); }
+  void add(int64_t id);  // a generated token
+  // The penalised logits [V] (a new tensor; `logits` itself when none is active).
+  at::Tensor apply(const at::Tensor& logits) const;
+
+ private:
+  double repetition_ = 1.0, presence_ = 0.0, frequency_ = 0.0;
+  at::Tensor seen_;    // [V] bool: in the prompt or the output
+  at::Tensor counts_;  // [V] fp32: occurrences in the output
+};
+
+// Picks the next token from logits [V] (fp32): temperature, then top_k, top_p and min_p (transformers'
+// warper order). Stable for every temperature >= 0 and top_p in (0, 1] (the
+// most likely token always stays a candidate); sampling (not greedy) throws when the logits hold NaN.
 int64_t sample_token(const at::Tensor& logits, const SamplingOptions& options, at::Generator& gen);
 
 // on_text(prompt index, text) receives each prompt's completion piece by piece (whole UTF-8 characters).

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -31,11 +32,12 @@ struct SequenceRequest {
   std::vector<uint32_t> prompt;
   int64_t max_tokens = 16;  // 0: nothing generated (scoring the prompt only)
   SamplingOptions sampling;
-  std::vector<uint32_t> stop_ids;         // end the sequence (not part of the text)
-  std::vector<std::string> stop_strings;  // end it; the text is cut before them
-  int64_t logprobs = -1;                  // >= 0: log-probability of each generated token and the top n
-  bool score_prompt = false;              // also the log-probability of each prompt token (echo + logprobs)
-  bool skip_special_tokens = false;       // special tokens add no text (lm-eval's decode of a generation)
+  std::vector<uint32_t> stop_ids;  // end the sequence (not part of the text)
+  // End it; the text is cut before them. Shared: the sequences of one request hold one list (null: none).
+  std::shared_ptr<const std::vector<std::string>> stop_strings;
+  int64_t logprobs = -1;             // >= 0: log-probability of each generated token and the top n
+  bool score_prompt = false;         // also the log-probability of each prompt token (echo + logprobs)
+  bool skip_special_tokens = false;  // special tokens add no text (lm-eval's decode of a generation)
 };
 
 struct GeneratedToken {
@@ -66,18 +68,22 @@ class Ticket {
   std::optional<Event> next_event();
   // Blocks until every sequence finished (or failed).
   void wait();
+  // wait() for at most `timeout`; true when everything finished.
+  bool wait_for(std::chrono::milliseconds timeout);
   const std::vector<SequenceResult>& results() const { return results_; }
   // Non-empty when the request failed in the model (the HTTP layer answers 500 with it).
   std::string error() const;
   // The client went away: its sequences leave the batch at the next step.
   void cancel() { cancelled_ = true; }
   bool cancelled() const { return cancelled_; }
+  bool timed_out() const { return timed_out_; }  // failed for passing its deadline
 
  private:
   friend class Scheduler;
   void push_text(size_t index, std::string text);
   void finish(size_t index, SequenceResult result);
   void fail(const std::string& message);
+  void expire();  // fail() for its deadline
 
   mutable std::mutex mutex_;
   std::condition_variable changed_;
@@ -86,17 +92,18 @@ class Ticket {
   std::vector<bool> finished_;
   size_t finished_count_ = 0;
   std::string error_;
-  std::atomic<bool> cancelled_{false};
+  std::atomic<bool> cancelled_{false}, timed_out_{false};
+  std::chrono::steady_clock::time_point deadline_ = std::chrono::steady_clock::time_point::max();
 };
 
 struct SchedulerOptions {
-  int64_t max_batch = 8;   // sequences decoded together
-  int64_t max_queue = 64;  // requests waiting to start; beyond: submit() refuses (HTTP 429)
+  int64_t max_batch = 8;    // sequences decoded together
+  int64_t max_queue = 256;  // sequences (prompts x n of each request) waiting to start; beyond: 429
   int64_t prefill_chunk = 1024;
 };
 
 struct SchedulerStats {
-  int64_t running = 0, waiting = 0;
+  int64_t running = 0, waiting = 0;  // sequences
   int64_t completed_sequences = 0, generated_tokens = 0;
 };
 
@@ -105,9 +112,13 @@ class Scheduler {
   Scheduler(const CausalLM& model, std::shared_ptr<const Tokenizer> tokenizer, SchedulerOptions options);
   ~Scheduler();  // stops the loop (after the work it holds)
 
-  // nullptr when the queue is full. Sequences must already be validated (ids in range, prompt + max_tokens
-  // within max_position_embeddings).
-  std::shared_ptr<Ticket> submit(std::vector<SequenceRequest> sequences);
+  // nullptr when the queue cannot take the request's sequences now (HTTP 429). Throws Error for sequences that
+  // could never run: more than max_queue of them, an empty prompt, ids outside the vocabulary, prompt +
+  // max_tokens past max_position_embeddings. Past `deadline`, the request fails (Ticket::timed_out()) and
+  // its sequences leave at the next step.
+  std::shared_ptr<Ticket> submit(
+      std::vector<SequenceRequest> sequences,
+      std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max());
   // Finishes every submitted request, then ends the loop thread.
   void stop();
   SchedulerStats stats() const;
@@ -135,6 +146,7 @@ class Scheduler {
   mutable std::mutex mutex_;
   std::condition_variable wake_;
   std::deque<Waiting> waiting_;
+  int64_t waiting_sequences_ = 0;  // not yet admitted, over waiting_
   bool stopping_ = false;
   int64_t running_ = 0, completed_ = 0, generated_ = 0;
   std::thread thread_;

@@ -7,8 +7,16 @@
 
 namespace archspace {
 
-// The checkpoint `latest` names, or "" when the run has none.
+// The newest checkpoint: the one `latest` names, or a newer step-N directory when a kill came between its
+// rename (which publishes a complete checkpoint) and the update of `latest`; "" when the run has none.
 std::string latest_checkpoint(const std::string& run_dir);
+
+// The newest step-N checkpoint other than `except` that passes verify_checkpoint, or "".
+std::string newest_intact_checkpoint(const std::string& run_dir, const std::string& except = "");
+
+// `--resume-from`: "step-N" (or N) in the run's checkpoints/, or a checkpoint directory's path. Throws
+// naming the run's checkpoints when there is no such checkpoint.
+std::string resolve_checkpoint(const std::string& run_dir, const std::string& spec);
 
 // Throws naming the file whose SHA-256 does not match checksums.json.
 void verify_checkpoint(const std::string& checkpoint_dir);

@@ -1,8 +1,8 @@
 // The OpenAI API's request and response bodies as the server speaks them: JSON parsed and checked into
-// typed requests (every field a client may send is type-checked; one the engine cannot honour, such as a
-// non-zero frequency_penalty, is refused rather than ignored), and the responses built in OpenAI's shapes,
-// including the legacy completions `logprobs` object (tokens, token_logprobs, top_logprobs, text_offset)
-// that lm-eval reads. Errors carry an HTTP status and OpenAI's error body.
+// typed requests (every field a client may send is type-checked; one the engine cannot honour, such as
+// logit_bias, or one it does not know, is refused with a 400 naming it rather than ignored), and the responses built in
+// OpenAI's shapes, including the legacy completions `logprobs` object (tokens, token_logprobs, top_logprobs,
+// text_offset) that lm-eval reads. Errors carry an HTTP status and OpenAI's error body.
 #pragma once
 
 #include <cstdint>
@@ -31,6 +31,13 @@ struct ApiError : std::runtime_error {
   Json body() const;
 };
 
+// Per request, beyond what OpenAI bounds (README, "Serving limits"); each breach a 400 naming the flag.
+struct RequestLimits {
+  int64_t max_prompt_tokens = 262144;  // summed over the request's prompts (each also within the context)
+  int64_t max_stop_strings = 64;       // OpenAI allows 4
+  int64_t max_stop_bytes = 256;        // each; stop matching costs O(new text x longest stop) per token
+};
+
 // What the schema needs to know about the served model.
 struct ServedModel {
   std::string id;  // the name clients pass as "model"
@@ -38,6 +45,7 @@ struct ServedModel {
   const Tokenizer& tokenizer;
   std::vector<uint32_t> completion_stop_ids;  // <|endoftext|> and eos_token_id
   std::vector<uint32_t> chat_stop_ids;        // also <|im_end|>
+  RequestLimits limits;
 };
 
 // The body as JSON (400 naming the position when it is not).
@@ -50,6 +58,7 @@ struct GenerationParams {
   std::vector<std::string> stop;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage: a last chunk with usage
+  bool ignore_eos = false;     // vLLM's: no stop ids end a sequence (stop strings still do)
 };
 
 struct CompletionRequest {

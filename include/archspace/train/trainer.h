@@ -29,6 +29,7 @@ namespace archspace {
 
 struct TrainOptions {
   bool resume = false;
+  std::string resume_from;  // "step-N" or a checkpoint path: resume from it rather than the newest
   bool progress = true;
   int64_t stop_after_step = 0;  // >0: stop after this step as if interrupted (tests of resume)
 };

@@ -1,0 +1,133 @@
+// infer/scheduler: a request that fails (its sampling throws) fails alone, its batch neighbours' tokens
+// unchanged; sequences that would fail the shared decode step (positions past the model's, ids outside the
+// vocabulary, a length that overflows) are refused at submit; sampling is stable for tiny temperature/top_p.
+#include <ATen/CPUGeneratorImpl.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <limits>
+
+#include "archspace/config/model_config.h"
+#include "archspace/infer/scheduler.h"
+#include "test_support.h"
+
+using namespace archspace;
+using archspace::testing::expect_error;
+
+namespace {
+
+SequenceRequest greedy(std::vector<uint32_t> prompt, int64_t max_tokens) {
+  SequenceRequest s;
+  s.prompt = std::move(prompt);
+  s.max_tokens = max_tokens;
+  return s;
+}
+
+std::vector<uint32_t> ids_of(const SequenceResult& r) {
+  std::vector<uint32_t> out;
+  for (const auto& t : r.tokens) out.push_back(t.id);
+  return out;
+}
+
+struct SchedulerTest : ::testing::Test {
+  CausalLM model = CausalLM::random_init(preset("tiny"), 21);
+  std::shared_ptr<const Tokenizer> tokenizer = Tokenizer::load("dolma2");
+};
+
+TEST_F(SchedulerTest, AFailingRequestFailsAloneAndItsNeighboursKeepTheirTokens) {
+  const std::vector<uint32_t> a = {5, 17, 300, 42, 9}, b = {7, 8, 9};
+  std::vector<uint32_t> alone_a, alone_b;
+  {
+    Scheduler s(model, tokenizer, {});
+    auto ta = s.submit({greedy(a, 24)});
+    auto tb = s.submit({greedy(b, 24)});
+    ta->wait();
+    tb->wait();
+    alone_a = ids_of(ta->results()[0]);
+    alone_b = ids_of(tb->results()[0]);
+  }
+  ASSERT_EQ(alone_a.size(), 24u);  // eos is id 0: greedy on a random model runs to the length here
+
+  Scheduler s(model, tokenizer, {});
+  auto ta = s.submit({greedy(a, 24)});
+  ASSERT_TRUE(ta->next_event());  // a is decoding when the bad request joins
+  SequenceRequest bad = greedy(b, 24);
+  bad.sampling.temperature = std::numeric_limits<double>::quiet_NaN();  // no distribution to sample from
+  auto tbad = s.submit({greedy(b, 24), bad, greedy(b, 24)});            // its sibling sequences go with it
+  auto tb = s.submit({greedy(b, 24)});
+  tbad->wait();
+  ta->wait();
+  tb->wait();
+  EXPECT_FALSE(tbad->error().empty());
+  EXPECT_EQ(tbad->error().find("Exception raised from"), std::string::npos) << tbad->error();  // no backtrace
+  EXPECT_TRUE(ta->error().empty());
+  EXPECT_TRUE(tb->error().empty());
+  EXPECT_EQ(ids_of(ta->results()[0]), alone_a);
+  EXPECT_EQ(ids_of(tb->results()[0]), alone_b);
+  s.stop();
+  EXPECT_EQ(s.stats().running, 0);
+}
+
+TEST_F(SchedulerTest, SequencesThatWouldFailTheBatchAreRefusedAtSubmit) {
+  Scheduler s(model, tokenizer, {});
+  const int64_t positions = model.config().max_position_embeddings;
+  expect_error(
+      [&] {
+        s.submit({greedy({1, 2}, std::numeric_limits<int64_t>::max())});
+      },
+      {"sequence 0", "max_position_embeddings"});  // 2 + 2^63-1 would wrap below the limit
+  expect_error([&] { s.submit({greedy(std::vector<uint32_t>(positions - 1, 3), 2)}); }, {"max_position_embeddings"});
+  expect_error([&] { s.submit({greedy({1}, 1), greedy({600}, 1)}); }, {"sequence 1", "token id 600"});
+  expect_error([&] { s.submit({greedy({}, 1)}); }, {"empty prompt"});
+  auto ok = s.submit({greedy(std::vector<uint32_t>(positions - 2, 3), 2)});  // exactly fills the positions
+  ok->wait();
+  EXPECT_TRUE(ok->error().empty()) << ok->error();
+  EXPECT_EQ(ok->results()[0].tokens.size(), 2u);
+}
+
+TEST_F(SchedulerTest, TheQueueCountsSequencesAndDeadlinesEndRequests) {
+  SchedulerOptions o;
+  o.max_batch = 1;
+  o.max_queue = 3;
+  Scheduler s(model, tokenizer, o);
+  const auto start = std::chrono::steady_clock::now();
+  auto running = s.submit({greedy({5, 6}, 4000)}, start + std::chrono::milliseconds(300));
+  ASSERT_TRUE(running->next_event());  // admitted: it no longer waits
+  auto three = s.submit({greedy({7}, 2), greedy({8}, 2), greedy({9}, 2)});
+  ASSERT_TRUE(three);
+  EXPECT_EQ(s.stats().waiting, 3);
+  EXPECT_EQ(s.submit({greedy({7}, 2)}), nullptr);  // 3 + 1 > 3: busy (429)
+  expect_error([&] { s.submit(std::vector<SequenceRequest>(4, greedy({7}, 2))); }, {"4 sequences", "--max-queue"});
+  running->wait();
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_TRUE(running->timed_out());
+  EXPECT_NE(running->error().find("deadline"), std::string::npos) << running->error();
+  EXPECT_LT(seconds, 5.0);
+  three->wait();
+  EXPECT_TRUE(three->error().empty());
+  EXPECT_EQ(three->results()[2].tokens.size(), 2u);
+}
+
+TEST(Sampling, TinyTemperatureIsGreedyAndTinyTopPKeepsTheMostLikely) {
+  at::manual_seed(3);
+  const at::Tensor logits = at::randn({512}) * 4;
+  const int64_t best = logits.argmax().item<int64_t>();
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(1);
+  for (double t : {2e-39, 1e-300, 5e-324, 9e-6}) {
+    SamplingOptions o;
+    o.temperature = t;
+    EXPECT_EQ(sample_token(logits, o, gen), best) << t;
+  }
+  for (double p : {1e-300, 1e-30, 1e-3}) {
+    SamplingOptions o;
+    o.temperature = 1.0;
+    o.top_p = p;
+    for (int i = 0; i < 20; ++i) EXPECT_EQ(sample_token(logits, o, gen), best) << p;
+  }
+  SamplingOptions nan;
+  nan.temperature = std::nan("");
+  EXPECT_ANY_THROW(sample_token(logits, nan, gen));
+}
+
+}  // namespace
