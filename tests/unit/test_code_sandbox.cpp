@@ -29,10 +29,10 @@ namespace {
 
 namespace fs = std::filesystem;
 
-#define REQUIRE_SANDBOX()                                                                              \
-  do {                                                                                                 \
-    if (!sandbox_support().available) GTEST_SKIP() << "no sandbox here: " << sandbox_support().reason; \
-  } while (0)
+// Skips without a sandbox; else holds the machine-wide sandbox test lock for the rest of the test.
+#define REQUIRE_SANDBOX()                                                                            \
+  if (!sandbox_support().available) GTEST_SKIP() << "no sandbox here: " << sandbox_support().reason; \
+  const testing::SandboxTestLock sandbox_test_lock
 
 SandboxLimits quick() {
   SandboxLimits l;

@@ -109,6 +109,7 @@ TEST(CodeTasks, PassAtOneComesFromTheExecutor) {
 // test_setup_code fails with its canonical solution there too.
 TEST(CodeTasks, ShippedCanonicalSolutionsPassAndWrongOnesFail) {
   if (!sandbox_support().available) GTEST_SKIP() << "no sandbox here: " << sandbox_support().reason;
+  const testing::SandboxTestLock sandbox_test_lock;  // the sandbox tests check the machine for leftovers
   for (const std::string task : {"codex_humaneval", "codex_mbpp"}) {
     std::string dir;
     try {

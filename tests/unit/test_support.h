@@ -1,7 +1,9 @@
 // Shared by the unit tests: expected errors and fresh temporary directories.
 #pragma once
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -31,5 +33,22 @@ inline std::filesystem::path fresh_dir(const std::string& name) {
   std::filesystem::create_directories(dir);
   return dir;
 }
+
+// Held by every test that runs code sandboxes: they check the whole machine for processes left in nested PID
+// namespaces, which another test's sandboxes (ctest -j runs test processes side by side) would otherwise be.
+class SandboxTestLock {
+ public:
+  SandboxTestLock() : fd_(::open("/tmp/archspace-unit-sandbox.lock", O_RDWR | O_CREAT | O_CLOEXEC, 0666)) {
+    if (fd_ >= 0) ::flock(fd_, LOCK_EX);
+  }
+  ~SandboxTestLock() {
+    if (fd_ >= 0) ::close(fd_);  // releases the lock
+  }
+  SandboxTestLock(const SandboxTestLock&) = delete;
+  SandboxTestLock& operator=(const SandboxTestLock&) = delete;
+
+ private:
+  int fd_;
+};
 
 }  // namespace archspace::testing
