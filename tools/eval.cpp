@@ -58,12 +58,13 @@ struct DownstreamArgs {
   int64_t limit = 0, batch_size = 0, batch_tokens = 8192, max_length = 0;
 };
 
-// Minerva's is_equiv through lm-eval's own function: scripts/minerva_equiv.py with the venv's python, the pairs
-// and the answers in files of a scratch directory.
-std::vector<bool> minerva_equivalence(const std::vector<std::pair<std::string, std::string>>& pairs) {
+// One call of a project Python scorer (scripts/minerva_equiv.py, scripts/ifeval_score.py) with the venv's python:
+// `input` written to a file of a scratch directory (removed afterwards), the script's JSON answer read back.
+// `what` says in errors what could not be scored.
+nlohmann::json run_scorer(const char* script, const std::string& input, const std::string& what) {
   namespace fs = std::filesystem;
-  std::string tmpl = (fs::temp_directory_path() / "archspace-equiv-XXXXXX").string();
-  if (!::mkdtemp(tmpl.data())) throw Error("cannot create a scratch directory for the Minerva equivalence check");
+  std::string tmpl = (fs::temp_directory_path() / "archspace-scorer-XXXXXX").string();
+  if (!::mkdtemp(tmpl.data())) throw Error("cannot create a scratch directory: " + what + " could not be scored");
   const fs::path dir(tmpl);
   struct Cleanup {
     fs::path dir;
@@ -72,48 +73,36 @@ std::vector<bool> minerva_equivalence(const std::vector<std::pair<std::string, s
       fs::remove_all(dir, ec);
     }
   } cleanup{dir};
+  const std::string in_path = (dir / "input.json").string(), out_path = (dir / "output.json").string();
+  write_text_file_atomically(in_path, input);
+  const int status = run_python_script(script, {in_path, out_path});
+  if (status != 0)
+    throw Error(std::string(script) + " failed (exit status " + std::to_string(status) + "): " + what +
+                " could not be scored");
+  return parse_json_text(read_text_file(out_path), out_path);
+}
+
+// Minerva's is_equiv through lm-eval's own function (scripts/minerva_equiv.py).
+std::vector<bool> minerva_equivalence(const std::vector<std::pair<std::string, std::string>>& pairs) {
   nlohmann::json in = {{"pairs", nlohmann::json::array()}};
   for (const auto& [answer, gold] : pairs) in["pairs"].push_back({answer, gold});
-  const std::string in_path = (dir / "pairs.json").string(), out_path = (dir / "equivalent.json").string();
-  write_text_file_atomically(in_path, in.dump());
-  const int status = run_python_script(ARCHSPACE_MINERVA_SCORER, {in_path, out_path});
-  if (status != 0)
-    throw Error(std::string(ARCHSPACE_MINERVA_SCORER) + " failed (exit status " + std::to_string(status) +
-                "): Minerva MATH answers could not be compared");
-  nlohmann::json out;
+  const nlohmann::json answer = run_scorer(ARCHSPACE_MINERVA_SCORER, in.dump(), "the Minerva MATH answers");
   try {
-    out = parse_json_text(read_text_file(out_path), out_path).at("equivalent");
-    return out.get<std::vector<bool>>();
+    return answer.at("equivalent").get<std::vector<bool>>();
   } catch (const nlohmann::json::exception& e) {
-    throw Error(out_path + ": not the scorer's answer (" + e.what() + ")");
+    throw Error(std::string(ARCHSPACE_MINERVA_SCORER) + ": not the scorer's answer (" + e.what() + ")");
   }
 }
 
-// IFEval's instruction checks through lm-eval's own code: scripts/ifeval_score.py with the venv's python, the docs
-// and responses in files of a scratch directory.
+// IFEval's instruction checks through lm-eval's own code (scripts/ifeval_score.py).
 std::vector<InstructionResult> ifeval_checks(const std::vector<std::pair<nlohmann::json, std::string>>& pairs) {
-  namespace fs = std::filesystem;
-  std::string tmpl = (fs::temp_directory_path() / "archspace-ifeval-XXXXXX").string();
-  if (!::mkdtemp(tmpl.data())) throw Error("cannot create a scratch directory for the IFEval checks");
-  const fs::path dir(tmpl);
-  struct Cleanup {
-    fs::path dir;
-    ~Cleanup() {
-      std::error_code ec;
-      fs::remove_all(dir, ec);
-    }
-  } cleanup{dir};
   nlohmann::json in = {{"instances", nlohmann::json::array()}};
   for (const auto& [doc, response] : pairs) in["instances"].push_back({{"doc", doc}, {"response", response}});
-  const std::string in_path = (dir / "responses.json").string(), out_path = (dir / "results.json").string();
-  write_text_file_atomically(in_path, in.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
-  const int status = run_python_script(ARCHSPACE_IFEVAL_SCORER, {in_path, out_path});
-  if (status != 0)
-    throw Error(std::string(ARCHSPACE_IFEVAL_SCORER) + " failed (exit status " + std::to_string(status) +
-                "): the IFEval responses could not be checked");
+  const nlohmann::json answer =
+      run_scorer(ARCHSPACE_IFEVAL_SCORER, in.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
+                 "the IFEval responses");
   std::vector<InstructionResult> results;
   try {
-    const nlohmann::json answer = parse_json_text(read_text_file(out_path), out_path);
     for (const auto& r : answer.at("results")) {
       InstructionResult x;
       x.prompt_strict = r.at("prompt_level_strict_acc").get<bool>();
@@ -123,7 +112,7 @@ std::vector<InstructionResult> ifeval_checks(const std::vector<std::pair<nlohman
       results.push_back(std::move(x));
     }
   } catch (const nlohmann::json::exception& e) {
-    throw Error(out_path + ": not the scorer's answer (" + e.what() + ")");
+    throw Error(std::string(ARCHSPACE_IFEVAL_SCORER) + ": not the scorer's answer (" + e.what() + ")");
   }
   return results;
 }
