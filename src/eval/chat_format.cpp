@@ -11,8 +11,6 @@ const char* const kChatTurnEnd = "<|im_end|>";
 
 namespace {
 
-bool starts_with(const std::string& s, const std::string& prefix) { return s.compare(0, prefix.size(), prefix) == 0; }
-
 std::string escaped_newlines(const std::string& s) {
   std::string out;
   for (char c : s) out += c == '\n' ? std::string("\\n") : std::string(1, c);
@@ -56,7 +54,7 @@ ChatPrompt split_few_shot(const std::string& context, const std::string& task, i
   const std::string separator = "\n\n" + m.question;
   std::string description;
   size_t first = 0;
-  if (!starts_with(context, m.question)) {
+  if (!context.starts_with(m.question)) {
     const size_t p0 = context.find(separator);
     if (p0 == std::string::npos)
       throw Error(where + ": --chat cannot split the few-shot context: no shot starts with \"" + m.question + "\"" +
@@ -92,11 +90,11 @@ ChatPrompt split_few_shot(const std::string& context, const std::string& task, i
 }  // namespace
 
 FewShotMarkers few_shot_markers(const std::string& task) {
-  if (starts_with(task, "minerva_math")) return {"Problem:", "\n\nSolution:"};
+  if (task.starts_with("minerva_math")) return {"Problem:", "\n\nSolution:"};
   if (task == "drop") return {"Passage:", "\nAnswer:"};
   if (task == "squad") return {"Title:", "\nAnswer:"};
   if (task == "jeopardy") return {"Category:", "\nAnswer:"};
-  if (starts_with(task, "bbh") || starts_with(task, "truthfulqa")) return {"Q:", "\nA:"};
+  if (task.starts_with("bbh") || task.starts_with("truthfulqa")) return {"Q:", "\nA:"};
   return {"Question:", "\nAnswer:"};
 }
 
