@@ -7,13 +7,14 @@
 #include <chrono>
 #include <cmath>
 
+#include "archspace/infer/argmax.h"
 #include "archspace/model/kv_cache.h"
 #include "archspace/util/error.h"
 
 namespace archspace {
 
 int64_t sample_token(const at::Tensor& logits, const SamplingOptions& o, at::Generator& gen) {
-  if (o.temperature < kGreedyTemperature) return logits.argmax().item<int64_t>();
+  if (o.temperature < kGreedyTemperature) return argmax_index(logits);
   at::Tensor scaled = logits.to(at::kFloat).cpu() / o.temperature;
   if (o.top_k > 0 && o.top_k < scaled.size(0)) {
     const float kth = std::get<0>(scaled.topk(o.top_k)).min().item<float>();

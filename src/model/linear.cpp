@@ -3,6 +3,8 @@
 #include <ATen/Parallel.h>
 #include <ATen/core/grad_mode.h>
 
+#include <algorithm>
+
 #include "archspace/util/cpu_isa.h"
 
 #if defined(__x86_64__)
@@ -28,11 +30,13 @@ void dot_rows_scalar(const float* W, const float* x, float* y, int64_t M, int64_
 }
 
 #if defined(__x86_64__)
-__attribute__((target("avx2,fma"))) inline float horizontal_sum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_hadd_ps(s, s);
-  s = _mm_hadd_ps(s, s);
-  return _mm_cvtss_f32(s);
+// The eight sums of a0..a7's lanes, in that order, in one vector: three rounds of pairwise adds instead of
+// eight separate horizontal sums (which cost as much as the FMAs when K is small).
+__attribute__((target("avx2,fma"))) inline __m256 horizontal_sums8(__m256 a0, __m256 a1, __m256 a2, __m256 a3,
+                                                                   __m256 a4, __m256 a5, __m256 a6, __m256 a7) {
+  const __m256 s0123 = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+  const __m256 s4567 = _mm256_hadd_ps(_mm256_hadd_ps(a4, a5), _mm256_hadd_ps(a6, a7));
+  return _mm256_add_ps(_mm256_permute2f128_ps(s0123, s4567, 0x20), _mm256_permute2f128_ps(s0123, s4567, 0x31));
 }
 
 __attribute__((target("avx2,fma"))) void dot_rows_avx2(const float* W, const float* x, float* y, int64_t M, int64_t N,
@@ -44,7 +48,43 @@ __attribute__((target("avx2,fma"))) void dot_rows_avx2(const float* W, const flo
     const float* w1 = w0 + K;
     const float* w2 = w1 + K;
     const float* w3 = w2 + K;
-    for (int64_t m = 0; m < M; ++m) {
+    int64_t m = 0;
+    // Two rows of x at a time: each weight load feeds two FMAs.
+    for (; m + 2 <= M; m += 2) {
+      const float* xa = x + m * K;
+      const float* xb = xa + K;
+      __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+      __m256 b0 = _mm256_setzero_ps(), b1 = _mm256_setzero_ps(), b2 = _mm256_setzero_ps(), b3 = _mm256_setzero_ps();
+      for (int64_t k = 0; k < K8; k += 8) {
+        const __m256 xav = _mm256_loadu_ps(xa + k), xbv = _mm256_loadu_ps(xb + k);
+        const __m256 v0 = _mm256_loadu_ps(w0 + k), v1 = _mm256_loadu_ps(w1 + k);
+        a0 = _mm256_fmadd_ps(v0, xav, a0);
+        b0 = _mm256_fmadd_ps(v0, xbv, b0);
+        a1 = _mm256_fmadd_ps(v1, xav, a1);
+        b1 = _mm256_fmadd_ps(v1, xbv, b1);
+        const __m256 v2 = _mm256_loadu_ps(w2 + k), v3 = _mm256_loadu_ps(w3 + k);
+        a2 = _mm256_fmadd_ps(v2, xav, a2);
+        b2 = _mm256_fmadd_ps(v2, xbv, b2);
+        a3 = _mm256_fmadd_ps(v3, xav, a3);
+        b3 = _mm256_fmadd_ps(v3, xbv, b3);
+      }
+      alignas(32) float s[8];  // rows n..n+3 for x row m, then for x row m + 1
+      _mm256_store_ps(s, horizontal_sums8(a0, a1, a2, a3, b0, b1, b2, b3));
+      for (int64_t k = K8; k < K; ++k) {
+        s[0] += w0[k] * xa[k];
+        s[1] += w1[k] * xa[k];
+        s[2] += w2[k] * xa[k];
+        s[3] += w3[k] * xa[k];
+        s[4] += w0[k] * xb[k];
+        s[5] += w1[k] * xb[k];
+        s[6] += w2[k] * xb[k];
+        s[7] += w3[k] * xb[k];
+      }
+      std::copy(s, s + 4, y + m * N + n);
+      std::copy(s + 4, s + 8, y + (m + 1) * N + n);
+    }
+    for (; m < M; ++m) {  // the last odd row: the same sums in the same order, so a row's result does not
+                          // depend on its batch
       const float* xm = x + m * K;
       __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
       for (int64_t k = 0; k < K8; k += 8) {
@@ -54,18 +94,15 @@ __attribute__((target("avx2,fma"))) void dot_rows_avx2(const float* W, const flo
         a2 = _mm256_fmadd_ps(_mm256_loadu_ps(w2 + k), xv, a2);
         a3 = _mm256_fmadd_ps(_mm256_loadu_ps(w3 + k), xv, a3);
       }
-      float s0 = horizontal_sum(a0), s1 = horizontal_sum(a1), s2 = horizontal_sum(a2), s3 = horizontal_sum(a3);
+      alignas(32) float s[8];
+      _mm256_store_ps(s, horizontal_sums8(a0, a1, a2, a3, a0, a1, a2, a3));
       for (int64_t k = K8; k < K; ++k) {
-        s0 += w0[k] * xm[k];
-        s1 += w1[k] * xm[k];
-        s2 += w2[k] * xm[k];
-        s3 += w3[k] * xm[k];
+        s[0] += w0[k] * xm[k];
+        s[1] += w1[k] * xm[k];
+        s[2] += w2[k] * xm[k];
+        s[3] += w3[k] * xm[k];
       }
-      float* ym = y + m * N + n;
-      ym[0] = s0;
-      ym[1] = s1;
-      ym[2] = s2;
-      ym[3] = s3;
+      std::copy(s, s + 4, y + m * N + n);
     }
   }
   dot_rows_scalar(W, x, y, M, N, K, n, n1);

@@ -74,3 +74,22 @@ TEST(StreamingLinear, OnlyForFewRowsWithoutAutograd) {
     EXPECT_EQ(uses_streaming_linear(at::randn({1, 32}), trainable), fast);
   }
 }
+
+// A row's result does not depend on the rows beside it: every row of x goes through the same sums in the same
+// order (bit for bit), so a sequence decoded in a batch sees the logits it would see alone.
+TEST(StreamingLinear, RowsAreBatchInvariantBitForBit) {
+  at::manual_seed(3);
+  for (int64_t K : {7, 64, 768}) {
+    for (int64_t N : {5, 130}) {
+      at::Tensor w = at::randn({N, K});
+      for (int64_t M : {2, 3, 8, 9}) {
+        at::Tensor x = at::randn({M, K});
+        at::Tensor batched = streaming_linear(x, w);
+        for (int64_t m = 0; m < M; ++m) {
+          EXPECT_TRUE(at::equal(batched[m], streaming_linear(x.narrow(0, m, 1), w)[0]))
+              << "row " << m << " of M=" << M << " N=" << N << " K=" << K;
+        }
+      }
+    }
+  }
+}
