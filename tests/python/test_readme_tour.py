@@ -24,6 +24,7 @@ import pytest
 from conftest import BINARY, REPO
 
 sys.path.insert(0, str(REPO / "scripts"))
+from docs_toc import anchors, with_toc  # noqa: E402
 from readme_tour import render, tour_blocks  # noqa: E402
 
 STEP_TIMEOUT = 240  # seconds for any one step; the whole file took 3 min 8 s on 2 cores at load average 7
@@ -192,26 +193,9 @@ DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 
 
-def github_anchors(markdown):
-    """The anchors GitHub gives a file's headings: lower case, punctuation but '-' and '_' dropped, spaces to
-    '-', a repeated slug numbered -1, -2, ... Headings inside code fences are not headings."""
-    anchors, seen, fence = set(), {}, False
-    for line in markdown.splitlines():
-        if line.lstrip().startswith("```"):
-            fence = not fence
-        m = None if fence else re.match(r"^#{1,6}\s+(.*?)\s*#*\s*$", line)
-        if m:
-            text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", m.group(1))  # a link's text only
-            slug = re.sub(r"[^\w\- ]", "", text.replace("`", "").strip().lower()).replace(" ", "-")
-            n = seen.get(slug, 0)
-            seen[slug] = n + 1
-            anchors.add(slug if n == 0 else f"{slug}-{n}")
-    return anchors
-
-
 def test_github_anchors():
     md = "# A b\n## Command line: `build/archspace`\n```\n# not a heading\n```\n## A b\n## The seed's table: `--suite x`\n"
-    assert github_anchors(md) == {"a-b", "command-line-buildarchspace", "a-b-1", "the-seeds-table---suite-x"}
+    assert anchors(md) == {"a-b", "command-line-buildarchspace", "a-b-1", "the-seeds-table---suite-x"}
 
 
 def outside_code(markdown):
@@ -236,9 +220,16 @@ def test_links_resolve(doc):
         file = (doc.parent / path).resolve() if path else doc
         if not file.exists():
             bad.append(f"{target}: no file {file}")
-        elif anchor and file.suffix == ".md" and anchor not in github_anchors(file.read_text()):
+        elif anchor and file.suffix == ".md" and anchor not in anchors(file.read_text()):
             bad.append(f"{target}: no heading with anchor #{anchor} in {file.relative_to(REPO)}")
     assert not bad, f"{doc.relative_to(REPO)}:\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize("doc", DOCS[1:], ids=lambda p: p.name)
+def test_docs_have_a_current_table_of_contents(doc):
+    text = doc.read_text()
+    assert with_toc(text, doc.name) == text, f"docs/{doc.name}: run scripts/docs_toc.py"
+    assert text.count("](#") >= 2, f"docs/{doc.name}: a table of contents of fewer than two entries"
 
 
 def test_every_docs_file_is_linked_from_the_readme():
