@@ -49,7 +49,7 @@ demo: build
 corpus: build
 	bash scripts/prepare_corpus.sh
 
-# A small normalization study on this CPU (README "A small study"): about ten minutes on two idle cores.
+# A small normalization study on this CPU (docs/analysis.md "A small study"): about ten minutes on two idle cores.
 study: build
 	bash scripts/study.sh
 
@@ -66,7 +66,7 @@ bench: build
 	$(PY) bench/bench_serve.py
 	mkdir -p bench/results && $(BUILD)/bench_linear --out bench/results/linear-$$(date +%Y%m%d-%H%M%S).json
 
-# libFuzzer targets of fuzz/ (clang, ASan + UBSan; README "Bad input and faults"): FUZZ_SECONDS each.
+# libFuzzer targets of fuzz/ (clang, ASan + UBSan; docs/faults.md): FUZZ_SECONDS each.
 FUZZ_SECONDS ?= 300
 fuzz: setup
 	FUZZ_SECONDS=$(FUZZ_SECONDS) bash scripts/fuzz.sh

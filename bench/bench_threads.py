@@ -1,4 +1,4 @@
-"""CPU threads policy (README, "CPU threads"): batch-1 decode tokens/s of the demo-sized model (micro
+"""CPU threads policy (docs/commands.md, "CPU threads"): batch-1 decode tokens/s of the demo-sized model (micro
 preset, siamese_depth) with --threads 1, --threads <all cores> and the default policy, on an idle machine
 and with other processes keeping K cores busy (K = 1 .. cores-1, a spinning `python -c 'while 1: pass'`
 each). The default should follow the best fixed choice in every row. Prints the CPU flags and load.

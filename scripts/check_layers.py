@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Checks that the library's modules include each other in one direction only (README, "Layout"):
+"""Checks that the library's modules include each other in one direction only (docs/layout.md, "Module layering"):
 
     util -> config -> dist -> io -> model -> tokenizer -> chat, data -> infer -> eval -> train, export, serve
          -> tools

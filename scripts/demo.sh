@@ -9,14 +9,14 @@ resume=""
 [ -d runs/demo/checkpoints ] && resume="--resume"  # a second `make demo` finishes (or keeps) the same run
 build/archspace train --config reproduce/demo.toml $resume
 final=$(cat runs/demo/checkpoints/final)
+py=python3
+[ -x .venv/bin/python ] && py=.venv/bin/python
 cat <<EOT
 
 [demo] done. Checkpoint: runs/demo/checkpoints/$final (model/ is a Hugging Face model directory)
-Next:
-  build/archspace info runs/demo/checkpoints/$final/model
-  build/archspace plot runs/demo --out runs/demo/loss.png            # the loss curves
-  build/archspace export-hf runs/demo runs/demo-hf                    # for transformers (trust_remote_code=True)
-  build/archspace generate --model runs/demo/checkpoints/$final/model --prompt "The Python"  # the checkpoint carries its tokenizer
-  build/archspace train --config reproduce/tiny/stage1.toml           # the tiny four-stage pipeline, base variant
-  build/archspace train --config reproduce/tiny/stage1.toml --set model.variant=siamese_depth  # the same stage, the variant
+Next: the five-minute tour of README.md, on this model (run from $repo; each block as it is there):
+
 EOT
+"$py" scripts/readme_tour.py  # the README's tour blocks, as tests/python/test_readme_tour.py runs them
+echo
+echo "More: README.md and docs/ (training: docs/training.md; the tiny four-stage pipeline: reproduce/tiny/)."

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs a command under one of the CPU kernel-path settings, so that a test run on one machine also goes
-# through the kernels another CPU would dispatch to (README "Reference and tolerances"):
+# through the kernels another CPU would dispatch to (docs/reference.md, "Every kernel path, on one machine"):
 #
 #   scripts/kernel_paths.sh list          the settings' names, one per line
 #   scripts/kernel_paths.sh NAME CMD...   CMD with NAME's variables set (and printed on stderr)

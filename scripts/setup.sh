@@ -15,7 +15,7 @@ cd "$repo"
 say() { printf '[setup] %s\n' "$*"; }
 
 # ---- 1. Debian packages ---------------------------------------------------------------------------
-# python3.11-doc: its reST sources are the embedded default corpus (see README, "Data").
+# python3.11-doc: its reST sources are the embedded default corpus (see docs/data.md, "Embedded corpus").
 # clang-format: `make test` checks the C++ formatting (scripts/check_format.sh).
 # clang, libclang-rt-14-dev: libFuzzer and the sanitizers for the targets of fuzz/ (make fuzz, make fuzz-smoke).
 # libgloo-dev: gloo's headers, which c10d's ProcessGroupGloo.hpp includes (data-parallel training, src/dist).

@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# make study: a small normalization study on this CPU (README "A small study"), in three steps:
+# make study: a small normalization study on this CPU (docs/analysis.md "A small study"), in three steps:
 #   1. topology x learning rate (reproduce/study/topologies.toml): Pre-Norm, Post-Norm, HybridNorm and
 #      SiameseNorm at three learning rates (3e-4, 3e-3, 3e-2), matched data and seed; gradient norms, spikes and
 #      divergence recorded;
 #   2. base against siamese_depth at matched tokens (reproduce/study/variants.toml);
 #   3. `archspace analyze` of both step-2 models: stream norms, layer pruning, logit lens (analysis.png);
 # then the figures (scripts/plot_study.py: topologies.png, variants.png) and the tables (summary.md,
-# scripts/study_table.py) that README "A small study" shows.
+# scripts/study_table.py) that docs/analysis.md "A small study" shows.
 # Everything lands in runs/study/ (not configurable: the TOMLs name it). Resumable: rerunning skips what is done.
-# Takes about 21 minutes on two idle cores (README "A small study").
+# Takes about 21 minutes on two idle cores (docs/analysis.md "A small study").
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$repo"

@@ -1,4 +1,4 @@
-"""Data-parallel training (README, "Data-parallel training"): 2 Gloo ranks equal one process, resume across
+"""Data-parallel training (docs/distributed.md, "Data-parallel training"): 2 Gloo ranks equal one process, resume across
 rank counts, and a rank killed with SIGKILL.
 
 Tolerance: 2 ranks sum the same per-micro-batch gradients as one process, but in another order: one
@@ -229,7 +229,7 @@ def test_rank_logs_on_request(setup):
 
 
 def test_two_nodes_through_torchrun_rendezvous(setup):
-    """The multi-node command of the README, as two 'nodes' on this machine: two torchrun agents (one rank each)
+    """The multi-node command of docs/distributed.md, as two 'nodes' on this machine: two torchrun agents (one rank each)
     meet through the c10d rendezvous on a TCP endpoint; the run equals one process with the same global batch."""
     port = free_port()
     command = [str(TORCHRUN), "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint",

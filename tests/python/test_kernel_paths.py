@@ -1,4 +1,4 @@
-"""The CPU kernel paths of scripts/kernel_paths.sh (README "Reference and tolerances"): each setting really
+"""The CPU kernel paths of scripts/kernel_paths.sh (docs/reference.md): each setting really
 changes which kernels run (the bits of LibTorch's fp32 GEMM, softmax and attention, oneDNN's bf16 GEMM,
 differ from the native ones), and on every path the engine's logits stay within tolerances.forward_bound of
 transformers' native ones. `make test` also reruns the unit tests and the parity tests under each setting

@@ -3,8 +3,8 @@
 The rendered requests are checked against formatting code the engine does not share:
   * lm-evaluation-harness 0.4.13 builds the same requests with its own few-shot machinery (ConfigurableTask,
     its mmlu yaml's description, dev split, first_n sampler, " " target delimiter, "\\n\\n" few-shot delimiter)
-    once its doc_to_text is OLMES' query; its own mmlu doc_to_text is asserted to differ exactly as README
-    "Downstream evaluation" says (no "Question: ", no space before the labels, question.strip());
+    once its doc_to_text is OLMES' query; its own mmlu doc_to_text is asserted to differ exactly as docs/evaluation.md
+    "MMLU" says (no "Question: ", no space before the labels, question.strip());
   * the query format is the one OLMES wrote into the wheel's arc_challenge mc_5shot file (make_mcq_prompt):
     the renderer's query function reproduces those queries and contexts from the rc file's questions.
 Then `eval downstream --tasks mmlu --limit 2` on a tiny exported model: every subject rc and mc plus the group

@@ -16,7 +16,7 @@ FNV_PRIME_INVERSE = pow(1099511628211, -1, 1 << 64)
 
 
 def sft_example(tokenizer, messages, seq_len, pad_id):
-    """One SFT row rebuilt from the chat data and the README/SPEC rules, independently of the engine's code:
+    """One SFT row rebuilt from the chat data and the docs/SPEC rules, independently of the engine's code:
     the conversation up to its last assistant turn rendered by the exported chat template (no generation
     prompt) and tokenized whole by transformers; a token is trained when its characters lie inside an
     assistant content or the end token that follows it (<|im_end|>, or <|endoftext|> for the last one);

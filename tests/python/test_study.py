@@ -1,4 +1,4 @@
-"""The parts of `make study` the CI can afford (the study itself takes about 17 minutes: README "A small study"):
+"""The parts of `make study` the CI can afford (the study itself takes about 17 minutes: docs/analysis.md "A small study"):
 scripts/study_vocab.py's vocabulary cut against a count made here, the engine training and analysing on the
 shards it writes, and the tables and figures (study_table.py, plot_study.py, plot_analysis.py's comparison) drawn
 from real outputs."""

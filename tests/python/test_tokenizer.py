@@ -38,7 +38,7 @@ def write_jsonl(path, docs):
 
 def test_dolma2_tokenizer_is_the_olmo3_one(tmp_path, reference):
     """The engine's `dolma2` tokenizer is the OLMo 3 one: the special tokens encode to the ids the
-    `tokenizers` reference gives (and the README states), decode back to their strings, and the
+    `tokenizers` reference gives (and docs/data.md states), decode back to their strings, and the
     vocabulary size the engine records in a shard manifest is the reference's."""
     specials = {"<|endoftext|>": 100257, "<|pad|>": 100277, "<|im_start|>": 100264, "<|im_end|>": 100265}
     assert {s: reference.token_to_id(s) for s in specials} == specials

@@ -1,4 +1,4 @@
-"""Comparison bounds for fp32 results, derived from the arithmetic (README "Reference and tolerances"); the
+"""Comparison bounds for fp32 results, derived from the arithmetic (docs/reference.md); the
 same rules and names as tests/unit/tolerance.h, which explains them in full.
 
 Each fp32 operation rounds with relative error at most u = 2^-24; a sum of n terms in any order (another

@@ -1,5 +1,5 @@
 // Comparison bounds for fp32 results, derived from the arithmetic rather than from what one CPU printed
-// (README "Reference and tolerances"). tests/python/tolerances.py states the same rules for pytest.
+// (docs/reference.md). tests/python/tolerances.py states the same rules for pytest.
 //
 // The model: each fp32 operation is exact, then rounded, so its relative error is at most u = 2^-24. A sum of
 // n terms, in whatever order a kernel adds them (GEMM blocking, vector width, thread split, oneDNN or MKL
