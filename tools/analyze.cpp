@@ -1,4 +1,4 @@
-// archspace analyze: the SiameseNorm paper's analyses of one model on held-out tokens (README, "Analysis"):
+// archspace analyze: the SiameseNorm paper's analyses of one model on held-out tokens (docs/analysis.md):
 // stream norms, layer pruning, logit lens per stream, input intensity, fusion and Depth-Attention weights.
 // The analyses are the library's (eval/analyze.h); this reads the data, writes OUT/analysis.json, prints a
 // per-layer table and draws OUT/analysis.png with scripts/plot_analysis.py.

@@ -14,7 +14,8 @@ int main(int argc, char** argv) {
   CLI::App app{"archspace: train, evaluate, serve and export OLMo 3 and its SiameseNorm + Depth-Attention variant"};
   app.require_subcommand(1);
   int threads = 0;
-  app.add_option("--threads", threads, "CPU threads for tensor ops (default: the cores that are idle now; see README)")
+  app.add_option("--threads", threads,
+                 "CPU threads for tensor ops (default: the cores that are idle now; see docs/commands.md)")
       ->check(CLI::Range(1, 1024));
 
   std::vector<cli::Command> commands;

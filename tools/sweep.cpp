@@ -1,4 +1,4 @@
-// archspace sweep: one run config over a grid of overrides, matched data and seed, one summary (README,
+// archspace sweep: one run config over a grid of overrides, matched data and seed, one summary (docs/training.md,
 // "Sweeps"). The grid, the resumption rules and the summary are the library's (train/sweep.h); this prints the
 // table and draws the curves with the project's plot script.
 #include "archspace/train/sweep.h"

@@ -1,4 +1,4 @@
-// archspace train: one pipeline stage from a TOML run config (README, "Training").
+// archspace train: one pipeline stage from a TOML run config (docs/training.md).
 #include <iostream>
 
 #include "archspace/config/train_config.h"
@@ -23,7 +23,7 @@ int run(const TrainArgs& a) {
 Command add(CLI::App& parent) {
   auto a = std::make_shared<TrainArgs>();
   auto* app = parent.add_subcommand("train", "Train one pipeline stage from a TOML run config");
-  app->add_option("--config", a->config, "the run's TOML (see README, Training configuration)")->required();
+  app->add_option("--config", a->config, "the run's TOML (see docs/training.md, Training configuration)")->required();
   app->add_option("--set", a->overrides,
                   "override a key of the TOML: section.key=value (repeatable; type-checked, unknown keys refused)");
   app->add_flag("--resume", a->options.resume, "continue from the run's latest checkpoint");

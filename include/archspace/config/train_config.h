@@ -1,5 +1,5 @@
 // TrainConfig: one training run (one pipeline stage), read from TOML. One key per concept; an unknown
-// key is an error. Every key is documented in README.md ("Training configuration").
+// key is an error. Every key is documented in docs/training.md ("Training configuration").
 #pragma once
 
 #include <cstdint>
@@ -52,7 +52,7 @@ struct TrainConfig {
   bool skip_nonfinite_steps = false;
   bool log_all_ranks = false;  // data-parallel runs: every rank prints its progress line (labelled), not rank 0 alone
                                // // train.nonfinite = "stop" (default) | "skip"
-  // Stability traces (README "Stability"): per-layer gradient norms every N steps (0: off); loss spikes,
+  // Stability traces (docs/training.md, "Stability"): per-layer gradient norms every N steps (0: off); loss spikes,
   // a loss above spike_factor x the median of the last spike_window losses (spike_factor 0: off), and what a
   // spike does: record it, skip the step (no update), or stop.
   int64_t grad_norm_interval = 0;

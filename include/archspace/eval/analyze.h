@@ -8,7 +8,7 @@
 //   - input intensity of each stream into each sublayer (estimated from the norm weights and the measured
 //     RMS of the un-normalised stream), the final fusion weights, every norm weight's magnitude,
 //   - Depth-Attention's mixing weight per source layer.
-// Returns one JSON object (archspace analyze writes it and plots it; README "Analysis" documents the keys).
+// Returns one JSON object (archspace analyze writes it and plots it; docs/analysis.md documents the keys).
 #pragma once
 
 #include <ATen/ATen.h>

@@ -21,7 +21,7 @@ struct ServerOptions {
   int port = 8000;  // 0: any free port (bind() returns it)
   std::string api_key;
   std::string model_id;  // the "model" clients name
-  // Per request (README, "Serving limits"): the request line and headers, their lines, the body as received.
+  // Per request (docs/inference.md, "Serving limits"): the request line and headers, their lines, the body as received.
   int64_t max_header_bytes = 64 << 10, max_header_lines = 128, max_body_bytes = 16 << 20;
   int64_t request_timeout_s = 600;  // from submission to the last token; then 504 (or an error event)
   RequestLimits request;            // prompt tokens, stop strings

@@ -31,7 +31,7 @@ struct ApiError : std::runtime_error {
   Json body() const;
 };
 
-// Per request, beyond what OpenAI bounds (README, "Serving limits"); each breach a 400 naming the flag.
+// Per request, beyond what OpenAI bounds (docs/inference.md, "Serving limits"); each breach a 400 naming the flag.
 struct RequestLimits {
   int64_t max_prompt_tokens = 262144;  // summed over the request's prompts (each also within the context)
   int64_t max_stop_strings = 64;       // OpenAI allows 4

@@ -2,7 +2,7 @@
 //
 // LibTorch's OpenMP pool spins and meets at a barrier after every op; a thread whose core is busy with
 // another process stalls every barrier for a scheduler time slice. Measured on this project's 2-core
-// machine with one core busy (README, "CPU threads"): decode of the demo model collapses with 2 threads
+// machine with one core busy (docs/commands.md, "CPU threads"): decode of the demo model collapses with 2 threads
 // and runs at full speed with 1. So the default is the number of cores idle now, not all cores.
 #pragma once
 
