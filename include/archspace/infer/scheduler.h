@@ -34,7 +34,7 @@ struct SequenceRequest {
   SamplingOptions sampling;
   std::vector<uint32_t> stop_ids;  // end the sequence (not part of the text)
   // End it; the text is cut before them. Shared: the sequences of one request hold one list (null: none).
-  std::shared_ptr<const std::vector<std::string>> stop_strings;
+  std::shared_ptr<const StopStrings> stop_strings;
   int64_t logprobs = -1;             // >= 0: log-probability of each generated token and the top n
   bool score_prompt = false;         // also the log-probability of each prompt token (echo + logprobs)
   bool skip_special_tokens = false;  // special tokens add no text (lm-eval's decode of a generation)
