@@ -18,6 +18,7 @@ namespace {
 
 struct ServeArgs {
   std::string model, tokenizer, model_name, dtype = "fp32", device = "cpu";
+  bool log_stats = true;
   serve::ServerOptions server;
 };
 
@@ -32,16 +33,29 @@ void on_signal(int sig) {
   [[maybe_unused]] ssize_t n = ::write(g_signal_pipe[1], &byte, 1);
 }
 
+// The id clients send by default: the run's name for a run directory, a checkpoint in its checkpoints/
+// folder, or either's model/ folder (runs/demo, runs/demo/model, runs/demo/checkpoints/step-N -> "demo");
+// otherwise the directory's own name.
+std::string default_model_id(const std::string& given) {
+  namespace fs = std::filesystem;
+  fs::path p = fs::absolute(given).lexically_normal();
+  if (p.filename().empty()) p = p.parent_path();  // "dir/"
+  if (p.filename() == "model" && fs::exists(p / "config.json")) p = p.parent_path();
+  if (p.parent_path().filename() == "checkpoints") p = p.parent_path().parent_path();
+  return p.filename().string();
+}
+
 int run(ServeArgs a) {
+  if (a.model.empty())
+    throw Error("serve: which model? archspace serve MODEL (a run, checkpoint or model directory), or --model MODEL");
+  if (a.model_name.empty()) a.model_name = default_model_id(a.model);
   a.model = resolve_model_dir(a.model);
   const ModelConfig config = load_model_config(a.model);
   auto tokenizer = model_tokenizer(a.model, a.tokenizer, config.vocab_size);
   CausalLM model =
       load_model(a.model, {scalar_type(parse_dtype(a.dtype, "--dtype")), parse_device(a.device, "--device").device()});
-  if (a.model_name.empty()) a.model_name = std::filesystem::path(a.model).lexically_normal().filename().string();
-  if (a.model_name.empty())
-    a.model_name = std::filesystem::path(a.model).lexically_normal().parent_path().filename().string();
   a.server.model_id = a.model_name;
+  if (!a.log_stats) a.server.stats_interval_s = 0;
 
   serve::HttpServer server(model, tokenizer, a.server);
   const int port = server.bind();
@@ -60,8 +74,9 @@ int run(ServeArgs a) {
       server.stop();
     }
   });
-  std::printf("archspace serve: model '%s' on http://%s:%d (max batch %lld, max queue %lld)\n", a.model_name.c_str(),
-              a.server.host.c_str(), port, static_cast<long long>(a.server.scheduler.max_batch),
+  std::printf("archspace serve: model '%s' (%s) on http://%s:%d (max batch %lld, max queue %lld)\n",
+              a.model_name.c_str(), a.model.c_str(), a.server.host.c_str(), port,
+              static_cast<long long>(a.server.scheduler.max_batch),
               static_cast<long long>(a.server.scheduler.max_queue));
   std::fflush(stdout);
   server.run();
@@ -78,15 +93,24 @@ Command add(CLI::App& parent) {
   auto* app = parent.add_subcommand(
       "serve",
       "OpenAI-compatible HTTP server (completions, chat, tokenize; continuous batching) for lm-eval and clients");
-  app->add_option("--model", a->model, "model directory, or a checkpoint or finished run directory holding one")
-      ->required();
+  auto* positional =
+      app->add_option("MODEL", a->model, "a finished run directory, a checkpoint, or a model directory (or --model)");
+  app->add_option("--model", a->model, "the same as MODEL, as a flag")->excludes(positional);
   app->add_option("--host", s.host, "address to listen on (loopback by default; 0.0.0.0 for all)")
       ->capture_default_str();
   app->add_option("--port", s.port, "TCP port (0: any free port, printed at start)")
       ->capture_default_str()
       ->check(CLI::Range(0, 65535));
   app->add_option("--api-key", s.api_key, "require 'Authorization: Bearer KEY' (all routes but /health)");
-  app->add_option("--model-name", a->model_name, "the model id clients send (default: the directory's name)");
+  app->add_option("--served-model-name,--model-name", a->model_name,
+                  "the model id clients send and responses carry (default: the run's name, else the directory's)");
+  app->add_flag("!--no-access-log,!--disable-log-requests", s.access_log,
+                "no line per request on stderr (client, request, status, tokens, latency)");
+  app->add_flag("!--disable-log-stats", a->log_stats, "no periodic throughput line on stderr");
+  app->add_option("--log-stats-interval", s.stats_interval_s,
+                  "seconds between throughput lines (printed only when there was traffic)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{86400}));
   app->add_option("--max-batch", s.scheduler.max_batch, "sequences decoded together")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{4096}));

@@ -141,7 +141,7 @@ std::vector<std::vector<GeneratedAnswer>> generate_answers(const CausalLM& model
         if (!turn_end) throw Error(at + ": --chat: the tokenizer has no " + std::string(kChatTurnEnd) + " token");
         s.stop_ids.push_back(*turn_end);
       }
-      s.stop_strings = std::make_shared<const std::vector<std::string>>(r.stop_sequences);
+      s.stop_strings = std::make_shared<const StopStrings>(r.stop_sequences);
       s.skip_special_tokens = true;  // lm-eval decodes a generation with skip_special_tokens
       sequences.push_back(std::move(s));
       where.emplace_back(t, i);

@@ -16,7 +16,7 @@ namespace archspace {
 
 std::optional<Ticket::Event> Ticket::next_event() {
   std::unique_lock lock(mutex_);
-  changed_.wait(lock, [&] { return !events_.empty() || finished_count_ == finished_.size(); });
+  changed_.wait(lock, [&] { return !events_.empty() || finished_count_ == finished_.size() || cancelled_; });
   if (events_.empty()) return std::nullopt;
   Event e = std::move(events_.front());
   events_.pop_front();
@@ -53,6 +53,27 @@ void Ticket::finish(size_t index, SequenceResult result) {
   ++finished_count_;
   events_.push_back({index, "", true});
   changed_.notify_all();
+}
+
+void Ticket::set_client_check(std::function<bool()> gone) {
+  std::lock_guard lock(mutex_);
+  client_gone_ = std::move(gone);
+}
+
+void Ticket::clear_client_check() {
+  std::lock_guard lock(mutex_);
+  client_gone_ = nullptr;
+}
+
+bool Ticket::check_client() {
+  if (cancelled_) return true;
+  std::lock_guard lock(mutex_);
+  if (client_gone_ && finished_count_ < finished_.size() && client_gone_()) {
+    cancelled_ = true;
+    client_gone_ = nullptr;
+    changed_.notify_all();
+  }
+  return cancelled_;
 }
 
 void Ticket::expire() {
@@ -145,7 +166,7 @@ void Scheduler::stop() {
 
 SchedulerStats Scheduler::stats() const {
   std::lock_guard lock(mutex_);
-  return {running_, waiting_sequences_, completed_, generated_};
+  return {running_, waiting_sequences_, completed_, generated_, prompt_tokens_.load(), sampled_tokens_.load()};
 }
 
 void Scheduler::finish(Row& row, const std::string& reason) {
@@ -167,6 +188,7 @@ bool Scheduler::take_token(Row& row, const at::Tensor& logits, int64_t id) {
     finish(row, "stop");
     return true;
   }
+  ++sampled_tokens_;
   GeneratedToken token{static_cast<uint32_t>(id), 0, {}};
   if (r.logprobs >= 0) {
     at::Tensor logp = at::log_softmax(logits.to(at::kFloat), -1);
@@ -213,6 +235,7 @@ std::unique_ptr<Scheduler::Row> Scheduler::admit(const std::shared_ptr<Ticket>& 
     row->result.prompt_logprobs = std::move(scores[0].tokens);
     first = scores[0].next_logprobs;
   }
+  prompt_tokens_ += static_cast<int64_t>(r.prompt.size());
   if (r.max_tokens == 0) {
     finish(*row, "length");
     return nullptr;
@@ -257,7 +280,7 @@ void Scheduler::loop() {
       // Requests that failed, were cancelled or expired while waiting leave the queue whole.
       for (auto it = waiting_.begin(); it != waiting_.end();) {
         if (now >= it->ticket->deadline_ && !it->ticket->cancelled()) it->ticket->expire();
-        if (it->ticket->cancelled()) {
+        if (it->ticket->check_client()) {
           waiting_sequences_ -= static_cast<int64_t>(it->sequences.size() - it->next);
           it = waiting_.erase(it);
         } else {
@@ -285,12 +308,18 @@ void Scheduler::loop() {
         a.ticket->fail(error_message(e));
       }
     }
-    // Rows whose client went away, or whose request failed or passed its deadline, leave before the step.
+    // Rows whose client went away, or whose request failed or passed its deadline, leave before the step
+    // (each request's client checked once).
     std::vector<int64_t> keep;
     const auto now = std::chrono::steady_clock::now();
+    const Ticket* checked = nullptr;
     for (size_t r = 0; r < rows.size(); ++r) {
       Ticket& t = *rows[r]->ticket;
       if (now >= t.deadline_ && !t.cancelled()) t.expire();
+      if (&t != checked) {
+        t.check_client();
+        checked = &t;
+      }
       if (!t.cancelled()) keep.push_back(static_cast<int64_t>(r));
     }
     if (keep.size() != rows.size()) {

@@ -23,6 +23,7 @@ namespace {
 thread_local std::string t_refusal;
 thread_local int t_refusal_status = 0;
 thread_local int t_socket = -1;  // the connection being served on this thread
+thread_local std::chrono::steady_clock::time_point t_request_start;
 
 void refuse(int status, std::string message) {
   if (!t_refusal.empty()) return;  // the first reason found
@@ -200,6 +201,7 @@ class GuardedStream final : public httplib::Stream {
   }
 
   void begin_request() {
+    t_request_start = std::chrono::steady_clock::now();
     in_head_ = true;
     head_.clear();
     body_bytes_ = 0;
@@ -243,14 +245,35 @@ void close_gently(int fd) {
 
 }  // namespace
 
-bool GuardedServer::client_gone() {
-  if (t_socket < 0) return false;
-  pollfd p{t_socket, 0, 0};  // POLLERR and POLLHUP are always reported
-  return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLERR | POLLHUP | POLLNVAL)) != 0;
+std::function<bool()> GuardedServer::client_check(bool probe) {
+  const int fd = t_socket;
+  if (fd < 0) return nullptr;
+  return [fd, probe, probed = false]() mutable {
+    pollfd p{fd, POLLRDHUP, 0};  // POLLERR and POLLHUP (a reset, or both ways closed) come unasked
+    if (::poll(&p, 1, 0) <= 0) return false;
+    if ((p.revents & (POLLERR | POLLHUP | POLLNVAL)) != 0) return true;
+    if ((p.revents & POLLRDHUP) == 0 || !probe || probed) return false;
+    // The peer sent FIN: closed, or only half-closed? Only a closed socket answers data with a reset.
+    static constexpr char kProbe[] = "HTTP/1.1 100 Continue\r\n\r\n";
+    ssize_t n = 0;
+    do {
+      n = ::send(fd, kProbe, sizeof(kProbe) - 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+    } while (n < 0 && errno == EINTR);
+    if (n < 0) return errno != EAGAIN && errno != EWOULDBLOCK;  // EAGAIN: nothing sent, try at the next check
+    probed = true;
+    for (size_t sent = static_cast<size_t>(n); sent < sizeof(kProbe) - 1; sent += static_cast<size_t>(n)) {
+      do {  // the send buffer was empty (nothing else is written while the request waits): rare, short
+        n = ::send(fd, kProbe + sent, sizeof(kProbe) - 1 - sent, MSG_NOSIGNAL);
+      } while (n < 0 && errno == EINTR);
+      if (n <= 0) return true;
+    }
+    return false;
+  };
 }
 
 const std::string& GuardedServer::refusal() { return t_refusal; }
 int GuardedServer::refusal_status() { return t_refusal_status; }
+std::chrono::steady_clock::time_point GuardedServer::request_start() { return t_request_start; }
 
 bool GuardedServer::process_and_close_socket(socket_t sock) {
   bool ret = false, refused = false;

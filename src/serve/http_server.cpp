@@ -9,6 +9,7 @@
 #include "archspace/infer/prompts.h"
 #include "archspace/serve/http_guard.h"
 #include "archspace/serve/openai_schema.h"
+#include "archspace/serve/request_log.h"
 #include "archspace/util/error.h"
 #include "archspace/util/error_message.h"
 
@@ -25,6 +26,17 @@ void send_json(httplib::Response& res, const json& j, int status = 200) {
 }
 
 void send_error(httplib::Response& res, const ApiError& e) { send_json(res, e.body(), e.status); }
+
+// The client left before its answer: nothing it reads; logged as 499 (nginx's "client closed request").
+void client_left(httplib::Response& res) {
+  note_client_gone();
+  send_json(res, ApiError(499, "the client closed the connection before the answer").body(), 499);
+}
+
+// The access log's token counts from a usage object.
+void note_usage(const json& u) {
+  note_tokens(u.at("prompt_tokens").get<int64_t>(), u.at("completion_tokens").get<int64_t>());
+}
 
 int64_t now_seconds() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -91,14 +103,17 @@ struct HttpServer::Impl {
     return ApiError(500, "the model failed on this request: " + ticket.error());
   }
 
-  // Waits for a whole (non-streamed) answer; a client that reset its connection cancels its sequences
-  // (they leave the batch at the next step) and gets nothing.
-  static bool wait_for_client(Ticket& ticket) {
+  // Waits for a whole (non-streamed) answer while the scheduler watches the connection (see
+  // GuardedServer::client_check; HTTP/1.1 clients may get a "100 Continue" probe): a client that left
+  // cancels its sequences, which leave at the next step, and gets nothing.
+  static bool wait_for_client(const httplib::Request& req, Ticket& ticket) {
+    ticket.set_client_check(GuardedServer::client_check(req.version == "HTTP/1.1"));
+    struct Clear {  // the check reads this connection's socket: not past this handler
+      Ticket& ticket;
+      ~Clear() { ticket.clear_client_check(); }
+    } clear{ticket};
     while (!ticket.wait_for(std::chrono::milliseconds(50))) {
-      if (GuardedServer::client_gone()) {
-        ticket.cancel();
-        return false;
-      }
+      if (ticket.cancelled()) return false;
     }
     return true;
   }
@@ -109,36 +124,44 @@ struct HttpServer::Impl {
 
   // Server-sent events of one request: each choice's text as it comes, its finish reason, then usage
   // (when asked) and [DONE]. `chunk(index, text, finish_reason)` builds one event's JSON.
+  // `counts()` is the usage object (for the access log), `final_usage` the last event when the client asked
+  // for usage.
   template <typename Chunk>
-  void stream(httplib::Response& res, std::shared_ptr<Ticket> ticket, Chunk chunk, std::function<json()> final_usage,
-              std::function<void(httplib::DataSink&)> opening) {
+  void stream(httplib::Response& res, std::shared_ptr<Ticket> ticket, Chunk chunk, std::function<json()> counts,
+              std::function<json()> final_usage, std::function<void(httplib::DataSink&)> opening) {
+    // A reset is seen by the scheduler even before a token is written (a stream queued behind others);
+    // no probe, since this thread writes the stream.
+    ticket->set_client_check(GuardedServer::client_check(false));
     res.set_chunked_content_provider(
         "text/event-stream",
-        [ticket, chunk, final_usage, opening](size_t, httplib::DataSink& sink) {
+        [ticket, chunk, counts, final_usage, opening](size_t, httplib::DataSink& sink) {
+          auto gone = [&] {
+            ticket->cancel();
+            note_client_gone();
+            return false;
+          };
           if (opening) opening(sink);
           while (auto event = ticket->next_event()) {
-            if (!event->text.empty() && !write_event(sink, dump(chunk(event->index, event->text, json(nullptr))))) {
-              ticket->cancel();
-              return false;
-            }
+            if (!event->text.empty() && !write_event(sink, dump(chunk(event->index, event->text, json(nullptr)))))
+              return gone();
             if (event->final) {
               const std::string& reason = ticket->results()[event->index].finish_reason;
-              if (!write_event(sink, dump(chunk(event->index, "", json(reason))))) {
-                ticket->cancel();
-                return false;
-              }
+              if (!write_event(sink, dump(chunk(event->index, "", json(reason))))) return gone();
             }
           }
+          if (ticket->cancelled() && ticket->error().empty()) return gone();  // the scheduler saw it leave
           if (!ticket->error().empty()) {
             write_event(sink, dump(failure(*ticket).body()));
-          } else if (final_usage) {
-            write_event(sink, dump(final_usage()));
+          } else {
+            note_usage(counts());
+            if (final_usage) write_event(sink, dump(final_usage()));
           }
           write_event(sink, "[DONE]");
           sink.done();
           return true;
         },
-        [ticket](bool success) {
+        [ticket](bool success) {  // before the connection closes
+          ticket->clear_client_check();
           if (!success) ticket->cancel();
         });
   }
@@ -149,9 +172,11 @@ struct HttpServer::Impl {
     const std::string id = new_id("cmpl-");
     const int64_t created = now_seconds();
     if (!request->params.stream) {
-      if (!wait_for_client(*ticket)) return;
+      if (!wait_for_client(req, *ticket)) return client_left(res);
       check_failed(*ticket);
-      send_json(res, completion_response(*request, ticket->results(), model, id, created));
+      const json body = completion_response(*request, ticket->results(), model, id, created);
+      note_usage(body.at("usage"));
+      send_json(res, body);
       return;
     }
     const std::string model_id = model.id;
@@ -175,7 +200,8 @@ struct HttpServer::Impl {
           write_event(sink, dump(chunk(i, tok.decode(request->prompts[i / request->params.n]), json(nullptr))));
       };
     }
-    stream(res, ticket, chunk, final_usage, opening);
+    auto counts = [=] { return usage(request->prompts, request->params.n, ticket->results()); };
+    stream(res, ticket, chunk, counts, final_usage, opening);
   }
 
   void chat_completions(const httplib::Request& req, httplib::Response& res) {
@@ -184,9 +210,11 @@ struct HttpServer::Impl {
     const std::string id = new_id("chatcmpl-");
     const int64_t created = now_seconds();
     if (!request->params.stream) {
-      if (!wait_for_client(*ticket)) return;
+      if (!wait_for_client(req, *ticket)) return client_left(res);
       check_failed(*ticket);
-      send_json(res, chat_response(*request, ticket->results(), model, id, created));
+      const json body = chat_response(*request, ticket->results(), model, id, created);
+      note_usage(body.at("usage"));
+      send_json(res, body);
       return;
     }
     const std::string model_id = model.id;
@@ -213,7 +241,8 @@ struct HttpServer::Impl {
                                               {"finish_reason", nullptr}}})));
       }
     };
-    stream(res, ticket, chunk, final_usage, opening);
+    auto counts = [=] { return usage({request->prompt}, request->params.n, ticket->results()); };
+    stream(res, ticket, chunk, counts, final_usage, opening);
   }
 
   // Wraps a handler: ApiError and bad input (Error, or a JSON value of a type the checks missed) answer
@@ -236,7 +265,22 @@ struct HttpServer::Impl {
   }
 
   void routes() {
+    // After each answer is written (httplib calls it on the connection's thread, even when the write failed).
+    server.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
+      AccessRecord r = take_notes();
+      if (!options.access_log) return;
+      r.client = req.remote_addr + ":" + std::to_string(req.remote_port);
+      r.method = req.method;
+      r.path = req.path;
+      r.version = req.version;
+      r.status = res.status;
+      r.latency_ms =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - GuardedServer::request_start())
+              .count();
+      log_line(access_line(r));
+    });
     server.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+      take_notes();  // none left from an earlier request of this thread
       if (const std::string& why = GuardedServer::refusal(); !why.empty()) {  // malformed framing: 400, close
         send_error(res, ApiError(GuardedServer::refusal_status(), why));
         res.set_header("Connection", "close");
@@ -279,7 +323,9 @@ struct HttpServer::Impl {
                       {"running", s.running},
                       {"waiting", s.waiting},
                       {"completed_sequences", s.completed_sequences},
-                      {"generated_tokens", s.generated_tokens}});
+                      {"generated_tokens", s.generated_tokens},
+                      {"prompt_tokens", s.prompt_tokens},
+                      {"sampled_tokens", s.sampled_tokens}});
     });
     server.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
       send_json(res, models_response(model, now_seconds()));
@@ -317,6 +363,7 @@ int HttpServer::bind() {
 }
 
 void HttpServer::run() {
+  ThroughputLog throughput([this] { return impl_->scheduler.stats(); }, impl_->options.stats_interval_s);
   impl_->server.listen_after_bind();
   impl_->scheduler.stop();  // the handlers have returned: nothing more will be submitted
 }

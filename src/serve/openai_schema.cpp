@@ -286,7 +286,7 @@ std::vector<uint32_t> ids_of(const json& list, const ServedModel& model, const s
 }
 
 SequenceRequest base_sequence(const GenerationParams& p, const std::vector<uint32_t>& prompt, size_t choice,
-                              const std::shared_ptr<const std::vector<std::string>>& stops) {
+                              const std::shared_ptr<const StopStrings>& stops) {
   SequenceRequest s;
   s.prompt = prompt;
   s.max_tokens = p.max_tokens;
@@ -390,7 +390,7 @@ ChatRequest parse_chat_request(const json& body, const ServedModel& model) {
 
 std::vector<SequenceRequest> completion_sequences(const CompletionRequest& r, const ServedModel& model) {
   std::vector<SequenceRequest> out;
-  const auto stops = std::make_shared<const std::vector<std::string>>(r.params.stop);
+  const auto stops = std::make_shared<const StopStrings>(r.params.stop);
   for (const auto& prompt : r.prompts) {
     for (int64_t j = 0; j < r.params.n; ++j) {
       SequenceRequest s = base_sequence(r.params, prompt, j, stops);
@@ -405,7 +405,7 @@ std::vector<SequenceRequest> completion_sequences(const CompletionRequest& r, co
 
 std::vector<SequenceRequest> chat_sequences(const ChatRequest& r, const ServedModel& model) {
   std::vector<SequenceRequest> out;
-  const auto stops = std::make_shared<const std::vector<std::string>>(r.params.stop);
+  const auto stops = std::make_shared<const StopStrings>(r.params.stop);
   for (int64_t j = 0; j < r.params.n; ++j) {
     SequenceRequest s = base_sequence(r.params, r.prompt, j, stops);
     if (!r.params.ignore_eos) s.stop_ids = model.chat_stop_ids;

@@ -33,17 +33,27 @@ PROMPTS = [
 
 
 class Server:
-    """archspace serve on a free port; stop() sends a signal and returns the exit status."""
+    """archspace serve on a free port; stop() sends a signal and returns the exit status. Its stderr (the
+    access and throughput log) is read as it comes, into `log` (a pipe left unread would block the server)."""
 
-    def __init__(self, model_dir, *args):
-        self.proc = subprocess.Popen([str(BINARY), "serve", "--model", str(model_dir), "--port", "0", *map(str, args)],
+    def __init__(self, model_dir, *args, model_flag=True):
+        model = ["--model", str(model_dir)] if model_flag else [str(model_dir)]
+        self.proc = subprocess.Popen([str(BINARY), "serve", *model, "--port", "0", *map(str, args)],
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        line = self.proc.stdout.readline()
-        match = re.search(r"http://127\.0\.0\.1:(\d+)", line)
+        self.log = []
+        self._reader = threading.Thread(target=self._read_stderr, daemon=True)
+        self._reader.start()
+        self.startup = self.proc.stdout.readline()
+        match = re.search(r"http://127\.0\.0\.1:(\d+)", self.startup)
         if not match:
             self.proc.kill()
-            raise AssertionError(f"serve did not start: {line!r}\n{self.proc.stderr.read()}")
+            self._reader.join(10)
+            raise AssertionError(f"serve did not start: {self.startup!r}\n{''.join(self.log)}")
         self.url = f"http://127.0.0.1:{match.group(1)}"
+
+    def _read_stderr(self):
+        for line in self.proc.stderr:
+            self.log.append(line)
 
     def stop(self, sig=signal.SIGTERM, timeout=60):
         if self.proc.poll() is None:
@@ -309,7 +319,8 @@ def test_api_key_queue_limit_and_sigterm(model_dir):
         assert len(text) > 100
         assert waiting.result().status_code == 200
         assert s.proc.wait(60) == 0
-        assert "SIGTERM" in s.proc.stderr.read()
+        s._reader.join(10)
+        assert "SIGTERM" in "".join(s.log)
         with pytest.raises(requests.ConnectionError):
             requests.get(s.url + "/health", timeout=5)
     finally:

@@ -250,8 +250,16 @@ def test_ignore_eos(model_dir, tmp_path):  # noqa: F811
         s.stop()
 
 
+def skip_interim(received):
+    """The bytes after any 1xx responses (RFC 9110 15.2: a client must parse and may ignore them; the server
+    probes a half-closed client with one 100 Continue)."""
+    while re.match(rb"HTTP/1\.1 1\d\d ", received) and b"\r\n\r\n" in received:
+        received = received.partition(b"\r\n\r\n")[2]
+    return received
+
+
 def raw_exchange(server, data, half_close=False, timeout=30):
-    """Sends bytes on one connection; returns (status, headers, body, closed): the first response, and
+    """Sends bytes on one connection; returns (status, headers, body, closed): the first final response, and
     whether the server closed the connection within 1 s after it (keep-alive waits 2 s)."""
     import socket
 
@@ -276,11 +284,11 @@ def raw_exchange(server, data, half_close=False, timeout=30):
                 closed = True
                 break
             received += chunk
-            head, sep, rest = received.partition(b"\r\n\r\n")
+            head, sep, rest = skip_interim(received).partition(b"\r\n\r\n")
             length = re.search(rb"(?im)^content-length:\s*(\d+)", head)
             if sep and length and len(rest) >= int(length.group(1)):
                 sock.settimeout(1)
-    head, _, body = received.partition(b"\r\n\r\n")
+    head, _, body = skip_interim(received).partition(b"\r\n\r\n")
     lines = head.decode("latin-1").split("\r\n")
     assert lines and lines[0].startswith("HTTP/1.1 "), received[:300]
     headers = {k.strip().lower(): v.strip() for k, v in (line.split(":", 1) for line in lines[1:])}
@@ -326,6 +334,7 @@ def test_http_framing_is_400_and_closes(server, alone):
 
 
 def test_half_closed_client_gets_its_answer_and_range_is_ignored(server, alone):
+    """(A half-closed client waiting for its answer may get a 100 Continue first: test_serve_disconnect.py.)"""
     body = json.dumps({"prompt": PROMPTS[0], "max_tokens": 24, "temperature": 0}).encode()
     status, _, raw, _ = raw_exchange(server, request_bytes("/v1/completions", body, [f"Content-Length: {len(body)}"]),
                                      half_close=True)

@@ -12,6 +12,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -34,7 +35,7 @@ struct SequenceRequest {
   SamplingOptions sampling;
   std::vector<uint32_t> stop_ids;  // end the sequence (not part of the text)
   // End it; the text is cut before them. Shared: the sequences of one request hold one list (null: none).
-  std::shared_ptr<const std::vector<std::string>> stop_strings;
+  std::shared_ptr<const StopStrings> stop_strings;
   int64_t logprobs = -1;             // >= 0: log-probability of each generated token and the top n
   bool score_prompt = false;         // also the log-probability of each prompt token (echo + logprobs)
   bool skip_special_tokens = false;  // special tokens add no text (lm-eval's decode of a generation)
@@ -63,8 +64,8 @@ class Ticket {
     std::string text;    // newly streamable text (may be empty on the final event)
     bool final = false;  // the sequence is finished: results() holds it
   };
-  // Blocks until an event is available or everything is finished (then nullopt); events of one sequence
-  // come in order.
+  // Blocks until an event is available or everything is finished or the client check cancelled the request
+  // (then nullopt); events of one sequence come in order.
   std::optional<Event> next_event();
   // Blocks until every sequence finished (or failed).
   void wait();
@@ -75,6 +76,11 @@ class Ticket {
   std::string error() const;
   // The client went away: its sequences leave the batch at the next step.
   void cancel() { cancelled_ = true; }
+  // `gone()` tells whether the request's client has left; the scheduler asks it (on its thread, under the
+  // ticket's lock) once per loop turn while the request waits or decodes, and cancels it on true. The
+  // caller clears it (clear_client_check) before whatever it reads may stop being valid (a closed socket).
+  void set_client_check(std::function<bool()> gone);
+  void clear_client_check();
   bool cancelled() const { return cancelled_; }
   bool timed_out() const { return timed_out_; }  // failed for passing its deadline
 
@@ -83,7 +89,8 @@ class Ticket {
   void push_text(size_t index, std::string text);
   void finish(size_t index, SequenceResult result);
   void fail(const std::string& message);
-  void expire();  // fail() for its deadline
+  void expire();        // fail() for its deadline
+  bool check_client();  // runs the client check; true when the request is (now) cancelled
 
   mutable std::mutex mutex_;
   std::condition_variable changed_;
@@ -92,6 +99,7 @@ class Ticket {
   std::vector<bool> finished_;
   size_t finished_count_ = 0;
   std::string error_;
+  std::function<bool()> client_gone_;
   std::atomic<bool> cancelled_{false}, timed_out_{false};
   std::chrono::steady_clock::time_point deadline_ = std::chrono::steady_clock::time_point::max();
 };
@@ -103,8 +111,10 @@ struct SchedulerOptions {
 };
 
 struct SchedulerStats {
-  int64_t running = 0, waiting = 0;  // sequences
-  int64_t completed_sequences = 0, generated_tokens = 0;
+  int64_t running = 0, waiting = 0;                       // sequences
+  int64_t completed_sequences = 0, generated_tokens = 0;  // of finished sequences
+  // Since the start, every sequence counted as it goes (for throughput): prompt tokens prefilled, tokens sampled.
+  int64_t prompt_tokens = 0, sampled_tokens = 0;
 };
 
 class Scheduler {
@@ -149,6 +159,7 @@ class Scheduler {
   int64_t waiting_sequences_ = 0;  // not yet admitted, over waiting_
   bool stopping_ = false;
   int64_t running_ = 0, completed_ = 0, generated_ = 0;
+  std::atomic<int64_t> prompt_tokens_{0}, sampled_tokens_{0};
   std::thread thread_;
 };
 

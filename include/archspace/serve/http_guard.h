@@ -13,7 +13,9 @@
 
 #include <httplib.h>
 
+#include <chrono>
 #include <cstdint>
+#include <functional>
 #include <string>
 
 namespace archspace::serve {
@@ -31,9 +33,17 @@ class GuardedServer : public httplib::Server {
   // handlers answer it (400, 413 or 431) with this message and the connection closes after.
   static const std::string& refusal();
   static int refusal_status();
-  // The client of this thread's connection reset it or closed both ways (it cannot read an answer). A
-  // client that only half-closed (EOF, still reading) is not gone: EOF alone cannot tell the two apart.
-  static bool client_gone();
+  // When the first byte of the request on this thread's connection arrived.
+  static std::chrono::steady_clock::time_point request_start();
+  // A check of this thread's connection for Ticket::set_client_check (it runs on the scheduler's thread
+  // while this one waits): true once the client reset the connection or closed it both ways. An EOF alone
+  // may be a half-close (a client still reading its answer), so with `probe` (HTTP/1.1, whose clients must
+  // parse 1xx responses, RFC 9110 section 15.2) the check answers an EOF with one interim
+  // "HTTP/1.1 100 Continue": a peer that closed entirely answers it with a reset, seen at the next check;
+  // a half-closed one reads it, then the answer. Without `probe` (HTTP/1.0 clients, which must not get
+  // 1xx, or a stream this thread writes itself) an EOF is not taken for a departure. Valid until the
+  // handler returns: clear it from the ticket before.
+  static std::function<bool()> client_check(bool probe);
 
  private:
   bool process_and_close_socket(socket_t sock) override;

@@ -2,7 +2,9 @@
 //   POST /v1/completions, /v1/chat/completions   (stream: server-sent events ending in "data: [DONE]")
 //   GET  /v1/models, /health (no key needed; also running and waiting counts), /tokenizer_info
 //   POST /tokenize, /detokenize                 (what lm-eval's RemoteTokenizer calls)
-// Every error is an OpenAI error body. With an API key, every route but /health wants
+// Every error is an OpenAI error body. Logs to stderr (ServerOptions): per request, the client, method, path,
+// status, prompt and completion tokens and latency; periodically, the sequences running and waiting and the
+// prompt and generation tokens/s. With an API key, every route but /health wants
 // "Authorization: Bearer KEY" (401 otherwise).
 #pragma once
 
@@ -26,6 +28,10 @@ struct ServerOptions {
   int64_t request_timeout_s = 600;  // from submission to the last token; then 504 (or an error event)
   RequestLimits request;            // prompt tokens, stop strings
   SchedulerOptions scheduler;
+  // On stderr: one line per request (access_log), and every stats_interval_s seconds that saw traffic, the
+  // throughput (0: never).
+  bool access_log = true;
+  int64_t stats_interval_s = 10;
 };
 
 class HttpServer {

@@ -35,7 +35,7 @@ struct ApiError : std::runtime_error {
 struct RequestLimits {
   int64_t max_prompt_tokens = 262144;  // summed over the request's prompts (each also within the context)
   int64_t max_stop_strings = 64;       // OpenAI allows 4
-  int64_t max_stop_bytes = 256;        // each; stop matching costs O(new text x longest stop) per token
+  int64_t max_stop_bytes = 256;        // each (matching costs O(new bytes x stops) per token, any length)
 };
 
 // What the schema needs to know about the served model.
