@@ -16,11 +16,17 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 STREAM_STYLES = ["o-", "s--", "^:"]
 
 
-def compare(analyses, labels, out):
+def integer_ticks(axis):
+    """Layers are whole numbers: no 0.5 ticks on a few-layer axis."""
+    axis.set_major_locator(MaxNLocator(integer=True))
+
+
+def compare(analyses, labels):
     """The norm, pruning and lens panels of several models side by side."""
     fig, axes = plt.subplots(1, 3, figsize=(18, 4.6))
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
@@ -47,27 +53,15 @@ def compare(analyses, labels, out):
     axes[2].set_xlabel("layer")
     for ax in axes:
         ax.legend(fontsize=8)
+        integer_ticks(ax.xaxis)
     r = analyses[0]
     fig.suptitle(f"{r['sequences']} x {r['sequence_length']} tokens of {r.get('data', '')}")
     fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    print(f"wrote {out}")
+    return fig
 
 
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("analysis", nargs="+")
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--labels", help="comma-separated, one per file (default: each file's model)")
-    args = parser.parse_args()
-    analyses = [json.load(open(path)) for path in args.analysis]
-    labels = args.labels.split(",") if args.labels else [r.get("model", path) for r, path in zip(analyses, args.analysis)]
-    if len(labels) != len(analyses):
-        parser.error(f"--labels names {len(labels)} models for {len(analyses)} files")
-    if len(analyses) > 1:
-        compare(analyses, labels, args.out)
-        return
-    r = analyses[0]
+def single(r):
+    """Every panel of one model's analysis."""
     panels = ["norms", "pruning", "lens"] + (["intensity"] if "input_intensity" in r else []) + \
              (["depth"] if "depth_attention" in r else [])
     cols = 3 if len(panels) > 4 else 2
@@ -115,8 +109,26 @@ def main():
             ax.set_ylabel("layer")
     for ax in axes[len(panels):]:
         ax.axis("off")
+    for ax in axes[:len(panels)]:
+        integer_ticks(ax.xaxis)
+    if "depth" in panels:
+        integer_ticks(axes[panels.index("depth")].yaxis)
     fig.suptitle(f"{r.get('model', '')}: {r['sequences']} x {r['sequence_length']} tokens")
     fig.tight_layout()
+    return fig
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("analysis", nargs="+")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--labels", help="comma-separated, one per file (default: each file's model)")
+    args = parser.parse_args()
+    analyses = [json.load(open(path)) for path in args.analysis]
+    labels = args.labels.split(",") if args.labels else [r.get("model", path) for r, path in zip(analyses, args.analysis)]
+    if len(labels) != len(analyses):
+        parser.error(f"--labels names {len(labels)} models for {len(analyses)} files")
+    fig = compare(analyses, labels) if len(analyses) > 1 else single(analyses[0])
     fig.savefig(args.out, dpi=110)
     print(f"wrote {args.out}")
 

@@ -1,6 +1,6 @@
 """Loss curves of several runs on one chart (used by `archspace plot`).
 
-    plot_runs.py --out FILE.png [--x step|tokens] RUN_DIR...
+    plot_runs.py --out FILE.png [--x step|tokens] [--smooth W] RUN_DIR...
 
 Each run's metrics.jsonl gives a training-loss line (solid) and, where present, validation loss
 (dashed markers), labelled by the run directory's name; loss spikes (train.spike_factor) are marked
@@ -8,6 +8,10 @@ with an x. Runs that traced per-layer gradient norms (train.grad_norm_interval) 
 per layer (colour from the first layer to the last), embedding and head dotted, log scale. Runs with in-loop
 downstream evaluation ([eval] downstream: lines with "downstream") get a panel beside: each task's primary
 metric per run.
+
+--smooth W (0 <= W < 1) smooths the training loss as TensorBoard's slider does: an exponential moving average
+with weight W on the past, debiased at the start (s_t = sum_i W^i x_(t-i) / sum_i W^i over the points so far,
+the first point unchanged); the raw curve stays behind it, faint. Validation points are never smoothed.
 """
 import argparse
 import json
@@ -20,12 +24,33 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
+def ema(values, weight):
+    """TensorBoard's smoothing: a debiased exponential moving average with `weight` on the past."""
+    out, last, norm = [], 0.0, 0.0
+    for v in values:
+        last = weight * last + (1 - weight) * v
+        norm = weight * norm + (1 - weight)  # 1 - weight^t: the debiasing that keeps the first point as it is
+        out.append(last / norm)
+    return out
+
+
+def smoothing_weight(text):
+    w = float(text)
+    if not 0 <= w < 1:
+        raise argparse.ArgumentTypeError(f"--smooth must be in [0, 1) (TensorBoard's weight), not {text}")
+    return w
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("runs", nargs="+")
     parser.add_argument("--out", required=True)
     parser.add_argument("--x", choices=["step", "tokens"], default="step")
+    parser.add_argument("--smooth", type=smoothing_weight, default=0.0)
     args = parser.parse_args()
+    if args.smooth > 0:
+        print(f"smoothing: training loss as an exponential moving average, weight {args.smooth:g} "
+              "(TensorBoard's, debiased); raw curve faint behind it")
     runs = {}
     for run in args.runs:
         path = pathlib.Path(run) / "metrics.jsonl"
@@ -48,7 +73,12 @@ def main():
         spikes = [r for r in rows if r.get("spike")]
         x_of[run] = {r["step"]: r[args.x] for r in train}
         label = pathlib.Path(run).resolve().name if len({pathlib.Path(r).name for r in args.runs}) == len(args.runs) else run
-        line, = ax.plot([r[args.x] for r in train], [r["loss"] for r in train], label=f"{label} train", linewidth=1.2)
+        xs, losses = [r[args.x] for r in train], [r["loss"] for r in train]
+        if args.smooth > 0:
+            line, = ax.plot(xs, ema(losses, args.smooth), label=f"{label} train (EMA {args.smooth:g})", linewidth=1.2)
+            ax.plot(xs, losses, color=line.get_color(), alpha=0.25, linewidth=0.8)
+        else:
+            line, = ax.plot(xs, losses, label=f"{label} train", linewidth=1.2)
         if valid:
             ax.plot([r[args.x] for r in valid], [r["valid_loss"] for r in valid], "o--", color=line.get_color(),
                     label=f"{label} valid", markersize=4)

@@ -23,7 +23,7 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 struct AnalyzeArgs {
-  std::string model, data, tokenizer, out = "analysis", dtype = "fp32", device = "cpu";
+  std::string model, data, tokenizer, out, dtype = "fp32", device = "cpu";
   int64_t sequences = 8, sequence_length = 256;
   bool no_plot = false;
 };
@@ -79,8 +79,18 @@ void print_table(const json& r) {
   }
 }
 
-int run(const AnalyzeArgs& a) {
+// The default output: beside the model, not in the directory the command runs in (often the repository):
+// RUN/analysis/step-N for a checkpoint of a run, else MODEL_DIR/analysis.
+std::string default_out(const std::string& model_dir) {
+  const std::string checkpoint = checkpoint_of_model_dir(model_dir);
+  const std::string run = checkpoint.empty() ? "" : run_dir_of_checkpoint(checkpoint);
+  if (!run.empty()) return (fs::path(run) / "analysis" / fs::path(checkpoint).lexically_normal().filename()).string();
+  return (fs::path(model_dir) / "analysis").string();
+}
+
+int run(AnalyzeArgs a) {
   const std::string model_dir = resolve_model_dir(a.model);  // a run directory, checkpoint or model directory
+  if (a.out.empty()) a.out = default_out(model_dir);
   fs::create_directories(a.out);
   CausalLM model = load_model(
       model_dir, {scalar_type(parse_dtype(a.dtype, "--dtype")), parse_device(a.device, "--device").device()});
@@ -109,9 +119,11 @@ Command add(CLI::App& parent) {
   auto a = std::make_shared<AnalyzeArgs>();
   auto* app = parent.add_subcommand(
       "analyze", "Stream norms, layer pruning, logit lens, input intensity and Depth-Attention weights of a model");
-  app->add_option("MODEL", a->model, "a run directory, checkpoint or model directory")->required();
+  add_model_option(app, a->model, "a run directory, checkpoint or model directory");
   app->add_option("--data", a->data, "held-out token shards, or a text file")->required();
-  app->add_option("--out", a->out, "output directory (analysis.json, analysis.png)")->capture_default_str();
+  app->add_option("--out", a->out,
+                  "output directory (analysis.json, analysis.png); default: RUN/analysis/step-N for a run's "
+                  "checkpoint, else MODEL_DIR/analysis");
   app->add_option("--sequences", a->sequences, "sequences analysed")->check(CLI::PositiveNumber)->capture_default_str();
   app->add_option("--sequence-length", a->sequence_length, "tokens per sequence")
       ->check(CLI::Range(int64_t{2}, int64_t{1} << 20))

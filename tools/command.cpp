@@ -4,12 +4,15 @@
 #include <sys/wait.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <sstream>
+#include <thread>
 
+#include "archspace/dist/process_group.h"
 #include "archspace/util/error.h"
 
 extern char** environ;
@@ -66,6 +69,208 @@ CLI::Option* add_device_option(CLI::App* app, std::string& value) {
   return app->add_option("--device", value, "compute device")
       ->check(choice_validator([](const std::string& s) { parse_device(s, ""); }, "cpu|cuda[:N]"))
       ->capture_default_str();
+}
+
+namespace {
+
+// RANK, WORLD_SIZE and LOCAL_RANK as torchrun sets them; a bad value counts as a single process here (the
+// trainer reports it, naming the variable).
+DistEnv launch_env() {
+  try {
+    return dist_env_from_environment();
+  } catch (const Error&) {
+    return DistEnv{};
+  }
+}
+
+}  // namespace
+
+bool speaks_for_run() { return launch_env().rank == 0; }
+
+void report_error(const std::string& message, const std::string& label) {
+  std::string text = message;
+  for (const std::string prefix : {label + ": ", std::string("error: ")}) {
+    while (text.rfind(prefix, 0) == 0) text.erase(0, prefix.size());
+  }
+  const DistEnv env = launch_env();
+  if (env.world_size > 1) {
+    const std::string who = "rank " + std::to_string(env.rank) + " of " + std::to_string(env.world_size);
+    const bool names_rank = text.rfind(who + ":", 0) == 0;
+    if (!names_rank && !joined_process_group()) {
+      if (env.rank != 0 && env.local_rank != 0) {
+        // Rank 0 on this machine says the same. Leave it time to: torchrun stops every worker once one exits.
+        std::this_thread::sleep_for(std::chrono::seconds(2));
+        return;
+      }
+      if (env.rank != 0) text = who + ": " + text;
+    } else if (!names_rank) {
+      text = who + ": " + text;
+    }
+  }
+  std::cerr << label << ": " << text << "\n";
+}
+
+void add_model_option(CLI::App* app, std::string& model, const std::string& what, bool required) {
+  auto* flag = app->add_option("--model", model, what);
+  auto* positional = app->add_option("MODEL", model, "the model, positionally: the same as --model");
+  positional->excludes(flag);
+  if (required) {
+    app->parse_complete_callback([flag, positional] {
+      if (flag->count() == 0 && positional->count() == 0) throw CLI::RequiredError("MODEL (or --model MODEL)");
+    });
+  }
+}
+
+namespace {
+
+// Other tools' names for our flags, with the same meaning (after underscores became dashes). A synonym applies
+// only where the command has the target and lacks the synonym itself (eval ppl's own --max-tokens stays).
+const std::vector<std::pair<std::string, std::string>>& synonyms() {
+  static const std::vector<std::pair<std::string, std::string>> table = {
+      {"num-fewshot", "shots"},          // lm-eval
+      {"output-path", "out"},            // lm-eval
+      {"output", "out"},                 // lm-eval -o, and many tools
+      {"output-dir", "out"},             // transformers' save/Trainer
+      {"model-path", "model"},           // many scripts
+      {"model-name-or-path", "model"},   // transformers' examples
+      {"pretrained", "model"},           // lm-eval's model_args key
+      {"max-tokens", "max-new-tokens"},  // vLLM / the OpenAI API
+      {"apply-chat-template", "chat"},   // lm-eval
+  };
+  return table;
+}
+
+// Flags of other tools that mean something else here: the hint says what to type instead, where the command
+// has the flag it names (`needs`).
+struct Hint {
+  const char *flag, *needs, *text;
+};
+const std::vector<Hint>& hints() {
+  static const std::vector<Hint> table = {
+      {"model-args", "model",
+       "lm-eval's --model_args pretrained=PATH,...: give the model as --model PATH (or as MODEL)"},
+      {"trust-remote-code", "", "not needed: archspace runs the variant itself"},
+      {"bf16", "dtype", "use --dtype bf16"},
+      {"fp16", "dtype", "archspace computes in fp32 or bf16: use --dtype bf16"},
+      {"max-new-tokens", "max-tokens", "nothing is generated here: --max-tokens N evaluates the first N tokens"},
+  };
+  return table;
+}
+
+std::string dashed(std::string name) {
+  std::replace(name.begin(), name.end(), '_', '-');
+  return name;
+}
+
+// The long flags (no dashes) of `app` and of the apps above it.
+std::vector<std::string> long_flags(const CLI::App* app) {
+  std::vector<std::string> names;
+  for (const CLI::App* a = app; a; a = a->get_parent()) {
+    for (const CLI::Option* o : a->get_options()) {
+      for (const std::string& n : o->get_lnames()) names.push_back(n);
+    }
+  }
+  return names;
+}
+
+std::string command_path(const CLI::App* app) {
+  std::string path;
+  for (const CLI::App* a = app; a; a = a->get_parent()) {
+    const std::string name = a->get_parent() ? a->get_name() : "archspace";
+    path = path.empty() ? name : name + " " + path;
+  }
+  return path;
+}
+
+}  // namespace
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = up;
+    }
+  }
+  return row[b.size()];
+}
+
+NormalizedArgs normalize_flags(CLI::App& app, int argc, const char* const* argv) {
+  NormalizedArgs out;
+  CLI::App* current = &app;
+  bool literal = false;  // after "--" every word is a value
+  for (int i = 1; i < argc; ++i) {
+    std::string word = argv[i];
+    if (literal || word == "--") {
+      literal = true;
+      out.args.push_back(word);
+      continue;
+    }
+    if (word.rfind("--", 0) != 0) {
+      // A subcommand's name moves on to that subcommand (a value equal to one is rare: eval's are ppl, downstream).
+      for (CLI::App* sub : current->get_subcommands([](CLI::App*) { return true; })) {
+        if (sub->get_name() == word) {
+          current = sub;
+          break;
+        }
+      }
+      out.args.push_back(word);
+      continue;
+    }
+    const size_t eq = word.find('=');
+    const std::string name = word.substr(2, eq == std::string::npos ? std::string::npos : eq - 2);
+    const std::string value = eq == std::string::npos ? "" : word.substr(eq);
+    const std::vector<std::string> known = long_flags(current);
+    auto has = [&](const std::string& n) { return std::find(known.begin(), known.end(), n) != known.end(); };
+    std::string target;
+    if (!name.empty() && !has(name)) {
+      const std::string d = dashed(name);
+      if (has(d)) {
+        target = d;
+      } else {
+        for (const auto& [alias, ours] : synonyms()) {
+          if (alias == d && has(ours)) target = ours;
+        }
+      }
+      if (target.empty()) out.unknown.push_back({"--" + name, command_path(current), known});
+    }
+    out.args.push_back(target.empty() ? word : "--" + target + value);
+  }
+  return out;
+}
+
+std::string explain_unknown_flags(const NormalizedArgs& normalized) {
+  std::string text;
+  for (const auto& u : normalized.unknown) {
+    const std::string name = dashed(u.flag.substr(2));
+    std::string advice;
+    for (const Hint& h : hints()) {
+      if (h.flag == name && (!*h.needs || std::find(u.known.begin(), u.known.end(), h.needs) != u.known.end()))
+        advice = h.text;
+    }
+    if (advice.empty()) {
+      // The nearest of the command's flags and of the synonyms it accepts, within a third of the name's length.
+      std::vector<std::pair<std::string, std::string>> candidates;  // spelling -> our flag
+      for (const auto& k : u.known) candidates.emplace_back(k, k);
+      for (const auto& [alias, ours] : synonyms()) {
+        if (std::find(u.known.begin(), u.known.end(), ours) != u.known.end()) candidates.emplace_back(alias, ours);
+      }
+      size_t best = std::max<size_t>(2, name.size() / 3) + 1;
+      for (const auto& [spelling, ours] : candidates) {
+        const size_t d = edit_distance(name, spelling);
+        if (d < best) {
+          best = d;
+          advice = "did you mean --" + ours + "?";
+        }
+      }
+    }
+    text += "unknown flag " + u.flag + " for `" + u.command + "`" + (advice.empty() ? "" : " (" + advice + ")") + "\n";
+  }
+  return text;
 }
 
 std::vector<int64_t> parse_token_ids(const std::string& text, int64_t vocab_size, const std::string& flag) {

@@ -35,6 +35,43 @@ CLI::Option* add_device_option(CLI::App* app, std::string& value);
 // "1 2 3" or "1,2,3" -> ids, each checked against [0, vocab_size); errors name `flag`.
 std::vector<int64_t> parse_token_ids(const std::string& text, int64_t vocab_size, const std::string& flag);
 
+// The model a command runs, accepted as --model MODEL and positionally (`archspace generate runs/demo`, as
+// vLLM's `serve MODEL`); giving both is an error. `required`: one of them must be there.
+void add_model_option(CLI::App* app, std::string& model, const std::string& what, bool required = true);
+
+// The flags as users of transformers, lm-eval and vLLM type them, before CLI11 reads them: every flag that the
+// command it follows does not know is tried with dashes for underscores (--batch_size) and then as a synonym
+// with the same meaning (lm-eval's --num_fewshot is --shots, --output_path is --out; --model_path,
+// --model_name_or_path and --pretrained are --model; vLLM's --max-tokens is generate's --max-new-tokens).
+// Returns the arguments (argv[1..]) rewritten; the flags still unknown are recorded for explain_unknown_flags.
+struct NormalizedArgs {
+  std::vector<std::string> args;
+  struct Unknown {
+    std::string flag;                // as typed
+    std::string command;             // "archspace eval downstream"
+    std::vector<std::string> known;  // the command's long flags, without dashes
+  };
+  std::vector<Unknown> unknown;
+};
+NormalizedArgs normalize_flags(CLI::App& app, int argc, const char* const* argv);
+
+// "unknown flag --shotz for `archspace eval downstream` (did you mean --shots?)", one line per unknown flag: the
+// nearest flag by edit distance (dashes and underscores alike), or a hint for flags of other tools whose meaning
+// differs here (lm-eval's --model_args); empty when there is none.
+std::string explain_unknown_flags(const NormalizedArgs& normalized);
+
+// Levenshtein distance (insertions, deletions, substitutions), for the suggestions above.
+size_t edit_distance(const std::string& a, const std::string& b);
+
+// Whether this process speaks for the run: outside torchrun, or rank 0 under it (RANK, WORLD_SIZE).
+bool speaks_for_run();
+
+// Prints "LABEL: MESSAGE" once for the whole run. Under torchrun, an error raised before the ranks joined a
+// process group is the same on every rank (same config, same files): rank 0 prints it alone (and the first
+// rank of each other machine, labelled, since its files may differ); afterwards each failing rank prints
+// its own, labelled "rank R of W" unless the message already names it. A leading "error: " is not doubled.
+void report_error(const std::string& message, const std::string& label = "error");
+
 // 1234567 -> "1.2M".
 std::string human_count(int64_t n);
 

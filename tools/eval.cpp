@@ -421,8 +421,24 @@ int run_ppl(const PplArgs& a) {
   }
   if (a.max_tokens > 0 && static_cast<int64_t>(tokens.size()) > a.max_tokens) tokens.resize(a.max_tokens);
 
+  // The context: --context, else the length the model was trained at (a longer window scores positions it never
+  // saw), else min(max_position_embeddings, 4096). Said on stderr and in the JSON, since it sets the number.
+  PerplexityOptions options = a.options;
+  std::string context_from = "--context";
+  if (options.context == 0) {
+    const int64_t max_pos = model.config().max_position_embeddings;
+    if (const auto trained = trained_sequence_length(model_dir)) {
+      options.context = std::min(*trained, max_pos);
+      context_from = "the training length (" + checkpoint_of_model_dir(model_dir) + "/trainer_state.json)";
+    } else {
+      options.context = std::min<int64_t>(max_pos, 4096);
+      context_from = "min(max_position_embeddings, 4096): no training length recorded";
+    }
+  }
+  std::cerr << "eval ppl: context " << options.context << " tokens, from " << context_from << "\n";
+
   ProgressLine progress("eval ppl");
-  const PerplexityResult r = perplexity(model, tokens, a.options, [&](int64_t done, int64_t total) {
+  const PerplexityResult r = perplexity(model, tokens, options, [&](int64_t done, int64_t total) {
     progress.update(std::to_string(done) + "/" + std::to_string(total) + " tokens", static_cast<double>(done) / total,
                     done == total);
   });
@@ -436,6 +452,7 @@ int run_ppl(const PplArgs& a) {
                             {"mean_nll", r.nll_sum / r.scored_tokens},
                             {"perplexity", r.perplexity()},
                             {"context", r.context},
+                            {"context_from", context_from},
                             {"stride", r.stride},
                             {"windows", r.windows},
                             {"method",
@@ -452,11 +469,12 @@ Command add(CLI::App& parent) {
   auto* eval = parent.add_subcommand("eval", "Evaluate a model (ppl: perplexity; downstream: OLMES tasks)");
   eval->require_subcommand(1);
   auto* ppl = eval->add_subcommand("ppl", "Perplexity on token shards or a text file (JSON result)");
-  ppl->add_option("--model", a->model, "model directory, or a checkpoint or finished run directory holding one")
-      ->required();
+  add_model_option(ppl, a->model, "model directory, or a checkpoint or finished run directory holding one");
   ppl->add_option("--data", a->data, "token shard directory, or a text file (tokenized with the model's tokenizer)")
       ->required();
-  ppl->add_option("--context", a->options.context, "window length (default min(max_position_embeddings, 4096))");
+  ppl->add_option("--context", a->options.context,
+                  "window length (default: the length the model was trained at, when its checkpoint records it; "
+                  "else min(max_position_embeddings, 4096))");
   ppl->add_option("--stride", a->options.stride, "window start spacing (default = context: disjoint windows)");
   ppl->add_option("--max-tokens", a->max_tokens, "evaluate only the first N tokens");
   ppl->add_option("--tokenizer", a->tokenizer,
@@ -469,8 +487,9 @@ Command add(CLI::App& parent) {
   auto* ds = eval->add_subcommand("downstream",
                                   "OLMES multiple-choice and generation tasks from their request files (table + "
                                   "JSON); --rescore: the generation metrics of a requests-out file, without a model");
-  ds->add_option("--model", d->model,
-                 "model directory, or a checkpoint or finished run directory holding one (required unless --rescore)");
+  add_model_option(ds, d->model,
+                   "model directory, or a checkpoint or finished run directory holding one (required unless --rescore)",
+                   /*required=*/false);
   ds->add_option("--tasks", d->tasks,
                  "comma-separated tasks or groups: arc_easy,arc_challenge,hellaswag,piqa,winogrande,openbookqa,"
                  "basic_arithmetic,mmlu (its 57 mmlu_<subject> tasks and their macro average),... "

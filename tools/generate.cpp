@@ -102,8 +102,7 @@ Command add(CLI::App& parent) {
   SamplingOptions& s = a->options.sampling;
   auto* app =
       parent.add_subcommand("generate", "Generate text from a prompt (streams; reports tokens/s and cache memory)");
-  app->add_option("--model", a->model, "model directory, or a checkpoint or finished run directory holding one")
-      ->required();
+  add_model_option(app, a->model, "model directory, or a checkpoint or finished run directory holding one");
   app->add_option("--prompt", a->prompts, "prompt text (with --chat: the user message); repeat it to decode a batch");
   app->add_option("--prompt-tokens", a->prompt_tokens, "prompt as token ids instead");
   app->add_flag("--chat", a->chat, "format as a chat (SPEC.md section 6) and answer as the assistant");

@@ -132,7 +132,8 @@ Command add(CLI::App& parent) {
       "info", "Describe a model directory, a config.json or a preset: variant, sizes, RoPE, parameters");
   auto* path = app->add_option("MODEL_DIR", args->path,
                                "Hugging Face model directory (config.json + safetensors), or a config.json");
-  app->add_option("--preset", args->preset, "describe a built-in preset instead")->excludes(path);
+  auto* model = app->add_option("--model", args->path, "the same as MODEL_DIR")->excludes(path);
+  app->add_option("--preset", args->preset, "describe a built-in preset instead")->excludes(path)->excludes(model);
   app->add_option("--variant", args->variant, "with --preset: the variant")
       ->check(CLI::IsMember(variant_choices()))
       ->capture_default_str();

@@ -46,7 +46,7 @@ Command add(CLI::App& parent) {
   auto a = std::make_shared<LogitsArgs>();
   auto* app = parent.add_subcommand("logits",
                                     "Run the forward on token ids and write fp32 logits [T, vocab] as tensor 'logits'");
-  app->add_option("--model", a->model, "model directory")->required();
+  add_model_option(app, a->model, "model directory");
   app->add_option("--tokens", a->tokens, "token ids, space or comma separated, e.g. \"1 2 3\"")->required();
   app->add_option("--out", a->out, "output .safetensors file")->required();
   add_dtype_option(app, a->dtype, "compute dtype (the file is always fp32)");

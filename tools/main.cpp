@@ -21,12 +21,20 @@ int main(int argc, char** argv) {
   std::vector<cli::Command> commands;
   for (cli::AddCommand add : cli::registered_commands()) commands.push_back(add(app));
 
+  // Other tools' spellings of our flags are read as ours (tools/command.h); the rest CLI11 reports.
+  cli::NormalizedArgs normalized = cli::normalize_flags(app, argc, argv);
   try {
-    app.parse(argc, argv);
+    std::vector<std::string> reversed(normalized.args.rbegin(), normalized.args.rend());  // CLI11's order
+    app.parse(reversed);
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);  // --help
-    // Bad flags are errors like any other: "error: ..." and status 1 (the README's contract).
-    std::cerr << "error: " << e.what() << "\n(run with --help for the valid flags and choices)\n";
+    // Bad flags are errors like any other: "error: ..." and status 1 (the README's contract). Unknown flags are
+    // named with the nearest valid one instead of CLI11's "The following arguments were not expected", and alone:
+    // what else CLI11 says then is often their consequence (an unknown flag's value taken for a positional).
+    std::string message = cli::explain_unknown_flags(normalized);
+    if (message.empty()) message = e.what();
+    while (!message.empty() && message.back() == '\n') message.pop_back();
+    cli::report_error(message + "\n(run with --help for the valid flags and choices)");
     return 1;
   }
   try {
@@ -39,13 +47,13 @@ int main(int argc, char** argv) {
       return command.run();
     }
   } catch (const Error& e) {
-    std::cerr << "error: " << e.what() << "\n";
+    cli::report_error(e.what());
     return 1;
   } catch (const c10::Error& e) {
-    std::cerr << "error (LibTorch): " << e.what_without_backtrace() << "\n";
+    cli::report_error(e.what_without_backtrace(), "error (LibTorch)");
     return 1;
   } catch (const std::exception& e) {
-    std::cerr << "error: " << e.what() << "\n";
+    cli::report_error(e.what());
     return 1;
   }
   return 0;

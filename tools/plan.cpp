@@ -4,6 +4,7 @@
 
 #include <iomanip>
 #include <iostream>
+#include <optional>
 
 #include "archspace/model/parameters.h"
 #include "archspace/util/error.h"
@@ -17,7 +18,24 @@ struct PlanArgs {
   int64_t world = 1, sequence_length = 0, micro_batch = 1, grad_accum = 1;
   bool shard_optimizer = false, activation_checkpointing = false, json = false;
   std::string device = "cuda";
+  std::string gpu_memory;  // "80GiB": say whether the plan fits
 };
+
+void print_fit(const FitAdvice& f) {
+  const std::string cap = human_bytes(f.capacity);
+  if (f.fits()) {
+    std::cout << "fits in " << cap << " per rank, margin " << human_bytes(f.margin) << "\n";
+  } else {
+    std::cout << "does not fit in " << cap << " per rank: " << human_bytes(-f.margin) << " over\n";
+    if (f.found)
+      std::cout << "cheapest change that fits: " << f.change << " (total " << human_bytes(f.changed_total)
+                << ", margin " << human_bytes(f.capacity - f.changed_total) << ")\n";
+    else
+      std::cout << "no change the plan models fits (ZeRO-1, activation checkpointing, micro-batch 1, up to 64x "
+                   "the ranks): a shorter --sequence-length or a smaller model\n";
+  }
+  std::cout << "(tensors only: leave a few GiB for the CUDA context and the allocator's fragmentation)\n";
+}
 
 void print_plan(const ModelConfig& c, const PlanOptions& o, const MemoryPlan& p) {
   auto row = [](const std::string& name, int64_t bytes, const std::string& note = "") {
@@ -66,6 +84,8 @@ int run(const PlanArgs& a) {
     throw Error("--device: unknown device '" + a.device + "' (valid: cuda, cpu)");
   o.cuda = a.device == "cuda";
   const MemoryPlan p = plan_memory(config, o);
+  std::optional<FitAdvice> fit;
+  if (!a.gpu_memory.empty()) fit = advise_fit(config, o, parse_memory_size(a.gpu_memory, "--gpu-memory"));
   if (a.json) {
     nlohmann::json j = p.to_json();
     j["variant"] = variant_name(config.variant);
@@ -77,9 +97,17 @@ int run(const PlanArgs& a) {
                     {"shard_optimizer", o.shard_optimizer},
                     {"activation_checkpointing", o.activation_checkpointing},
                     {"device", a.device}};
+    if (fit) {
+      j["fit"] = {{"gpu_memory", fit->capacity}, {"fits", fit->fits()}, {"margin", fit->margin}};
+      if (!fit->fits()) {
+        j["fit"]["change"] = fit->found ? nlohmann::json(fit->change) : nlohmann::json(nullptr);
+        if (fit->found) j["fit"]["changed_total"] = fit->changed_total;
+      }
+    }
     std::cout << j.dump(2) << "\n";
   } else {
     print_plan(config, o, p);
+    if (fit) print_fit(*fit);
   }
   return 0;
 }
@@ -107,6 +135,9 @@ Command add(CLI::App& parent) {
       ->check(CLI::IsMember({"cuda", "cpu"}))
       ->capture_default_str();
   app->add_flag("--json", a->json, "print the figures as JSON");
+  app->add_option("--gpu-memory", a->gpu_memory,
+                  "a GPU's memory, e.g. 80GiB: says whether the plan fits, the margin, and else the cheapest change "
+                  "that fits (ZeRO-1, activation checkpointing, smaller micro-batch, more ranks)");
   return {app, [a] { return run(*a); }, /*computes=*/false};
 }
 

@@ -8,10 +8,11 @@ namespace {
 struct PlotArgs {
   std::vector<std::string> runs;
   std::string out, x = "step";
+  double smooth = 0;
 };
 
 int run(const PlotArgs& a) {
-  std::vector<std::string> args = {"--out", a.out, "--x", a.x};
+  std::vector<std::string> args = {"--out", a.out, "--x", a.x, "--smooth", std::to_string(a.smooth)};
   args.insert(args.end(), a.runs.begin(), a.runs.end());
   return run_python_script(ARCHSPACE_PLOT_SCRIPT, args);  // the script names a bad run directory itself
 }
@@ -22,6 +23,11 @@ Command add(CLI::App& parent) {
   app->add_option("RUN_DIR", a->runs, "run directories (each with metrics.jsonl)")->required();
   app->add_option("--out", a->out, "output image, e.g. losses.png")->required();
   app->add_option("--x", a->x, "x axis")->check(CLI::IsMember({"step", "tokens"}))->capture_default_str();
+  app->add_option("--smooth", a->smooth,
+                  "smooth the training loss as TensorBoard does: exponential moving average with this weight on "
+                  "the past, debiased (0: off, 0.9: strong); the raw curve stays behind it, faint")
+      ->check(CLI::Range(0.0, 0.999))
+      ->capture_default_str();
   return {app, [a] { return run(*a); }, /*computes=*/false};
 }
 

@@ -34,8 +34,7 @@ Command add(CLI::App& parent) {
   auto a = std::make_shared<TraceArgs>();
   auto* app =
       parent.add_subcommand("trace", "Write every named activation of one forward and the logits (fp32 safetensors)");
-  app->add_option("--model", a->model, "model directory, or a checkpoint or finished run directory holding one")
-      ->required();
+  add_model_option(app, a->model, "model directory, or a checkpoint or finished run directory holding one");
   app->add_option("--tokens", a->tokens, "token ids, space or comma separated, e.g. \"1 2 3\"")->required();
   app->add_option("--out", a->out, "output .safetensors file")->required();
   app->add_option("--attention", a->attention, "sdpa (fused kernels) or reference (plain fp32 path)")

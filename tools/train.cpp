@@ -16,7 +16,7 @@ struct TrainArgs {
 
 int run(const TrainArgs& a) {
   const TrainResult r = run_training(TrainConfig::load(a.config, a.overrides), a.options);
-  std::cerr << "checkpoint: " << r.final_checkpoint << "\n";
+  if (speaks_for_run()) std::cerr << "checkpoint: " << r.final_checkpoint << "\n";  // rank 0 speaks for the run
   return r.stopped_by_signal ? 128 + r.stopped_by_signal : 0;  // the shell's convention for a signalled stop
 }
 

@@ -343,8 +343,44 @@ bool substitute_variant(toml::table& t, const std::string& variant) {
   return changed;
 }
 
-void validate(TrainConfig& c, const ChoiceTexts& choices, const std::string& path) {
-  auto key = [&](const char* k) { return path + ": key '" + k + "'"; };
+// "section.key" -> the --set text that gave it its value (the last one wins, as in apply_override).
+using Overrides = std::map<std::string, std::string>;
+
+Overrides overridden_keys(const std::vector<std::string>& overrides) {
+  Overrides out;
+  for (const auto& o : overrides) out[o.substr(0, o.find('='))] = o;
+  return out;
+}
+
+std::string number_text(double v) {
+  std::ostringstream os;
+  os << v;
+  return os.str();
+}
+
+// A rule over two keys that failed: the message names where each value came from (an override, or the file),
+// both values, and `fix`; an override is blamed before the file it was applied to.
+[[noreturn]] void conflict(const std::string& path, const Overrides& set, const std::string& a, double va,
+                           const std::string& b, double vb, const std::string& rule, const std::string& fix) {
+  auto origin = [&](const std::string& k, double v) {
+    auto o = set.find(k);
+    return o != set.end() ? "--set " + o->second : path + "'s " + k + " = " + number_text(v);
+  };
+  const bool any_override = set.count(a) || set.count(b);
+  const std::string values = a + " = " + number_text(va) + ", " + b + " = " + number_text(vb);
+  if (!any_override) throw Error(path + ": key '" + a + "' " + rule + " (" + values + "): " + fix);
+  // The override first: it is what the user just typed.
+  const bool a_first = set.count(a) > 0;
+  const std::string first = a_first ? origin(a, va) : origin(b, vb), second = a_first ? origin(b, vb) : origin(a, va);
+  throw Error(first + " conflicts with " + second + ": " + a + " " + rule + " (" + values + "); " + fix);
+}
+
+void validate(TrainConfig& c, const ChoiceTexts& choices, const std::string& path, const Overrides& set) {
+  // A key given by --set is blamed on the override, not on the file.
+  auto key = [&](const char* k) {
+    auto o = set.find(k);
+    return (o != set.end() ? "--set " + o->second + " (on " + path + ")" : path) + ": key '" + k + "'";
+  };
   c.variant = parse_variant(choices.variant, key("model.variant"));
   if (choices.norm_topology)
     c.switches.norm_topology = parse_norm_topology(*choices.norm_topology, key("model.norm_topology"));
@@ -372,8 +408,21 @@ void validate(TrainConfig& c, const ChoiceTexts& choices, const std::string& pat
   require(c.dist_timeout_s >= 1, "train.dist_timeout_s", "must be >= 1");
   require(c.max_steps >= 1, "train.max_steps", "is required and must be >= 1");
   require(c.lr > 0, "optim.lr", "must be positive");
-  require(c.warmup_steps >= 0 && c.warmup_steps <= c.max_steps, "optim.warmup_steps",
-          "must be in [0, train.max_steps]");
+  require(c.warmup_steps >= 0, "optim.warmup_steps", "must be >= 0");
+  if (c.warmup_steps > c.max_steps) {
+    const std::string steps = std::to_string(c.max_steps);
+    const std::string warmup = std::to_string(c.warmup_steps);
+    std::string fix;
+    if (set.count("optim.warmup_steps"))  // the user's own warmup is too long
+      fix = "give optim.warmup_steps at most " + steps + ", or --set train.max_steps=" + warmup + " (or more)";
+    else if (set.count("train.max_steps"))  // a shorter run than the file's: the file's warmup must follow
+      fix = "pass --set optim.warmup_steps=" + std::to_string(c.max_steps / 10) + " (any value <= " + steps +
+            ") as well, or a train.max_steps of at least " + warmup;
+    else
+      fix = "lower optim.warmup_steps to at most " + steps + ", or raise train.max_steps to at least " + warmup;
+    conflict(path, set, "optim.warmup_steps", static_cast<double>(c.warmup_steps), "train.max_steps",
+             static_cast<double>(c.max_steps), "must be in [0, train.max_steps]", fix);
+  }
   require(c.final_lr_factor >= 0 && c.final_lr_factor <= 1, "optim.final_lr_factor", "must be in [0, 1]");
   require(c.keep_last >= 1, "checkpoint.keep_last", "must be >= 1");
   require(c.downstream_format == "rc" || c.downstream_format == "mc", "eval.downstream_format",
@@ -424,7 +473,7 @@ TrainConfig TrainConfig::load(const std::string& path, const std::vector<std::st
   // Relative paths in the file are relative to the directory the command runs in (the repo root for
   // reproduce/...), which is what a user typing them expects.
   const ChoiceTexts choices = read_keys(root, c, path, nullptr);
-  validate(c, choices, path);
+  validate(c, choices, path, overridden_keys(overrides));
   if (overrides.empty() && !substituted) {
     c.text = file_text;
   } else {

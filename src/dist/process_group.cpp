@@ -11,6 +11,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
+#include <atomic>
 #include <cstdlib>
 #include <numeric>
 
@@ -70,6 +71,12 @@ DistEnv dist_env_from_environment() {
   return e;
 }
 
+namespace {
+std::atomic<bool> joined{false};
+}  // namespace
+
+bool joined_process_group() { return joined.load(); }
+
 struct DistGroup::Impl {
   c10::intrusive_ptr<c10d::ProcessGroup> pg;
   at::Device device = at::kCPU;  // where collectives' tensors live
@@ -112,6 +119,7 @@ DistGroup::DistGroup(const DistEnv& env, at::Device device, std::chrono::millise
       impl_->pg->setDefaultBackend(c10d::ProcessGroup::BackendType::GLOO);
       impl_->pg->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::GLOO, gloo);
     }
+    joined = true;
   } catch (const Error&) {
     throw;
   } catch (...) {

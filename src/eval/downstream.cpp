@@ -118,16 +118,26 @@ TaskResult multi_true_metrics(const TaskFiles& files, TaskResult result) {
   for (size_t i = 0; i < files.requests.size(); ++i)
     ll[files.requests[i].doc_id][files.requests[i].idx] = result.requests[i].loglikelihood;
   std::vector<double> mc1, mc2;
+  double chance1 = 0, chance2 = 0;  // uniform guessing: 1 / mc1 choices (one is true), true / mc2 choices
   bool has_mc1 = true;
   for (const auto& [doc_id, labels] : files.multi_true) {
     const auto [a, b] = mc1_mc2(labels, ll.at(doc_id));
     mc1.push_back(a);
     mc2.push_back(b);
     has_mc1 &= !labels.mc1_indices.empty();
+    if (!labels.mc1_indices.empty()) chance1 += 1.0 / static_cast<double>(labels.mc1_indices.size());
+    double truths = 0;
+    for (int64_t i : labels.mc2_indices) truths += labels.labels[static_cast<size_t>(i)] ? 1 : 0;
+    chance2 += truths / static_cast<double>(labels.mc2_indices.size());
   }
   result.documents = static_cast<int64_t>(files.multi_true.size());
-  if (has_mc1) result.metrics.push_back(mean_with_stderr("mc1", mc1));
+  const auto docs = static_cast<double>(result.documents);
+  if (has_mc1) {
+    result.metrics.push_back(mean_with_stderr("mc1", mc1));
+    result.metrics.back().chance = chance1 / docs;
+  }
   result.metrics.push_back(mean_with_stderr("mc2", mc2));
+  result.metrics.back().chance = chance2 / docs;
   bool found = false;
   for (auto& m : result.metrics) {
     m.primary = m.name == files.primary_metric;
@@ -162,7 +172,9 @@ TaskResult task_metrics(const TaskFiles& files, const std::vector<RequestScore>&
     }
   }
   std::vector<double> raw, per_token, per_char, pmi;
+  double chance = 0;  // sum over documents of 1 / choices: a uniform guess's expected accuracy
   for (const auto& [doc_id, choices] : cond) {
+    chance += 1.0 / static_cast<double>(choices.size());
     std::vector<double> s_raw, s_token, s_char, s_pmi;
     int64_t label = 0;
     for (const auto& [idx, i] : choices) {
@@ -186,6 +198,7 @@ TaskResult task_metrics(const TaskFiles& files, const std::vector<RequestScore>&
   result.metrics = {mean_with_stderr("acc_raw", raw), mean_with_stderr("acc_per_token", per_token),
                     mean_with_stderr("acc_per_char", per_char)};
   if (!pmi.empty()) result.metrics.push_back(mean_with_stderr("acc_uncond", pmi));
+  for (auto& m : result.metrics) m.chance = chance / static_cast<double>(cond.size());
   bool found = false;
   for (auto& m : result.metrics) {
     m.primary = m.name == files.primary_metric;
@@ -229,7 +242,8 @@ nlohmann::json results_rows(const std::vector<TaskResult>& results) {
                             {"metric", m.name},
                             {"value", m.value},
                             {"stderr", std::isfinite(m.stderr_) ? nlohmann::json(m.stderr_) : nlohmann::json()},
-                            {"primary", m.primary}};
+                            {"primary", m.primary},
+                            {"chance", std::isfinite(m.chance) ? nlohmann::json(m.chance) : nlohmann::json()}};
       if (r.members > 0) {
         row["aggregate"] = m.aggregate;
         row["members"] = r.members;
@@ -253,16 +267,21 @@ std::string results_table(const std::vector<TaskResult>& results) {
   int width = 18;
   for (const auto& r : results) width = std::max(width, static_cast<int>(label(r).size()));
   char line[512];
-  std::snprintf(line, sizeof(line), "%-*s %-6s %5s %6s  %-14s %-17s %s\n", width, "task", "format", "shots", "n",
-                "primary", "value +- stderr", "others");
+  // chance: the primary metric's value under uniform guessing (MetricValue::chance), "-" where there is none.
+  std::snprintf(line, sizeof(line), "%-*s %-6s %5s %6s  %-14s %-17s %-6s %s\n", width, "task", "format", "shots", "n",
+                "primary", "value +- stderr", "chance", "others");
   std::string out = line;
   for (const auto& r : results) {
-    std::string primary, others;
+    std::string primary, others, chance = "-";
     for (const auto& m : r.metrics) {
       char v[64];
       std::snprintf(v, sizeof(v), "%.4f +- %.4f", m.value, m.stderr_);
       if (m.primary) {
         primary = v;
+        if (std::isfinite(m.chance)) {
+          std::snprintf(v, sizeof(v), "%.4f", m.chance);
+          chance = v;
+        }
       } else {
         std::snprintf(v, sizeof(v), "%s%s %.4f", m.name.c_str(), m.aggregate == "micro" ? " micro" : "", m.value);
         others += (others.empty() ? "" : ", ") + std::string(v);
@@ -270,9 +289,9 @@ std::string results_table(const std::vector<TaskResult>& results) {
     }
     const std::string task = label(r);
     const std::string shots = r.shots >= 0 ? std::to_string(r.shots) : "-";
-    std::snprintf(line, sizeof(line), "%-*s %-6s %5s %6lld  %-14s %-17s %s\n", width, task.c_str(), r.format.c_str(),
-                  shots.c_str(), static_cast<long long>(r.documents), r.primary_metric.c_str(), primary.c_str(),
-                  others.c_str());
+    std::snprintf(line, sizeof(line), "%-*s %-6s %5s %6lld  %-14s %-17s %-6s %s\n", width, task.c_str(),
+                  r.format.c_str(), shots.c_str(), static_cast<long long>(r.documents), r.primary_metric.c_str(),
+                  primary.c_str(), chance.c_str(), others.c_str());
     out += line;
   }
   return out;

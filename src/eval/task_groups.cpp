@@ -65,8 +65,12 @@ TaskResult aggregate(const TaskGroup& group, const std::vector<const TaskResult*
       macro.value += m->value;
       variance += m->stderr_ * m->stderr_;  // NaN (one document) makes the group's NaN too
       micro.value += m->value * static_cast<double>(r->documents);
+      macro.chance = (r == members[0] ? 0.0 : macro.chance) + m->chance;  // NaN (no chance level) stays NaN
+      micro.chance = (r == members[0] ? 0.0 : micro.chance) + m->chance * static_cast<double>(r->documents);
     }
     macro.value /= k;
+    macro.chance /= k;
+    micro.chance /= n_all;
     macro.stderr_ = std::sqrt(variance) / k;
     micro.value /= n_all;
     // The pooled documents' sum of squares: each member's around its own mean is stderr^2 * n * (n - 1);

@@ -124,6 +124,24 @@ std::string checkpoint_of_model_dir(const std::string& model_dir) {
   return fs::exists(checkpoint / "checksums.json") ? checkpoint.string() : "";
 }
 
+std::string run_dir_of_checkpoint(const std::string& checkpoint_dir) {
+  fs::path dir = fs::path(checkpoint_dir).lexically_normal();
+  if (dir.filename().empty()) dir = dir.parent_path();
+  return dir.parent_path().filename() == "checkpoints" ? dir.parent_path().parent_path().string() : "";
+}
+
+std::optional<int64_t> trained_sequence_length(const std::string& model_dir) {
+  const std::string checkpoint = checkpoint_of_model_dir(model_dir);
+  const fs::path state = fs::path(checkpoint) / "trainer_state.json";
+  if (checkpoint.empty() || !fs::exists(state)) return std::nullopt;
+  const json j = read_json_file(state.string());
+  const auto it = j.find("sequence_length");
+  if (it == j.end()) return std::nullopt;
+  if (!it->is_number_integer() || it->get<int64_t>() < 2)
+    throw Error(state.string() + ": \"sequence_length\" is not an integer >= 2");
+  return it->get<int64_t>();
+}
+
 RunDirLock::RunDirLock(const std::string& run_dir) {
   fs::create_directories(run_dir);
   const std::string path = (fs::path(run_dir) / ".lock").string();

@@ -1,6 +1,7 @@
 #include "archspace/train/plan.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 
 #include "archspace/model/depth_attention.h"
@@ -231,6 +232,102 @@ nlohmann::json MemoryPlan::to_json() const {
             {"recompute", recompute},
             {"head_and_loss", head_and_loss},
             {"rope_tables", rope_tables}}}};
+}
+
+int64_t parse_memory_size(const std::string& text, const std::string& flag) {
+  size_t used = 0;
+  double value = -1;
+  try {
+    value = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  std::string unit = text.substr(used);
+  unit.erase(0, unit.find_first_not_of(' '));
+  for (auto& ch : unit) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+  static const std::vector<std::pair<std::vector<std::string>, double>> units = {
+      {{"", "B"}, 1.0},
+      {{"K", "KB", "KIB"}, 1024.0},
+      {{"M", "MB", "MIB"}, 1024.0 * 1024},
+      {{"G", "GB", "GIB"}, 1024.0 * 1024 * 1024},
+      {{"T", "TB", "TIB"}, 1024.0 * 1024 * 1024 * 1024}};
+  for (const auto& [names, scale] : units) {
+    for (const auto& n : names) {
+      if (used > 0 && unit == n && value > 0 && value * scale < 9e18) return static_cast<int64_t>(value * scale);
+    }
+  }
+  throw Error(flag + ": '" + text + "' is not a memory size (e.g. 80GiB, 24GB, 81920MiB)");
+}
+
+FitAdvice advise_fit(const ModelConfig& c, const PlanOptions& o, int64_t capacity) {
+  FitAdvice a;
+  a.capacity = capacity;
+  a.margin = capacity - plan_memory(c, o).total();
+  if (a.fits()) return a;
+  // Candidates in the order of the header's comment; each keeps the global batch where it can.
+  std::vector<std::pair<PlanOptions, std::string>> candidates;
+  auto with = [&](PlanOptions p, const std::string& flags) { candidates.emplace_back(std::move(p), flags); };
+  const bool can_shard = o.world > 1 && !o.shard_optimizer;
+  auto sharded = [&](PlanOptions p, std::string& flags) {
+    if (can_shard) {
+      p.shard_optimizer = true;
+      flags = "--shard-optimizer " + flags;
+    }
+    return p;
+  };
+  if (can_shard) {
+    PlanOptions p = o;
+    p.shard_optimizer = true;
+    with(p, "--shard-optimizer");
+  }
+  if (!o.activation_checkpointing) {
+    std::string flags = "--activation-checkpointing";
+    PlanOptions p = o;
+    p.activation_checkpointing = true;
+    with(sharded(p, flags), flags);
+  }
+  for (const bool checkpointing : {false, true}) {
+    if (checkpointing && o.activation_checkpointing) continue;  // already covered by the first pass
+    for (int64_t mb = o.micro_batch / 2; mb >= 1; mb /= 2) {
+      PlanOptions p = o;
+      p.micro_batch = mb;
+      p.grad_accum = o.grad_accum * (o.micro_batch / mb);
+      if (o.micro_batch % mb != 0) continue;
+      p.activation_checkpointing = checkpointing || o.activation_checkpointing;
+      std::string flags = std::string(checkpointing ? "--activation-checkpointing " : "") + "--micro-batch " +
+                          std::to_string(mb) + " --grad-accum " + std::to_string(p.grad_accum);
+      with(sharded(p, flags), flags);
+    }
+  }
+  for (int64_t world = o.world * 2; world <= o.world * 64; world *= 2) {
+    const int64_t factor = world / o.world;
+    PlanOptions p = o;
+    p.world = world;
+    p.shard_optimizer = true;
+    p.grad_accum = o.grad_accum % factor == 0 ? o.grad_accum / factor : o.grad_accum;
+    std::string flags = "--world " + std::to_string(world) + (o.shard_optimizer ? "" : " --shard-optimizer");
+    if (p.grad_accum != o.grad_accum)
+      flags += " --grad-accum " + std::to_string(p.grad_accum);
+    else
+      flags += " (the global batch grows " + std::to_string(factor) + "x)";
+    with(p, flags);
+    if (!o.activation_checkpointing) {
+      PlanOptions q = p;
+      q.activation_checkpointing = true;
+      with(q, "--activation-checkpointing " + flags);
+    }
+  }
+  for (const auto& [p, flags] : candidates) {
+    const int64_t total = plan_memory(c, p).total();
+    if (total <= capacity) {
+      a.found = true;
+      a.change = flags;
+      a.changed = p;
+      a.changed_total = total;
+      return a;
+    }
+  }
+  return a;
 }
 
 std::string human_bytes(int64_t bytes) {

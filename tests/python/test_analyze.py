@@ -183,3 +183,53 @@ def test_bad_input_names_it(tmp_path):
     assert result.returncode == 1 and "fewer than --sequences x --sequence-length = 512" in result.stderr
     result = run_cli("analyze", tmp_path / "nowhere", "--data", tmp_path / "shards", check=False)
     assert result.returncode == 1 and "nowhere" in result.stderr
+
+
+def test_default_output_is_under_the_run_and_layer_ticks_are_integers(tmp_path):
+    """Without --out: RUN/analysis/step-N for a run (not ./analysis in the directory the command runs in),
+    MODEL_DIR/analysis for a plain model directory. Every layer axis of the plot has integer ticks only."""
+    import importlib.util
+    import subprocess
+
+    from conftest import BINARY, REPO
+    from test_train import base_sections, write_toml
+
+    write_shards(tmp_path / "shards", synthetic_tokens(3000))
+    save_random_variant(tmp_path / "init")
+    s = base_sections(tmp_path, tmp_path / "init", train={"max_steps": 2})
+    del s["debug"]
+    run_cli("train", "--config", write_toml(tmp_path / "run.toml", s))
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    subprocess.run([str(a) for a in [BINARY, "analyze", tmp_path / "run", "--data", tmp_path / "shards", "--sequences", N,
+                    "--sequence-length", T]], cwd=cwd, check=True, capture_output=True)
+    final = (tmp_path / "run" / "checkpoints" / "final").read_text().strip()
+    out = tmp_path / "run" / "analysis" / final
+    assert (out / "analysis.json").exists() and (out / "analysis.png").exists()
+    assert not (cwd / "analysis").exists()
+    run_cli("analyze", tmp_path / "init", "--data", tmp_path / "shards", "--sequences", N, "--sequence-length", T,
+            "--no-plot")
+    assert (tmp_path / "init" / "analysis" / "analysis.json").exists()
+
+    spec = importlib.util.spec_from_file_location("plot_analysis", REPO / "scripts" / "plot_analysis.py")
+    plot = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(plot)
+    # A 2-layer model too: matplotlib's own ticks on a -1..1 axis would be halves.
+    save_random_olmo3(tiny_olmo3_config(num_hidden_layers=2), tmp_path / "two")
+    run_cli("analyze", tmp_path / "two", "--data", tmp_path / "shards", "--sequences", N, "--sequence-length", T,
+            "--no-plot")
+    r = json.loads((out / "analysis.json").read_text())
+    two = json.loads((tmp_path / "two" / "analysis" / "analysis.json").read_text())
+    assert two["layers"] == 2
+    for fig in (plot.single(r), plot.single(two), plot.compare([two, two], ["a", "b"])):
+        fig.canvas.draw()
+        checked = 0
+        for ax in fig.axes:
+            for axis, label in ((ax.xaxis, ax.get_xlabel()), (ax.yaxis, ax.get_ylabel())):
+                if "layer" not in label:
+                    continue
+                lo, hi = sorted(axis.get_view_interval())
+                ticks = [t for t in axis.get_ticklocs() if lo <= t <= hi]
+                assert ticks and all(float(t).is_integer() for t in ticks), (label, ticks)
+                checked += 1
+        assert checked >= 3

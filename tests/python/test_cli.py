@@ -296,3 +296,73 @@ def test_tokenize_refuses_a_negative_shard_size(tmp_path):
     (tmp_path / "a.txt").write_text("hello")
     expect_error(["tokenize", "--out", tmp_path / "s", "--shard-tokens", "-1", tmp_path / "a.txt"], "--shard-tokens")
     assert not (tmp_path / "s").exists()
+
+
+# ---- habits of other tools (tools/command.h normalize_flags) ---------------------------------------------
+
+def test_an_unknown_flag_names_the_nearest_one(model_dir, tmp_path):
+    err = expect_error(("logits", "--model", model_dir, "--tokens", "1 2", "--outt", tmp_path / "x"),
+                       "unknown flag --outt for `archspace logits` (did you mean --out?)")
+    assert "The following arguments were not expected" not in err and "error: error:" not in err
+    # Near a synonym: suggested as our flag.
+    expect_error(("eval", "downstream", "--model", model_dir, "--tasks", "arc_easy", "--num_fewshots", "1"),
+                 "unknown flag --num_fewshots for `archspace eval downstream` (did you mean --shots?)")
+    # Far from everything: no guess.
+    err = expect_error(("logits", "--model", model_dir, "--tokens", "1", "--out", tmp_path / "x", "--zzzzzzzz"),
+                       "unknown flag --zzzzzzzz for `archspace logits`")
+    assert "did you mean" not in err
+    # A flag that means something else here gets a hint instead.
+    expect_error(("logits", "--model_args", f"pretrained={model_dir}", "--tokens", "1", "--out", tmp_path / "x"),
+                 "lm-eval's --model_args", "give the model as --model PATH")
+
+
+def test_other_tools_spellings_and_a_positional_model_are_read_as_ours(model_dir, tmp_path):
+    """transformers' --model_name_or_path, lm-eval's --output_path, underscores for dashes and the model given
+    positionally all run the same command as the canonical flags: the same logits file."""
+    tokens = "3 1 4 1 5"
+    run_cli("logits", "--model", model_dir, "--tokens", tokens, "--out", tmp_path / "canonical.safetensors")
+    variants = {
+        "hf": ("--model_name_or_path", model_dir, "--tokens", tokens, "--output_path", tmp_path / "hf.safetensors"),
+        "path": ("--model_path", model_dir, "--tokens", tokens, "--out", tmp_path / "path.safetensors"),
+        "positional": (model_dir, "--tokens", tokens, "--out", tmp_path / "positional.safetensors"),
+        "eq": (model_dir, f"--tokens={tokens}", f"--output_path={tmp_path / 'eq.safetensors'}"),
+    }
+    canonical = (tmp_path / "canonical.safetensors").read_bytes()
+    for name, args in variants.items():
+        run_cli("logits", *args)
+        assert (tmp_path / f"{name}.safetensors").read_bytes() == canonical, name
+    expect_error(("logits", model_dir, "--model", model_dir, "--tokens", "1", "--out", tmp_path / "x"),
+                 "excludes")
+    expect_error(("logits", "--tokens", "1", "--out", tmp_path / "x"), "MODEL (or --model MODEL) is required")
+
+
+@pytest.mark.parametrize("command", ["generate", "eval ppl", "eval downstream", "trace", "logits", "analyze",
+                                     "info", "export-hf"])
+def test_every_model_command_takes_the_model_both_ways(command):
+    """--help of each command that runs a model shows it positionally and as --model."""
+    out = run_cli(*command.split(), "--help").stdout
+    assert "--model" in out, out
+    assert any(word in out for word in ("MODEL", "MODEL_DIR", "CHECKPOINT")), out
+
+
+def test_set_that_conflicts_with_the_file_names_the_override_both_values_and_the_fix():
+    """The issue's case: reproduce/demo.toml has optim.warmup_steps = 20; --set train.max_steps=10 is blamed,
+    with both values and the override that fixes it (which then loads: it fails later, at the data)."""
+    err = expect_error(("train", "--config", REPO / "reproduce" / "demo.toml", "--set", "train.max_steps=10"),
+                       "--set train.max_steps=10 conflicts with ", "demo.toml's optim.warmup_steps = 20",
+                       "optim.warmup_steps = 20, train.max_steps = 10", "--set optim.warmup_steps=1 (any value <= 10)")
+    assert err.count("error") == 1, err
+
+
+def test_lm_eval_and_vllm_flag_names_reach_the_command(tmp_path):
+    """lm-eval's --num_fewshot is --shots (asking for 3 shots names the missing rc_3shot files); vLLM's
+    --max_tokens is generate's --max-new-tokens (the same greedy text, 3 tokens decoded)."""
+    from test_tokenizer import DOLMA2
+
+    run_cli("init", "--preset", "micro", "--out", tmp_path / "m")
+    expect_error(("eval", "downstream", tmp_path / "m", "--tasks", "arc_easy", "--num_fewshot", "3", "--limit", "1"),
+                 "task arc_easy: no rc_3shot files")
+    common = ("generate", tmp_path / "m", "--tokenizer", DOLMA2, "--prompt", "Hi there", "--temperature", "0")
+    vllm = run_cli(*common, "--max_tokens", "3")
+    ours = run_cli(*common, "--max-new-tokens", "3")
+    assert vllm.stdout == ours.stdout and "decode 3 tokens" in vllm.stderr, vllm.stderr

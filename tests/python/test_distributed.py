@@ -228,6 +228,19 @@ def test_rank_logs_on_request(setup):
     assert "[train rank 0] step 2/2" in loud and "[train rank 1] step 2/2" in loud
 
 
+def test_under_torchrun_rank_0_speaks_and_an_error_prints_once(setup):
+    """The run's messages (the checkpoint line) come from rank 0 alone; a config error, the same on every rank,
+    is printed once, without a rank label and without a doubled "error:"."""
+    ok = torchrun("train", "--config", setup("speaks", 2, max_steps=2)).stderr
+    assert ok.count("checkpoint: ") == 1, ok
+    bad = torchrun("train", "--config", setup("conflict", 2, max_steps=2), "--set", "train.max_steps=1", check=False)
+    assert bad.returncode != 0
+    text = bad.stdout + bad.stderr
+    errors = [line for line in text.splitlines() if "error:" in line and "conflicts with" in line]
+    assert len(errors) == 1 and errors[0].startswith("error: --set train.max_steps=1 conflicts with "), text
+    assert "error: error:" not in text and "error: rank" not in text, text
+
+
 def test_two_nodes_through_torchrun_rendezvous(setup):
     """The multi-node command of docs/distributed.md, as two 'nodes' on this machine: two torchrun agents (one rank each)
     meet through the c10d rendezvous on a TCP endpoint; the run equals one process with the same global batch."""

@@ -176,6 +176,33 @@ def plant_swapped_continuation(tasks_dir):
         f.writelines(json.dumps(r) + "\n" for r in reqs)
 
 
+def test_chance_level_per_task(models):
+    """Each row's chance: the mean over its documents of 1 / the document's number of choices (what a uniform
+    guess scores on accuracy), recounted here from the requests' (doc_id, idx); in the JSON and the table."""
+    tmp, hf = models
+    result, out, rows = engine(hf["base"], tmp, tasks="arc_easy,hellaswag,piqa", fmt="rc", limit=6, name="chance")
+    choices = defaultdict(set)
+    for r in rows:
+        if r["doc_id"] < 1000000:  # unconditional requests repeat the choices
+            choices[r["task"]].add((r["doc_id"], r["idx"]))
+    expected = {}
+    for task, pairs in choices.items():
+        per_doc = defaultdict(int)
+        for doc, _ in pairs:
+            per_doc[doc] += 1
+        expected[task] = sum(1 / n for n in per_doc.values()) / len(per_doc)
+    assert set(expected) == {"arc_easy", "hellaswag", "piqa"}
+    for r in out["results"]:
+        assert r["chance"] == pytest.approx(expected[r["task"]], abs=1e-12), r
+    header, *lines = result.stdout.splitlines()
+    column = header.split().index("chance")  # "value +- stderr" is three words in both
+    for line in lines:
+        task = line.split()[0]
+        if task in expected:
+            assert float(line.split()[column]) == pytest.approx(expected[task], abs=5e-5), line
+    assert expected["piqa"] == pytest.approx(0.5) and expected["hellaswag"] == pytest.approx(0.25)
+
+
 def test_basic_arithmetic_rendered_and_scored(models, tmp_path):
     """basic_arithmetic comes from scripts/render_tasks.py (setup): 0-shot RC with acc_raw primary; rendering
     again into another directory gives the same bytes and is idempotent."""

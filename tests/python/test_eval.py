@@ -107,3 +107,26 @@ def test_a_failed_evaluation_keeps_an_earlier_result(tmp_path):
                 "--out", tmp_path / "r.json", check=False)
     assert r.returncode == 1 and (tmp_path / "r.json").read_text() == before
     assert not (tmp_path / "r.json.tmp").exists()
+
+
+def test_context_defaults_to_the_training_length_and_is_printed(tmp_path):
+    """A run trained at sequence length 16 on a model with 65536 positions: eval ppl on the run (positionally) uses
+    16-token windows, says so on stderr and in the JSON, and equals --context 16; a plain model directory (no
+    training record) keeps min(max_position_embeddings, 4096). The JSON on stdout ends with a newline."""
+    from test_train import base_sections, synthetic_tokens, write_shards, write_toml
+
+    write_shards(tmp_path / "shards", synthetic_tokens(3000))
+    save_random_olmo3(tiny_olmo3_config(num_key_value_heads=2), tmp_path / "init")
+    s = base_sections(tmp_path, tmp_path / "init", train={"max_steps": 2})
+    del s["debug"]
+    run_cli("train", "--config", write_toml(tmp_path / "run.toml", s))
+    args = ["--data", tmp_path / "shards", "--max-tokens", 400]
+    r = run_cli("eval", "ppl", tmp_path / "run", *args)
+    assert r.stdout.endswith("}\n"), repr(r.stdout[-5:])
+    out = json.loads(r.stdout)
+    assert out["context"] == 16 and "training length" in out["context_from"], out
+    assert "eval ppl: context 16 tokens, from the training length" in r.stderr, r.stderr
+    explicit = json.loads(run_cli("eval", "ppl", "--model", tmp_path / "run", *args, "--context", 16).stdout)
+    assert explicit["perplexity"] == out["perplexity"] and explicit["context_from"] == "--context"
+    plain = json.loads(run_cli("eval", "ppl", tmp_path / "init", *args).stdout)
+    assert plain["context"] == 4096 and "no training length recorded" in plain["context_from"]

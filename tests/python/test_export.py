@@ -193,3 +193,64 @@ def test_chat_template_matches_the_engine_generation_prompt(exported, tmp_path):
     for name, ids, chat_row, token_row in zip(OPEN, expected, rows[:n], rows[n:]):
         assert chat_row["prompt_tokens"] == len(ids) == token_row["prompt_tokens"], name
         assert chat_row["tokens"] == token_row["tokens"], name
+
+
+# ---- export-hf --force and the tokenizer as transformers loads it ---------------------------------------
+
+def test_export_into_an_existing_directory_needs_force_and_replaces_it_whole(tmp_path):
+    run_cli("init", "--preset", "micro", "--out", tmp_path / "a")
+    run_cli("init", "--preset", "micro", "--seed", "7", "--out", tmp_path / "b")
+    out = tmp_path / "hf"
+    run_cli("export-hf", tmp_path / "a", out)
+    first = (out / "model.safetensors").read_bytes()
+    (out / "stale.txt").write_text("from an earlier export")
+    r = run_cli("export-hf", tmp_path / "b", out, check=False)
+    assert r.returncode == 1 and "exists and is not empty (pass --force to replace it)" in r.stderr, r.stderr
+    assert (out / "model.safetensors").read_bytes() == first  # untouched
+    run_cli("export-hf", tmp_path / "b", out, "--force")
+    assert (out / "model.safetensors").read_bytes() != first and not (out / "stale.txt").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b", "hf"]  # no temporary directory left
+    # --model / --out (lm-eval's --output_path) in place of the positionals.
+    run_cli("export-hf", "--model", tmp_path / "a", "--output_path", out, "--force")
+    assert (out / "model.safetensors").read_bytes() == first
+    # --force never replaces the directory that holds the checkpoint itself.
+    r = run_cli("export-hf", tmp_path / "a", tmp_path / "a", "--force", check=False)
+    assert r.returncode == 1 and "holds the checkpoint being exported" in r.stderr, r.stderr
+    assert (tmp_path / "a" / "config.json").exists()
+
+
+LOAD_TOKENIZER = """
+import sys
+from transformers import {cls}
+t = {cls}.from_pretrained(sys.argv[1]{extra})
+print("IDS", " ".join(map(str, t(sys.argv[2])["input_ids"])))
+"""
+
+
+@pytest.mark.parametrize("variant", ["base", "siamese_depth"])
+def test_exported_tokenizer_loads_without_a_prompt_or_a_warning(variant, tmp_path):
+    """AutoTokenizer on the export: no "[y/N]" prompt for remote code, no "incorrect regex pattern" warning
+    (transformers 5.x gives it to any local directory whose config.json lacks transformers_version), and the ids
+    of the engine's own tokenizer. The variant's config.json names remote code, which AutoTokenizer 5.x loads
+    before the tokenizer: trust_remote_code=True there (or PreTrainedTokenizerFast, which reads no config)."""
+    import sys
+
+    import transformers
+
+    run_cli("init", "--preset", "micro", "--variant", variant, "--out", tmp_path / "m")
+    run_cli("export-hf", tmp_path / "m", tmp_path / "hf")
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert config["transformers_version"] == transformers.__version__  # the release requirements.txt pins
+    text = "Hello world 12345, naïve café {x: [1, 2]}\n\tand  spaces"
+    engine_ids = run_cli("encode", "--tokenizer", tmp_path / "hf", "--text", text).stdout.split()
+    loads = [("AutoTokenizer", "" if variant == "base" else ", trust_remote_code=True"),
+             ("PreTrainedTokenizerFast", "")]
+    for cls, extra in loads:
+        r = subprocess.run([sys.executable, "-c", LOAD_TOKENIZER.format(cls=cls, extra=extra), tmp_path / "hf", text],
+                           capture_output=True, text=True, stdin=subprocess.DEVNULL, check=True)
+        output = r.stdout + r.stderr
+        assert "[y/N]" not in output and "custom code" not in output, output
+        assert "regex" not in output and "fix_mistral_regex" not in output, output
+        assert "warn" not in output.lower(), output
+        ids = next(line for line in r.stdout.splitlines() if line.startswith("IDS")).split()[1:]
+        assert ids == engine_ids, (cls, ids, engine_ids)

@@ -60,3 +60,49 @@ def test_plan_bad_input_names_the_flag():
     expect_error([*base, "--dtype", "fp8"], "--dtype")
     expect_error([*base, "--variant", "other"], "--variant")
     expect_error(["plan", "--sequence-length", "8"], "--preset")
+
+
+def plan_json(*args):
+    return json.loads(run_cli("plan", *args, "--json").stdout)
+
+
+def test_gpu_memory_verdict_margin_and_the_cheapest_change_that_fits():
+    """--gpu-memory: fits or not with the margin (capacity - total), and for a plan that does not fit the first
+    change in the documented order (ZeRO-1, activation checkpointing, smaller micro-batch, more ranks) whose own
+    plan, asked of `plan` itself, fits, while the cheaper ones' plans do not."""
+    GiB = 1 << 30
+    base = {"--preset": "7B", "--sequence-length": "4096", "--micro-batch": "8", "--world": "8"}
+
+    def args(options, *flags):
+        return [w for k, v in options.items() for w in (k, v)] + list(flags)
+
+    total = plan_json(*args(base))["bytes"]["total"]
+    roomy = plan_json(*args(base), "--gpu-memory", f"{total // GiB + 1}GiB")["fit"]
+    assert roomy["fits"] and roomy["margin"] == (total // GiB + 1) * GiB - total
+    assert "fits in" in run_cli("plan", *args(base), "--gpu-memory", f"{total // GiB + 1}GiB").stdout
+    text = run_cli("plan", *args(base), "--gpu-memory", "80GiB").stdout
+    verdict = plan_json(*args(base), "--gpu-memory", "80GiB")["fit"]
+    assert verdict["gpu_memory"] == 80 * GiB and verdict["margin"] == 80 * GiB - total
+    assert not verdict["fits"] and "does not fit in 80.00 GiB per rank" in text, text
+    change = verdict["change"]
+    assert change and f"cheapest change that fits: {change}" in text
+    # The change applied: its plan fits, with the total the verdict gave.
+    words, changed, flags = change.split(), dict(base), []
+    while words:
+        w = words.pop(0)
+        if words and not words[0].startswith("--"):
+            changed[w] = words.pop(0)
+        else:
+            flags.append(w)
+    applied = plan_json(*args(changed, *flags), "--gpu-memory", "80GiB")["fit"]
+    assert applied["fits"] and verdict["changed_total"] == 80 * GiB - applied["margin"]
+    # Cheaper changes (earlier in the order) do not fit.
+    for cheaper in (["--shard-optimizer"], ["--shard-optimizer", "--activation-checkpointing"]):
+        if cheaper != flags or changed != base:
+            assert not plan_json(*args(base, *cheaper), "--gpu-memory", "80GiB")["fit"]["fits"], cheaper
+    # Units as nvidia-smi and vendors write them; bad ones name the flag.
+    assert plan_json(*args(base), "--gpu-memory", "81920MiB")["fit"]["gpu_memory"] == 80 * GiB
+    assert plan_json(*args(base), "--gpu-memory", "80 GB")["fit"]["gpu_memory"] == 80 * GiB
+    expect_error(["plan", *args(base), "--gpu-memory", "eighty"], "--gpu-memory", "not a memory size")
+    # Nothing fits: said.
+    assert "no change the plan models fits" in run_cli("plan", *args(base), "--gpu-memory", "1GiB").stdout

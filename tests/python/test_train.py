@@ -429,6 +429,28 @@ def test_plot_draws_several_runs(tmp_path, resume_setup):
     assert result.returncode != 0 and "no metrics" in result.stderr
 
 
+def test_plot_smooths_as_tensorboard_does(tmp_path, resume_setup):
+    """--smooth W: TensorBoard's debiased exponential moving average, checked against pandas' ewm with
+    adjust=True (the same weights W^i, normalised over the points so far); out of [0, 1) is refused."""
+    import importlib.util
+
+    import pandas as pd
+
+    spec = importlib.util.spec_from_file_location("plot_runs", REPO / "scripts" / "plot_runs.py")
+    plot_runs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(plot_runs)
+    losses = [5.0, 4.0, 4.5, 3.0, 3.5, 2.0, 2.5]
+    for w in (0.0, 0.6, 0.95):
+        expected = pd.Series(losses).ewm(alpha=1 - w, adjust=True).mean().tolist() if w > 0 else losses
+        assert np.allclose(plot_runs.ema(losses, w), expected, rtol=1e-12, atol=0), w
+    run_cli("train", "--config", resume_setup("a"), "--stop-after", "3")
+    r = run_cli("plot", tmp_path / "a", "--out", tmp_path / "smooth.png", "--smooth", "0.6")
+    assert "exponential moving average, weight 0.6" in r.stdout, r.stdout
+    assert (tmp_path / "smooth.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    r = run_cli("plot", tmp_path / "a", "--out", tmp_path / "x.png", "--smooth", "1", check=False)
+    assert r.returncode == 1 and "--smooth" in r.stderr
+
+
 def test_resume_with_other_batch_geometry_is_refused(tmp_path, resume_setup):
     run_cli("train", "--config", resume_setup("run"), "--stop-after", "2")
     text = (tmp_path / "run.toml").read_text().replace("micro_batch = 2", "micro_batch = 4")

@@ -110,9 +110,38 @@ TEST(TrainConfig, OverridesSetKeysWithTheirTypes) {
   EXPECT_DOUBLE_EQ(d.lr, 1.0);
   EXPECT_EQ(d.max_steps, 4);
   // The overrides run through the same validation as the file.
-  expect_error([&] { TrainConfig::load(path, {"train.max_steps=0"}); }, {"run.toml: key 'train.max_steps'", ">= 1"});
+  // ... and a bad value is blamed on the override that gave it, not on the file.
+  expect_error([&] { TrainConfig::load(path, {"train.max_steps=0"}); },
+               {"--set train.max_steps=0 (on ", "run.toml): key 'train.max_steps'", ">= 1"});
   expect_error([&] { TrainConfig::load(path, {"model.variant=big"}); },
                {"key 'model.variant'", "'big'", "base, siamese_depth"});
+}
+
+TEST(TrainConfig, AnOverrideThatConflictsWithTheFileIsNamedWithBothValuesAndTheFix) {
+  const fs::path dir = archspace::testing::fresh_dir("override_conflict");
+  const std::string path = run_toml(dir, "[optim]\nwarmup_steps = 20\n");
+  // The file alone is wrong (20 > its max_steps 10): the file is blamed, with both values and the fix.
+  try {
+    TrainConfig::load(path);
+    FAIL() << "no error";
+  } catch (const archspace::Error& e) {
+    const std::string m = e.what();
+    EXPECT_EQ(m.find("--set"), std::string::npos) << m;
+    for (const char* part :
+         {"run.toml: key 'optim.warmup_steps'", "optim.warmup_steps = 20", "train.max_steps = 10", "at least 20"})
+      EXPECT_NE(m.find(part), std::string::npos) << part << " not in: " << m;
+  }
+  // With a max_steps the warmup fits, lowering it by --set is the override's fault, named first.
+  const std::string fits = run_toml(dir, "[optim]\nwarmup_steps = 8\n");
+  expect_error([&] { TrainConfig::load(fits, {"train.max_steps=5"}); },
+               {"--set train.max_steps=5 conflicts with ", "run.toml's optim.warmup_steps = 8", "train.max_steps = 5",
+                "--set optim.warmup_steps=0 (any value <= 5) as well", "train.max_steps of at least 8"});
+  // Both keys overridden: both overrides are named.
+  expect_error([&] { TrainConfig::load(fits, {"optim.warmup_steps=30"}); },
+               {"--set optim.warmup_steps=30 conflicts with ", "run.toml's train.max_steps = 10",
+                "give optim.warmup_steps at most 10, or --set train.max_steps=30 (or more)"});
+  // The suggested fix works.
+  EXPECT_EQ(TrainConfig::load(fits, {"train.max_steps=5", "optim.warmup_steps=0"}).max_steps, 5);
 }
 
 TEST(TrainConfig, DownstreamKeysFromTheFileAndOverrides) {

@@ -28,6 +28,11 @@ struct DistEnv {
 // TORCHELASTIC_RESTART_COUNT; world_size 1 when WORLD_SIZE is unset. Throws naming the variable on bad values.
 DistEnv dist_env_from_environment();
 
+// Whether this process has joined a process group. Until then every rank runs the same code on the same
+// inputs (config, files), so their errors are the same; afterwards ranks can fail differently. The CLI
+// prints an error of the first kind from rank 0 alone and labels one of the second kind with its rank.
+bool joined_process_group();
+
 class DistGroup {
  public:
   // Connects to the other ranks (Gloo for CPU tensors, NCCL for CUDA ones); every collective, and the

@@ -65,6 +65,10 @@ struct MetricValue {
   double value = 0, stderr_ = 0;
   bool primary = false;
   std::string aggregate;  // a group's row (eval/task_groups.h): "macro" or "micro"; empty for a task
+  // The value a uniform random guess expects: for accuracy, the mean over documents of 1 / the document's
+  // number of choices; for TruthfulQA's mc2, the mean share of true answers among the mc2 choices; a group's
+  // is the same aggregate (macro or micro) of its members'. NaN where there is none (generation metrics).
+  double chance = std::numeric_limits<double>::quiet_NaN();
 };
 
 struct TaskResult {

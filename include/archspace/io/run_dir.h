@@ -3,6 +3,8 @@
 // (train/checkpoint); export, generation and evaluation find a model in it with these functions.
 #pragma once
 
+#include <cstdint>
+#include <optional>
 #include <string>
 
 namespace archspace {
@@ -40,5 +42,12 @@ class RunDirLock {
 
 // The checkpoint directory holding `model_dir` (a checkpoint's model/), or "" for a plain model directory.
 std::string checkpoint_of_model_dir(const std::string& model_dir);
+
+// The run directory of a checkpoint in the layout above (RUN/checkpoints/step-N -> RUN), else "".
+std::string run_dir_of_checkpoint(const std::string& checkpoint_dir);
+
+// The sequence length the model was trained at, as the checkpoint holding `model_dir` records it
+// (trainer_state.json's "sequence_length"); nullopt for a plain model directory or a state without it.
+std::optional<int64_t> trained_sequence_length(const std::string& model_dir);
 
 }  // namespace archspace

@@ -68,4 +68,24 @@ int64_t layer_activation_bytes(const ModelConfig& config, const PlanOptions& opt
 // "1.23 GiB".
 std::string human_bytes(int64_t bytes);
 
+// A memory size as GPUs are sold and nvidia-smi prints them: "80GiB", "80 GB", "81920MiB", "80G" (binary units:
+// G, GB and GiB all mean 2^30, as nvidia-smi's MiB), or plain bytes. Throws naming `flag`.
+int64_t parse_memory_size(const std::string& text, const std::string& flag);
+
+// Whether the plan fits in `capacity` bytes per rank, and if not the cheapest change among those the plan
+// models that makes it fit, tried in this order (cheapest first): ZeRO-1 over the ranks there are (free but
+// for the optimizer's gather); activation checkpointing (one more forward per block, about +1/3 compute);
+// a smaller micro-batch with grad_accum raised to keep the global batch (less work per kernel); the two
+// together; then more ranks with ZeRO-1 (more GPUs), grad_accum lowered to keep the global batch.
+struct FitAdvice {
+  int64_t capacity = 0;
+  int64_t margin = 0;  // capacity - total: what is left, negative when it does not fit
+  bool fits() const { return margin >= 0; }
+  bool found = false;  // for a plan that does not fit: whether a change below fits
+  std::string change;  // the flags that change, e.g. "--activation-checkpointing --micro-batch 2 --grad-accum 4"
+  PlanOptions changed;
+  int64_t changed_total = 0;
+};
+FitAdvice advise_fit(const ModelConfig& config, const PlanOptions& options, int64_t capacity);
+
 }  // namespace archspace
