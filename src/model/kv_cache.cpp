@@ -35,6 +35,13 @@ at::Tensor KVCache::padding_mask(int64_t tokens, const at::Tensor& key_slots) co
   return key_is_real | query_is_padding;
 }
 
+at::Tensor KVCache::layer_padding_mask(LayerType type, int64_t tokens, int64_t held,
+                                       const std::function<at::Tensor()>& build) {
+  MaskMemo& memo = masks_[type == LayerType::kSliding ? 0 : 1];
+  if (memo.length != length_ || memo.tokens != tokens || memo.held != held) memo = {length_, tokens, held, build()};
+  return memo.mask;
+}
+
 void KVCache::reserve(LayerCache& c, const at::Tensor& like, int64_t needed, int64_t limit) {
   const int64_t capacity = c.k.defined() ? c.k.size(2) : 0;
   if (needed <= capacity) return;
@@ -67,8 +74,11 @@ KVCache::View KVCache::append_full(LayerCache& c, const at::Tensor& k, const at:
   c.v.narrow(2, previous, T).copy_(v);
   c.held = previous + T;
   View view{c.k.narrow(2, 0, c.held), c.v.narrow(2, 0, c.held), previous, {}};
-  if (padded_)
-    view.padding_mask = padding_mask(T, at::arange(c.held, at::TensorOptions().dtype(at::kLong).device(k.device())));
+  if (padded_) {
+    view.padding_mask = layer_padding_mask(LayerType::kFull, T, c.held, [&] {
+      return padding_mask(T, at::arange(c.held, at::TensorOptions().dtype(at::kLong).device(k.device())));
+    });
+  }
   return view;
 }
 
@@ -87,8 +97,10 @@ KVCache::View KVCache::append_sliding(LayerCache& c, const at::Tensor& k, const 
     View view{c.k.narrow(2, 0, c.held), c.v.narrow(2, 0, c.held), c.held - 1, {}};
     if (padded_) {
       // Ring index j holds the latest slot s <= start with s % W == j.
-      at::Tensor j = at::arange(c.held, long_opts);
-      view.padding_mask = padding_mask(1, start - (start - j).remainder(W));
+      view.padding_mask = layer_padding_mask(LayerType::kSliding, 1, c.held, [&] {
+        at::Tensor j = at::arange(c.held, long_opts);
+        return padding_mask(1, start - (start - j).remainder(W));
+      });
     }
     return view;
   }
@@ -119,7 +131,10 @@ KVCache::View KVCache::append_sliding(LayerCache& c, const at::Tensor& k, const 
   }
   c.held = std::min(end, W);
   View view{k_all, v_all, keep, {}};
-  if (padded_) view.padding_mask = padding_mask(T, at::arange(start - keep, end, long_opts));
+  if (padded_) {
+    view.padding_mask = layer_padding_mask(LayerType::kSliding, T, keep,
+                                           [&] { return padding_mask(T, at::arange(start - keep, end, long_opts)); });
+  }
   return view;
 }
 
@@ -162,6 +177,7 @@ void KVCache::keep_rows(const std::vector<int64_t>& rows) {
   for (int64_t r : rows) {
     if (r < 0 || r >= B) throw Error("KVCache::keep_rows: row " + std::to_string(r) + " of " + std::to_string(B));
   }
+  forget_masks();
   if (rows.empty()) {
     for (LayerCache& c : layers_) c = LayerCache{};
     left_padding_.clear();
@@ -195,8 +211,10 @@ void KVCache::append_rows(const KVCache& other) {
     throw Error("KVCache::append_rows: caches of different models");
   const int64_t B = batch_size(), other_B = other.batch_size();
   if (other_B == 0) return;
+  forget_masks();
   if (B == 0) {
     *this = other;
+    forget_masks();
     if (left_padding_.empty()) left_padding_.assign(other_B, 0);
     return;
   }

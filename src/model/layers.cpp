@@ -146,7 +146,11 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
     }
     return at::cat(blocks, 2);
   }
-  at::Tensor mask = full_mask(tq, tk, window, q_offset, padding_mask, q.device());
+  // Decoding a padded batch (one query at the last slot, every key within its window): the causal mask is all
+  // true, so the padding mask is the whole mask.
+  const bool decoding = tq == 1 && q_offset == tk - 1 && (window == 0 || window >= tk);
+  at::Tensor mask =
+      decoding && padding_mask.defined() ? padding_mask : full_mask(tq, tk, window, q_offset, padding_mask, q.device());
   return at::scaled_dot_product_attention(q, k, v, mask, 0.0, /*is_causal=*/false, scale, gqa);
 }
 

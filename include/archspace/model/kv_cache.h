@@ -20,6 +20,7 @@
 
 #include <ATen/ATen.h>
 
+#include <functional>
 #include <vector>
 
 #include "archspace/config/model_config.h"
@@ -79,6 +80,14 @@ class KVCache {
   void store_in_slot_order(int64_t layer, const at::Tensor& k, const at::Tensor& v, int64_t length);
   // Padding mask for queries at slots length_ .. length_ + T - 1 over keys at the given slots [S].
   at::Tensor padding_mask(int64_t tokens, const at::Tensor& key_slots) const;
+  // The padding mask of a layer's view, built once per forward and layer type: every layer of a type
+  // sees the same slots, and a decode step would otherwise rebuild it (seven small ops) in every layer.
+  at::Tensor layer_padding_mask(LayerType type, int64_t tokens, int64_t held, const std::function<at::Tensor()>& build);
+  struct MaskMemo {
+    int64_t length = -1, tokens = 0, held = 0;  // for which view (length -1: none)
+    at::Tensor mask;
+  };
+  void forget_masks() { masks_[0] = masks_[1] = MaskMemo{}; }  // the padding changed
 
   std::vector<LayerType> types_;
   int64_t window_;
@@ -87,6 +96,7 @@ class KVCache {
   bool padded_ = false;
   int64_t length_ = 0;
   std::vector<LayerCache> layers_;
+  MaskMemo masks_[2];  // sliding, full
 };
 
 }  // namespace archspace
