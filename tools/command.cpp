@@ -2,13 +2,18 @@
 
 #include <spawn.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
+#include <map>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -87,6 +92,80 @@ DistEnv launch_env() {
 
 bool speaks_for_run() { return launch_env().rank == 0; }
 
+namespace {
+
+// After the ranks joined, an error may be the same on every rank (a file each of them read) or one rank's own.
+// The failing ranks of this machine compare their messages through files in a directory named after their
+// torchrun agent (the parent process) and the run's port. The lowest rank holding a message prints it; it is
+// labelled with its ranks unless every rank of the run failed with it; the other ranks stay silent. Waits are bounded:
+// 0.5 s for peers to fail alike, 3 s for the printers (torchrun stops every worker once one exits, so nobody leaves
+// before they have printed).
+void print_agreed_error(const DistEnv& env, const std::string& label, const std::string& text) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path dir = fs::temp_directory_path(ec) /
+                       ("archspace-errors-" + std::to_string(::getppid()) + "-" + std::to_string(env.master_port));
+  const std::string who = "rank " + std::to_string(env.rank) + " of " + std::to_string(env.world_size);
+  auto put = [&](const std::string& name, const std::string& content) {
+    const fs::path tmp = dir / (name + ".tmp");
+    std::ofstream(tmp, std::ios::binary) << content;
+    fs::rename(tmp, dir / name, ec);
+  };
+  fs::create_directories(dir, ec);
+  if (ec) {  // no shared place: every rank speaks for itself
+    std::cerr << label << ": " << who << ": " << text << "\n";
+    return;
+  }
+  put("rank-" + std::to_string(env.rank) + ".msg", text);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  std::map<int, std::string> messages;  // rank -> message, of the ranks that failed so far
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind("rank-", 0) != 0 || !name.ends_with(".msg")) continue;
+    std::ifstream in(entry.path(), std::ios::binary);
+    messages[std::atoi(name.c_str() + 5)] = std::string(std::istreambuf_iterator<char>(in), {});
+  }
+  messages[env.rank] = text;
+  put("read-" + std::to_string(env.rank), "");
+  std::vector<int> same;   // ranks with this message, ascending
+  std::set<int> printers;  // the lowest rank of each message
+  std::set<std::string> seen;
+  for (const auto& [rank, message] : messages) {
+    if (message == text) same.push_back(rank);
+    if (seen.insert(message).second) printers.insert(rank);
+  }
+  auto wait_for = [&](const std::string& marker, const std::set<int>& ranks) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+    for (int r : ranks) {
+      while (!fs::exists(dir / (marker + std::to_string(r))) && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  };
+  if (same.front() != env.rank) {
+    wait_for("printed-", {same.front()});
+    return;
+  }
+  std::string ranks;
+  if (static_cast<int>(same.size()) < env.world_size) {
+    ranks = same.size() == 1 ? "rank " : "ranks ";
+    for (size_t i = 0; i < same.size(); ++i) ranks += (i ? ", " : "") + std::to_string(same[i]);
+    ranks += " of " + std::to_string(env.world_size) + ": ";
+  }
+  std::cerr << label << ": " << ranks << text << "\n" << std::flush;
+  put("printed-" + std::to_string(env.rank), "");
+  const bool first = env.rank == *printers.begin();
+  printers.erase(env.rank);
+  wait_for("printed-", printers);
+  if (first) {  // once every rank seen has read the messages (a rank failing later speaks for itself)
+    std::set<int> seen_ranks;
+    for (const auto& entry : messages) seen_ranks.insert(entry.first);
+    wait_for("read-", seen_ranks);
+    fs::remove_all(dir, ec);
+  }
+}
+
+}  // namespace
+
 void report_error(const std::string& message, const std::string& label) {
   std::string text = message;
   for (const std::string prefix : {label + ": ", std::string("error: ")}) {
@@ -104,7 +183,8 @@ void report_error(const std::string& message, const std::string& label) {
       }
       if (env.rank != 0) text = who + ": " + text;
     } else if (!names_rank) {
-      text = who + ": " + text;
+      print_agreed_error(env, label, text);
+      return;
     }
   }
   std::cerr << label << ": " << text << "\n";

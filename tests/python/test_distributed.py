@@ -18,7 +18,7 @@ import pytest
 from safetensors.numpy import load_file
 
 from conftest import BINARY, REPO, run_cli, save_random_olmo3, tiny_olmo3_config
-from test_train import base_sections, final_weights, metrics, synthetic_tokens, write_shards, write_toml
+from test_train import VOCAB, base_sections, final_weights, metrics, synthetic_tokens, write_shards, write_toml
 
 TORCHRUN = REPO / ".venv" / "bin" / "torchrun"
 STEPS = 6
@@ -239,6 +239,21 @@ def test_under_torchrun_rank_0_speaks_and_an_error_prints_once(setup):
     errors = [line for line in text.splitlines() if "error:" in line and "conflicts with" in line]
     assert len(errors) == 1 and errors[0].startswith("error: --set train.max_steps=1 conflicts with "), text
     assert "error: error:" not in text and "error: rank" not in text, text
+
+
+def test_an_error_every_rank_meets_after_joining_prints_once(setup):
+    """Shards tokenized for a larger vocabulary fail every rank alike after the ranks joined (data comes after the
+    process group): one line, unlabelled. A rank's own failure is labelled with its rank (the dead-peer test)."""
+    write_shards(setup.tmp / "wide-shards", synthetic_tokens(3000), vocab=VOCAB * 2)
+    cfg = setup("wide", 2, max_steps=2)
+    cfg.write_text(cfg.read_text().replace(str(setup.tmp / "shards"), str(setup.tmp / "wide-shards")))
+    bad = torchrun("train", "--config", cfg, check=False)
+    assert bad.returncode != 0
+    text = bad.stdout + bad.stderr
+    assert "data-parallel ranks" in text, text  # the ranks did join before the error
+    errors = [line for line in text.splitlines() if "vocabulary mismatch" in line]
+    assert len(errors) == 1 and errors[0].startswith("error: ") and not errors[0].startswith("error: rank"), text
+    assert "error: error:" not in text, text
 
 
 def test_two_nodes_through_torchrun_rendezvous(setup):
