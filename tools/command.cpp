@@ -19,6 +19,7 @@
 
 #include "archspace/dist/process_group.h"
 #include "archspace/util/error.h"
+#include "archspace/util/strings.h"
 
 extern char** environ;
 
@@ -263,21 +264,6 @@ std::string command_path(const CLI::App* app) {
 }
 
 }  // namespace
-
-size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diagonal = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      const size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diagonal = up;
-    }
-  }
-  return row[b.size()];
-}
 
 NormalizedArgs normalize_flags(CLI::App& app, int argc, const char* const* argv) {
   NormalizedArgs out;

@@ -60,9 +60,6 @@ NormalizedArgs normalize_flags(CLI::App& app, int argc, const char* const* argv)
 // differs here (lm-eval's --model_args); empty when there is none.
 std::string explain_unknown_flags(const NormalizedArgs& normalized);
 
-// Levenshtein distance (insertions, deletions, substitutions), for the suggestions above.
-size_t edit_distance(const std::string& a, const std::string& b);
-
 // Whether this process speaks for the run: outside torchrun, or rank 0 under it (RANK, WORLD_SIZE).
 bool speaks_for_run();
 

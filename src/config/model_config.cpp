@@ -10,6 +10,7 @@
 #include "archspace/config/choices.h"
 #include "archspace/util/error.h"
 #include "archspace/util/json_file.h"
+#include "archspace/util/strings.h"
 
 namespace archspace {
 
@@ -155,21 +156,6 @@ class FieldReader {
   double as_number(const json& v, const std::string& field) const {
     if (!v.is_number()) fail(field, "must be a number, got " + v.dump());
     return v.get<double>();
-  }
-
-  static size_t edit_distance(const std::string& a, const std::string& b) {
-    std::vector<size_t> row(b.size() + 1);
-    for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-    for (size_t i = 1; i <= a.size(); ++i) {
-      size_t diagonal = row[0];
-      row[0] = i;
-      for (size_t j = 1; j <= b.size(); ++j) {
-        const size_t above = row[j];
-        row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] != b[j - 1])});
-        diagonal = above;
-      }
-    }
-    return row[b.size()];
   }
 
   const json& j_;

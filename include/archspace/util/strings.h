@@ -1,5 +1,5 @@
 // Small string helpers shared by the parsers of lists ("a,b,c" flags and keys, PATH-like "dir:dir") and the
-// messages that list names.
+// messages that list names or suggest one.
 #pragma once
 
 #include <algorithm>
@@ -25,6 +25,22 @@ inline std::string join(const std::vector<std::string>& items, const std::string
   std::string out;
   for (size_t i = 0; i < items.size(); ++i) out += (i ? sep : "") + items[i];
   return out;
+}
+
+// Levenshtein distance (insertions, deletions, substitutions each 1), for "did you mean" suggestions.
+inline size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t above = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = above;
+    }
+  }
+  return row[b.size()];
 }
 
 }  // namespace archspace
