@@ -4,6 +4,7 @@
 #include <ATen/core/grad_mode.h>
 
 #include <algorithm>
+#include <cstring>
 
 #include "archspace/util/cpu_isa.h"
 
@@ -25,6 +26,28 @@ void dot_rows_scalar(const float* W, const float* x, float* y, int64_t M, int64_
       float acc = 0;
       for (int64_t k = 0; k < K; ++k) acc += w[k] * x[m * K + k];
       y[m * N + n] = acc;
+    }
+  }
+}
+
+// bf16 weights and activations, fp32 sums, the result rounded to bf16 once (as at::linear's bf16 GEMM does).
+// A bf16 value is the high half of an fp32, so widening it is a 16-bit shift; the product of two bf16 values
+// is exact in fp32.
+inline float bf16_to_float(uint16_t b) {
+  const uint32_t bits = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+void dot_rows_bf16_scalar(const uint16_t* W, const float* x, c10::BFloat16* y, int64_t M, int64_t N, int64_t K,
+                          int64_t n0, int64_t n1) {
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint16_t* w = W + n * K;
+    for (int64_t m = 0; m < M; ++m) {
+      float acc = 0;
+      for (int64_t k = 0; k < K; ++k) acc += bf16_to_float(w[k]) * x[m * K + k];
+      y[m * N + n] = c10::BFloat16(acc);
     }
   }
 }
@@ -108,6 +131,147 @@ __attribute__((target("avx2,fma"))) void dot_rows_avx2(const float* W, const flo
   dot_rows_scalar(W, x, y, M, N, K, n, n1);
 }
 
+// Four weight rows at a time, as the fp32 kernel, each 8-wide load widened to fp32; x arrives widened once
+// per call (it is a few rows, the weights are the bytes that count).
+__attribute__((target("avx2,fma"))) inline __m256 load_bf16x8(const uint16_t* p) {
+  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
+
+__attribute__((target("avx2,fma"))) void dot_rows_bf16_avx2(const uint16_t* W, const float* x, c10::BFloat16* y,
+                                                            int64_t M, int64_t N, int64_t K, int64_t n0, int64_t n1) {
+  const int64_t K8 = K - K % 8;
+  int64_t n = n0;
+  for (; n + 4 <= n1; n += 4) {
+    const uint16_t* w0 = W + n * K;
+    const uint16_t* w1 = w0 + K;
+    const uint16_t* w2 = w1 + K;
+    const uint16_t* w3 = w2 + K;
+    // One row of x per pass (the same sums for every row, so rows stay batch invariant); the weight block
+    // of 4 x K bf16 values stays in L1 across the rows.
+    for (int64_t m = 0; m < M; ++m) {
+      const float* xm = x + m * K;
+      __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+      for (int64_t k = 0; k < K8; k += 8) {
+        const __m256 xv = _mm256_loadu_ps(xm + k);
+        a0 = _mm256_fmadd_ps(load_bf16x8(w0 + k), xv, a0);
+        a1 = _mm256_fmadd_ps(load_bf16x8(w1 + k), xv, a1);
+        a2 = _mm256_fmadd_ps(load_bf16x8(w2 + k), xv, a2);
+        a3 = _mm256_fmadd_ps(load_bf16x8(w3 + k), xv, a3);
+      }
+      alignas(32) float s[8];
+      _mm256_store_ps(s, horizontal_sums8(a0, a1, a2, a3, a0, a1, a2, a3));
+      for (int64_t k = K8; k < K; ++k) {
+        s[0] += bf16_to_float(w0[k]) * xm[k];
+        s[1] += bf16_to_float(w1[k]) * xm[k];
+        s[2] += bf16_to_float(w2[k]) * xm[k];
+        s[3] += bf16_to_float(w3[k]) * xm[k];
+      }
+      for (int i = 0; i < 4; ++i) y[m * N + n + i] = c10::BFloat16(s[i]);
+    }
+  }
+  dot_rows_bf16_scalar(W, x, y, M, N, K, n, n1);
+}
+
+// AVX512-BF16: vdpbf16ps multiplies 32 bf16 pairs and adds each pair's two products into one of 16 fp32 lanes
+// (denormal inputs read as zero, as oneDNN's bf16 GEMMs on these CPUs do). x stays bf16. The K tail is one
+// masked load (zeros add nothing), so every K takes the same code.
+// GCC 12's AVX512 cast and extract intrinsics start from _mm256_undefined_*(), which -Wmaybe-uninitialized
+// reports as uninitialised (a false positive: every lane is written).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#define ARCHSPACE_AVX512_BF16 __attribute__((target("avx2,fma,avx512f,avx512bw,avx512bf16")))
+
+ARCHSPACE_AVX512_BF16 inline __m512bh load_bf16x32(const uint16_t* p) { return (__m512bh)_mm512_loadu_si512(p); }
+ARCHSPACE_AVX512_BF16 inline __m512bh load_bf16x32(const uint16_t* p, __mmask32 first) {
+  return (__m512bh)_mm512_maskz_loadu_epi16(first, p);
+}
+
+ARCHSPACE_AVX512_BF16 inline __m256 fold16(__m512 a) {  // lanes 0-7 plus lanes 8-15
+  return _mm512_castps512_ps256(_mm512_add_ps(a, _mm512_shuffle_f32x4(a, a, 0x4E)));
+}
+
+// One 32-wide step of four weight rows against two rows of x (each weight load feeds two dot products).
+ARCHSPACE_AVX512_BF16 inline void dot_4x2(__m512 (&a)[4], __m512 (&b)[4], __m512bh v0, __m512bh v1, __m512bh v2,
+                                          __m512bh v3, __m512bh xa, __m512bh xb) {
+  a[0] = _mm512_dpbf16_ps(a[0], v0, xa);
+  b[0] = _mm512_dpbf16_ps(b[0], v0, xb);
+  a[1] = _mm512_dpbf16_ps(a[1], v1, xa);
+  b[1] = _mm512_dpbf16_ps(b[1], v1, xb);
+  a[2] = _mm512_dpbf16_ps(a[2], v2, xa);
+  b[2] = _mm512_dpbf16_ps(b[2], v2, xb);
+  a[3] = _mm512_dpbf16_ps(a[3], v3, xa);
+  b[3] = _mm512_dpbf16_ps(b[3], v3, xb);
+}
+
+ARCHSPACE_AVX512_BF16 void dot_rows_bf16_avx512(const uint16_t* W, const uint16_t* x, c10::BFloat16* y, int64_t M,
+                                                int64_t N, int64_t K, int64_t n0, int64_t n1) {
+  const int64_t K32 = K - K % 32;
+  const __mmask32 tail = static_cast<__mmask32>((uint64_t{1} << (K % 32)) - 1);
+  int64_t n = n0;
+  for (; n + 4 <= n1; n += 4) {
+    const uint16_t* w0 = W + n * K;
+    const uint16_t* w1 = w0 + K;
+    const uint16_t* w2 = w1 + K;
+    const uint16_t* w3 = w2 + K;
+    int64_t m = 0;
+    // Two rows of x at a time: each weight load feeds two dot products.
+    for (; m + 2 <= M; m += 2) {
+      const uint16_t* xa = x + m * K;
+      const uint16_t* xb = xa + K;
+      __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+      __m512 b[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+      for (int64_t k = 0; k < K32; k += 32)
+        dot_4x2(a, b, load_bf16x32(w0 + k), load_bf16x32(w1 + k), load_bf16x32(w2 + k), load_bf16x32(w3 + k),
+                load_bf16x32(xa + k), load_bf16x32(xb + k));
+      if (K32 < K)
+        dot_4x2(a, b, load_bf16x32(w0 + K32, tail), load_bf16x32(w1 + K32, tail), load_bf16x32(w2 + K32, tail),
+                load_bf16x32(w3 + K32, tail), load_bf16x32(xa + K32, tail), load_bf16x32(xb + K32, tail));
+      alignas(32) float s[8];  // rows n..n+3 for x row m, then for x row m + 1
+      _mm256_store_ps(s, horizontal_sums8(fold16(a[0]), fold16(a[1]), fold16(a[2]), fold16(a[3]), fold16(b[0]),
+                                          fold16(b[1]), fold16(b[2]), fold16(b[3])));
+      for (int i = 0; i < 4; ++i) {
+        y[m * N + n + i] = c10::BFloat16(s[i]);
+        y[(m + 1) * N + n + i] = c10::BFloat16(s[4 + i]);
+      }
+    }
+    for (; m < M; ++m) {  // the last odd row: the same sums in the same order (rows stay batch invariant)
+      const uint16_t* xm = x + m * K;
+      __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
+      for (int64_t k = 0; k < K32; k += 32) {
+        const __m512bh xv = load_bf16x32(xm + k);
+        a0 = _mm512_dpbf16_ps(a0, load_bf16x32(w0 + k), xv);
+        a1 = _mm512_dpbf16_ps(a1, load_bf16x32(w1 + k), xv);
+        a2 = _mm512_dpbf16_ps(a2, load_bf16x32(w2 + k), xv);
+        a3 = _mm512_dpbf16_ps(a3, load_bf16x32(w3 + k), xv);
+      }
+      if (K32 < K) {
+        const __m512bh xv = load_bf16x32(xm + K32, tail);
+        a0 = _mm512_dpbf16_ps(a0, load_bf16x32(w0 + K32, tail), xv);
+        a1 = _mm512_dpbf16_ps(a1, load_bf16x32(w1 + K32, tail), xv);
+        a2 = _mm512_dpbf16_ps(a2, load_bf16x32(w2 + K32, tail), xv);
+        a3 = _mm512_dpbf16_ps(a3, load_bf16x32(w3 + K32, tail), xv);
+      }
+      alignas(32) float s[8];
+      const __m256 f0 = fold16(a0), f1 = fold16(a1), f2 = fold16(a2), f3 = fold16(a3);
+      _mm256_store_ps(s, horizontal_sums8(f0, f1, f2, f3, f0, f1, f2, f3));
+      for (int i = 0; i < 4; ++i) y[m * N + n + i] = c10::BFloat16(s[i]);
+    }
+  }
+  // The last N % 4 rows, one at a time with the same instruction.
+  for (; n < n1; ++n) {
+    const uint16_t* w = W + n * K;
+    for (int64_t m = 0; m < M; ++m) {
+      const uint16_t* xm = x + m * K;
+      __m512 a = _mm512_setzero_ps();
+      for (int64_t k = 0; k < K32; k += 32) a = _mm512_dpbf16_ps(a, load_bf16x32(w + k), load_bf16x32(xm + k));
+      if (K32 < K) a = _mm512_dpbf16_ps(a, load_bf16x32(w + K32, tail), load_bf16x32(xm + K32, tail));
+      y[m * N + n] = c10::BFloat16(_mm512_reduce_add_ps(a));
+    }
+  }
+}
+#pragma GCC diagnostic pop
+
 bool cpu_has_avx2_fma() { return max_cpu_isa() >= CpuIsa::kAvx2; }
 #endif
 
@@ -120,36 +284,75 @@ bool uses_streaming_linear(const at::Tensor& x, const at::Tensor& weight) {
   return false;
 #endif
   if (!x.device().is_cpu() || !weight.device().is_cpu()) return false;
-  if (x.scalar_type() != at::kFloat || weight.scalar_type() != at::kFloat) return false;
+  const at::ScalarType dtype = weight.scalar_type();
+  if ((dtype != at::kFloat && dtype != at::kBFloat16) || x.scalar_type() != dtype) return false;
   if (weight.dim() != 2 || !weight.is_contiguous() || x.size(-1) != weight.size(1)) return false;
   // The kernel has no backward: anything autograd must see goes through at::linear.
   if (at::GradMode::is_enabled() && (x.requires_grad() || weight.requires_grad())) return false;
   return x.numel() / std::max<int64_t>(1, x.size(-1)) <= kStreamingLinearMaxRows;
 }
 
-at::Tensor streaming_linear(const at::Tensor& x, const at::Tensor& weight) {
-  const int64_t K = weight.size(1), N = weight.size(0);
-  at::Tensor xc = x.contiguous();
-  const int64_t M = xc.numel() / K;
-  std::vector<int64_t> out_shape = x.sizes().vec();
-  out_shape.back() = N;
-  at::Tensor y = at::empty({M, N}, x.options());
-  const float* W = weight.const_data_ptr<float>();
-  const float* xp = xc.const_data_ptr<float>();
-  float* yp = y.mutable_data_ptr<float>();
-  // Split the output features over threads in blocks of four rows; 256 rows per task at least so that
-  // small matrices do not pay for waking threads.
+namespace {
+
+// Splits the output features over threads in blocks of four rows; 256 rows per task at least so that small
+// matrices do not pay for waking threads. `rows(n0, n1)` computes features [n0, n1) for every row of x.
+template <typename Rows>
+void for_feature_blocks(int64_t N, const Rows& rows) {
   const int64_t blocks = (N + 3) / 4;
-  at::parallel_for(0, blocks, 64, [&](int64_t b0, int64_t b1) {
-    const int64_t n0 = b0 * 4, n1 = std::min(N, b1 * 4);
+  at::parallel_for(0, blocks, 64, [&](int64_t b0, int64_t b1) { rows(b0 * 4, std::min(N, b1 * 4)); });
+}
+
+void streaming_linear_fp32(const at::Tensor& x, const at::Tensor& weight, at::Tensor& y, CpuIsa isa) {
+  const int64_t K = weight.size(1), N = weight.size(0), M = x.size(0);
+  const float* W = weight.const_data_ptr<float>();
+  const float* xp = x.const_data_ptr<float>();
+  float* yp = y.mutable_data_ptr<float>();
+  for_feature_blocks(N, [&](int64_t n0, int64_t n1) {
 #if defined(__x86_64__)
-    if (cpu_has_avx2_fma()) {
-      dot_rows_avx2(W, xp, yp, M, N, K, n0, n1);
-      return;
-    }
+    if (isa >= CpuIsa::kAvx2) return dot_rows_avx2(W, xp, yp, M, N, K, n0, n1);
 #endif
     dot_rows_scalar(W, xp, yp, M, N, K, n0, n1);
   });
+}
+
+void streaming_linear_bf16(const at::Tensor& x, const at::Tensor& weight, at::Tensor& y, CpuIsa isa) {
+  const int64_t K = weight.size(1), N = weight.size(0), M = x.size(0);
+  const auto* W = reinterpret_cast<const uint16_t*>(weight.const_data_ptr<at::BFloat16>());
+  auto* yp = y.mutable_data_ptr<at::BFloat16>();
+#if defined(__x86_64__)
+  if (isa >= CpuIsa::kAvx512Bf16) {
+    const auto* xp = reinterpret_cast<const uint16_t*>(x.const_data_ptr<at::BFloat16>());
+    return for_feature_blocks(N, [&](int64_t n0, int64_t n1) { dot_rows_bf16_avx512(W, xp, yp, M, N, K, n0, n1); });
+  }
+#endif
+  const at::Tensor xf = x.to(at::kFloat);  // a few rows: widened once, not per weight block
+  const float* xp = xf.const_data_ptr<float>();
+  for_feature_blocks(N, [&](int64_t n0, int64_t n1) {
+#if defined(__x86_64__)
+    if (isa >= CpuIsa::kAvx2) return dot_rows_bf16_avx2(W, xp, yp, M, N, K, n0, n1);
+#endif
+    dot_rows_bf16_scalar(W, xp, yp, M, N, K, n0, n1);
+  });
+}
+
+}  // namespace
+
+at::Tensor streaming_linear(const at::Tensor& x, const at::Tensor& weight, CpuIsa isa) {
+  TORCH_CHECK(
+      x.scalar_type() == weight.scalar_type() && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
+      "streaming_linear: x and weight must both be fp32 or both bf16");
+  const int64_t K = weight.size(1), N = weight.size(0);
+  const at::Tensor xc = x.contiguous().view({-1, K});
+  std::vector<int64_t> out_shape = x.sizes().vec();
+  out_shape.back() = N;
+  at::Tensor y = at::empty({xc.size(0), N}, x.options());
+  const at::Tensor w = weight.contiguous();
+  isa = std::min(isa, detected_cpu_isa());
+  if (x.scalar_type() == at::kFloat) {
+    streaming_linear_fp32(xc, w, y, isa);
+  } else {
+    streaming_linear_bf16(xc, w, y, isa);
+  }
   return y.view(out_shape);
 }
 

@@ -8,11 +8,24 @@
 
 namespace archspace {
 
-const char* cpu_isa_name(CpuIsa isa) { return isa == CpuIsa::kAvx2 ? "avx2" : "scalar"; }
+const char* cpu_isa_name(CpuIsa isa) {
+  switch (isa) {
+    case CpuIsa::kAvx512Bf16:
+      return "avx512_bf16";
+    case CpuIsa::kAvx2:
+      return "avx2";
+    default:
+      return "scalar";
+  }
+}
 
 CpuIsa detected_cpu_isa() {
 #if defined(__x86_64__)
   static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  // The bf16 kernel's masked loads need AVX512BW beside AVX512F and AVX512-BF16.
+  static const bool avx512_bf16 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                                  __builtin_cpu_supports("avx512bf16");
+  if (avx512_bf16) return CpuIsa::kAvx512Bf16;
   return avx2 ? CpuIsa::kAvx2 : CpuIsa::kScalar;
 #else
   return CpuIsa::kScalar;
@@ -25,9 +38,9 @@ CpuIsa capped_isa() {
   const char* env = std::getenv("ARCHSPACE_MAX_CPU_ISA");
   if (!env || !*env) return detected;
   const std::string cap = env;
-  for (CpuIsa isa : {CpuIsa::kScalar, CpuIsa::kAvx2})
+  for (CpuIsa isa : {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512Bf16})
     if (cap == cpu_isa_name(isa)) return std::min(detected, isa);
-  throw Error("ARCHSPACE_MAX_CPU_ISA='" + cap + "' is not one of: scalar, avx2");
+  throw Error("ARCHSPACE_MAX_CPU_ISA='" + cap + "' is not one of: scalar, avx2, avx512_bf16");
 }
 }  // namespace
 

@@ -4,7 +4,10 @@
 #include <ATen/core/grad_mode.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
+#include <string>
+#include <vector>
 
 #include "archspace/model/linear.h"
 #include "archspace/util/cpu_isa.h"
@@ -61,7 +64,8 @@ TEST(StreamingLinear, OnlyForFewRowsWithoutAutograd) {
   EXPECT_EQ(uses_streaming_linear(at::randn({1, 1, 32}), w), fast);
   EXPECT_EQ(uses_streaming_linear(at::randn({kStreamingLinearMaxRows, 32}), w), fast);
   EXPECT_FALSE(uses_streaming_linear(at::randn({kStreamingLinearMaxRows + 1, 32}), w));
-  EXPECT_FALSE(uses_streaming_linear(at::randn({1, 32}).to(at::kBFloat16), w.to(at::kBFloat16)));
+  EXPECT_EQ(uses_streaming_linear(at::randn({1, 32}).to(at::kBFloat16), w.to(at::kBFloat16)), fast);
+  EXPECT_FALSE(uses_streaming_linear(at::randn({1, 32}), w.to(at::kBFloat16)));  // mixed dtypes: at::linear
   EXPECT_FALSE(uses_streaming_linear(at::randn({1, 32}, at::kDouble), w.to(at::kDouble)));
   // A weight that needs a gradient goes through at::linear, so training still backpropagates.
   at::Tensor trainable = w.clone().requires_grad_(true);
@@ -92,4 +96,99 @@ TEST(StreamingLinear, RowsAreBatchInvariantBitForBit) {
       }
     }
   }
+}
+
+namespace {
+// The code paths this machine can run for a dtype (each test checks all of them in one process).
+std::vector<CpuIsa> runnable_paths() {
+  std::vector<CpuIsa> paths;
+  for (CpuIsa isa : {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512Bf16})
+    if (isa <= detected_cpu_isa()) paths.push_back(isa);
+  return paths;
+}
+
+// bf16 in, bf16 out: the inputs are exact bf16 values, so the fp64 product is the truth. The kernel's fp32
+// sums are off by at most K * eps32 * sum|w x| (as in fp32), then the one rounding to bf16 adds at most half
+// an ulp of bf16, 2^-8 relative, of the rounded value.
+at::Tensor bf16_bound(const at::Tensor& x, const at::Tensor& w) {
+  at::Tensor exact = at::linear(x.to(at::kDouble), w.to(at::kDouble));
+  at::Tensor magnitude = at::linear(x.to(at::kDouble).abs(), w.to(at::kDouble).abs());
+  const double eps32 = std::numeric_limits<float>::epsilon(), u16 = std::ldexp(1.0, -8);
+  at::Tensor sums = magnitude * (x.size(-1) * eps32);
+  return sums + (exact.abs() + sums) * u16 + 1e-30;
+}
+
+void expect_bf16_close_to_fp64(const at::Tensor& got, const at::Tensor& x, const at::Tensor& w,
+                               const std::string& what) {
+  ASSERT_EQ(got.scalar_type(), at::kBFloat16) << what;
+  at::Tensor err = (got.to(at::kDouble) - at::linear(x.to(at::kDouble), w.to(at::kDouble))).abs();
+  at::Tensor bound = bf16_bound(x, w);
+  EXPECT_TRUE((err <= bound).all().item<bool>()) << what << ": max error/bound " << (err / bound).max().item<double>();
+}
+}  // namespace
+
+// Every tail: K below, at and off the 8 (AVX2) and 32 (AVX512-BF16) lane counts, N off the 4-row blocks.
+TEST(StreamingLinearBf16, MatchesFp64ForAllTailShapesOnEveryPath) {
+  at::manual_seed(4);
+  for (CpuIsa isa : runnable_paths()) {
+    for (int64_t K : {1, 7, 8, 31, 32, 33, 61, 768}) {
+      for (int64_t N : {1, 3, 4, 5, 130}) {
+        for (int64_t M : {1, 2, 5}) {
+          at::Tensor x = at::randn({M, K}).to(at::kBFloat16);
+          at::Tensor w = at::randn({N, K}).to(at::kBFloat16);
+          const std::string what = std::string(cpu_isa_name(isa)) + " M=" + std::to_string(M) +
+                                   " N=" + std::to_string(N) + " K=" + std::to_string(K);
+          at::Tensor got = streaming_linear(x, w, isa);
+          ASSERT_EQ(got.sizes().vec(), (std::vector<int64_t>{M, N})) << what;
+          expect_bf16_close_to_fp64(got, x, w, what);
+          // at::linear's bf16 GEMM (fp32 sums, one bf16 rounding) obeys the same bound, so the two differ by
+          // at most twice it
+          at::Tensor diff = (got.to(at::kDouble) - at::linear(x, w).to(at::kDouble)).abs();
+          EXPECT_TRUE((diff <= 2 * bf16_bound(x, w)).all().item<bool>()) << what;
+        }
+      }
+    }
+  }
+}
+
+// The paths differ only in the order of their fp32 sums: with sums of exactly representable values (small
+// integers, whose every partial sum is exact in fp32) they agree bit for bit, which catches a lane or row
+// the vector paths drop or double.
+TEST(StreamingLinearBf16, PathsAgreeExactlyOnExactSums) {
+  at::manual_seed(5);
+  at::Tensor x = at::randint(-8, 9, {3, 100}).to(at::kBFloat16);
+  at::Tensor w = at::randint(-8, 9, {37, 100}).to(at::kBFloat16);
+  at::Tensor exact = at::linear(x.to(at::kDouble), w.to(at::kDouble));
+  for (CpuIsa isa : runnable_paths()) {
+    at::Tensor got = streaming_linear(x, w, isa).to(at::kDouble);
+    // |sums| <= 100 * 64 < 2^13: exact in fp32, and in bf16 when below 2^8; compare against the rounding of
+    // the exact sum
+    EXPECT_TRUE(at::equal(got, exact.to(at::kBFloat16).to(at::kDouble))) << cpu_isa_name(isa);
+  }
+}
+
+TEST(StreamingLinearBf16, RowsAreBatchInvariantBitForBit) {
+  at::manual_seed(6);
+  for (CpuIsa isa : runnable_paths()) {
+    for (int64_t K : {7, 64, 100}) {
+      at::Tensor w = at::randn({131, K}).to(at::kBFloat16);
+      for (int64_t M : {2, 3, 8}) {
+        at::Tensor x = at::randn({M, K}).to(at::kBFloat16);
+        at::Tensor batched = streaming_linear(x, w, isa);
+        for (int64_t m = 0; m < M; ++m)
+          EXPECT_TRUE(at::equal(batched[m], streaming_linear(x.narrow(0, m, 1), w, isa)[0]))
+              << cpu_isa_name(isa) << " row " << m << " of M=" << M << " K=" << K;
+      }
+    }
+  }
+}
+
+TEST(StreamingLinearBf16, LinearTakesItForFewRowsWithoutAutograd) {
+  at::Tensor w = at::randn({33, 40}).to(at::kBFloat16);
+  at::Tensor x = at::randn({2, 1, 40}).to(at::kBFloat16);
+  EXPECT_EQ(uses_streaming_linear(x, w), max_cpu_isa() >= CpuIsa::kAvx2);
+  at::Tensor got = archspace::linear(x, w);
+  ASSERT_EQ(got.sizes().vec(), (std::vector<int64_t>{2, 1, 33}));
+  expect_bf16_close_to_fp64(got.view({2, 33}), x.view({2, 40}), w, "linear()");
+  EXPECT_THROW(streaming_linear(x, w.to(at::kFloat)), c10::Error);
 }

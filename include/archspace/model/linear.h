@@ -1,11 +1,14 @@
 // y = x W^T with W in nn.Linear layout [out, in]. Decoding multiplies one (or a few) rows by every weight
 // matrix, which is bound by reading the weights from memory; LibTorch's CPU kernels read them at about
 // 10 GB/s on our 2-core machine, against 17-22 GB/s for a plain streaming dot-product kernel. So a few
-// rows on CPU in fp32 take our own kernel; everything else (prefill, training, autograd, CUDA, bf16)
-// is at::linear.
+// rows on CPU take our own kernel, in fp32 or in bf16 (bf16 weights and activations, fp32 sums: half the
+// bytes per token; LibTorch's bf16 GEMV reads 17 GB/s); everything else (prefill, training, autograd,
+// CUDA) is at::linear.
 #pragma once
 
 #include <ATen/ATen.h>
+
+#include "archspace/util/cpu_isa.h"
 
 namespace archspace {
 
@@ -20,7 +23,10 @@ inline constexpr int64_t kStreamingLinearMaxRows = 32;
 // Whether linear() would use the streaming kernel for x (exposed for tests and benchmarks).
 bool uses_streaming_linear(const at::Tensor& x, const at::Tensor& weight);
 
-// The streaming kernel itself, whatever the row count (for tests against at::linear).
-at::Tensor streaming_linear(const at::Tensor& x, const at::Tensor& weight);
+// The streaming kernel itself, whatever the row count (for tests against at::linear). x and weight both fp32
+// or both bf16. `isa` picks the code path (capped at what the CPU has), so one test run checks every path
+// this machine can run: fp32 uses AVX2 from kAvx2 up; bf16 uses AVX512-BF16's dot-product instruction at
+// kAvx512Bf16 and widens to fp32 with AVX2 below it.
+at::Tensor streaming_linear(const at::Tensor& x, const at::Tensor& weight, CpuIsa isa = max_cpu_isa());
 
 }  // namespace archspace

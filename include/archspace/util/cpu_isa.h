@@ -1,4 +1,4 @@
-// Which instruction set the engine's own CPU kernels (model/linear.cpp's streaming GEMV) may use: the best
+// Which instruction set the engine's own CPU kernels (model/linear.cpp's streaming GEMVs) may use: the best
 // this CPU has, capped by ARCHSPACE_MAX_CPU_ISA, as oneDNN's ONEDNN_MAX_CPU_ISA and ATen's
 // ATEN_CPU_CAPABILITY cap theirs. The cap exists so that a test run can force the other code paths on one
 // machine (scripts/kernel_paths.sh) and show that results do not depend on which kernel runs.
@@ -6,9 +6,11 @@
 
 namespace archspace {
 
-enum class CpuIsa { kScalar = 0, kAvx2 = 1 };  // kAvx2: AVX2 with FMA
+// kAvx2: AVX2 with FMA. kAvx512Bf16: AVX512F, AVX512BW and AVX512-BF16 besides (the bf16 GEMV's dot-product
+// instruction); only the bf16 kernel uses it, the fp32 kernels stay on AVX2.
+enum class CpuIsa { kScalar = 0, kAvx2 = 1, kAvx512Bf16 = 2 };
 
-const char* cpu_isa_name(CpuIsa isa);  // "scalar", "avx2"
+const char* cpu_isa_name(CpuIsa isa);  // "scalar", "avx2", "avx512_bf16"
 
 // What this CPU supports (cpuid), before the cap.
 CpuIsa detected_cpu_isa();
