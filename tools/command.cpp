@@ -77,6 +77,37 @@ CLI::Option* add_device_option(CLI::App* app, std::string& value) {
       ->capture_default_str();
 }
 
+CLI::Option* add_profile_option(CLI::App* app, std::string& path) {
+  return app
+      ->add_option("--profile", path,
+                   "write a Kineto trace of the work (after loading) to FILE (name it *.pt.trace.json for "
+                   "TensorBoard; Perfetto and chrome://tracing open it too) and FILE.top-ops.txt, the ops "
+                   "by self time")
+      ->check(
+          [](const std::string& path) {
+            try {
+              OpProfiler::check_trace_path(path);
+              return std::string();
+            } catch (const Error& e) {
+              return std::string(e.what());
+            }
+          },
+          "FILE");
+}
+
+CommandProfile::CommandProfile(const std::string& path) {
+  if (!path.empty()) profiler_.emplace(path);
+}
+
+void CommandProfile::finish() {
+  if (!profiler_) return;
+  const ProfileSummary s = profiler_->finish();
+  profiler_.reset();
+  std::cerr << "profile: " << s.trace_path
+            << " (open it in ui.perfetto.dev, chrome://tracing or TensorBoard), top ops in " << s.table_path << "\n"
+            << s.table << std::flush;
+}
+
 namespace {
 
 // RANK, WORLD_SIZE and LOCAL_RANK as torchrun sets them; a bad value counts as a single process here (the

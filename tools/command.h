@@ -5,10 +5,12 @@
 
 #include <CLI/CLI.hpp>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "archspace/config/choices.h"
+#include "archspace/util/profiler.h"
 
 namespace archspace::cli {
 
@@ -31,6 +33,18 @@ CLI::Validator choice_validator(std::function<void(const std::string&)> parse, c
 // Shared flag helpers: each adds the option with CLI11's check of the valid choices, listed in --help.
 CLI::Option* add_dtype_option(CLI::App* app, std::string& value, const std::string& what);
 CLI::Option* add_device_option(CLI::App* app, std::string& value);
+
+// --profile FILE: a Kineto trace of the command's work (util/profiler.h). CommandProfile starts it (nothing
+// when the path is empty) and finish() writes the trace and prints the top ops by self time on stderr.
+CLI::Option* add_profile_option(CLI::App* app, std::string& path);
+class CommandProfile {
+ public:
+  explicit CommandProfile(const std::string& path);
+  void finish();
+
+ private:
+  std::optional<OpProfiler> profiler_;
+};
 
 // "1 2 3" or "1,2,3" -> ids, each checked against [0, vocab_size); errors name `flag`.
 std::vector<int64_t> parse_token_ids(const std::string& text, int64_t vocab_size, const std::string& flag);

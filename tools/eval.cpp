@@ -32,7 +32,7 @@ namespace archspace::cli {
 namespace {
 
 struct PplArgs {
-  std::string model, data, tokenizer, out, dtype = "fp32", device = "cpu";
+  std::string model, data, tokenizer, out, dtype = "fp32", device = "cpu", profile;
   int64_t max_tokens = 0;
   PerplexityOptions options;
 };
@@ -51,7 +51,8 @@ void check_writable(const std::string& path) {
 }
 
 struct DownstreamArgs {
-  std::string model, tasks, format = "rc", out, requests_out, tokenizer, dtype = "fp32", device = "cpu", rescore, suite;
+  std::string model, tasks, format = "rc", out, requests_out, tokenizer, dtype = "fp32", device = "cpu", rescore, suite,
+                            profile;
   std::vector<std::string> tasks_dirs;
   bool chat = false;
   std::optional<int64_t> shots;
@@ -301,6 +302,7 @@ int run_downstream(const DownstreamArgs& a, bool limit_given) {
   CausalLM model = load_model(
       model_dir, {scalar_type(parse_dtype(a.dtype, "--dtype")), parse_device(a.device, "--device").device()});
   auto tokenizer = model_tokenizer(model_dir, a.tokenizer, model.config().vocab_size);
+  CommandProfile profile(a.profile);                        // the evaluation's work, not the loading
   const double scoring_start = progress.elapsed_seconds();  // tokenizing and scoring, for throughput figures
   std::vector<PreparedTask> tasks;
   for (auto& f : files) tasks.push_back(prepare_task(std::move(f), *tokenizer, model.config(), a.max_length));
@@ -348,6 +350,7 @@ int run_downstream(const DownstreamArgs& a, bool limit_given) {
   const GenerationScores scored =
       instances.empty() ? GenerationScores{} : score_and_aggregate(instances, generation_shots, progress);
   progress.finish();
+  profile.finish();
 
   std::vector<std::string> notes;
   std::vector<TaskResult> shown = with_group_results(plan.choice_names, results, &notes);  // with the groups' rows
@@ -438,11 +441,13 @@ int run_ppl(const PplArgs& a) {
   std::cerr << "eval ppl: context " << options.context << " tokens, from " << context_from << "\n";
 
   ProgressLine progress("eval ppl");
+  CommandProfile profile(a.profile);
   const PerplexityResult r = perplexity(model, tokens, options, [&](int64_t done, int64_t total) {
     progress.update(std::to_string(done) + "/" + std::to_string(total) + " tokens", static_cast<double>(done) / total,
                     done == total);
   });
   progress.finish();
+  profile.finish();
   const nlohmann::json j = {{"model", a.model},
                             {"data", a.data},
                             {"tokenizer", tokenizer_name},
@@ -482,6 +487,7 @@ Command add(CLI::App& parent) {
   ppl->add_option("--out", a->out, "also write the JSON result here");
   add_dtype_option(ppl, a->dtype, "compute dtype");
   add_device_option(ppl, a->device);
+  add_profile_option(ppl, a->profile);
 
   auto d = std::make_shared<DownstreamArgs>();
   auto* ds = eval->add_subcommand("downstream",
@@ -524,6 +530,7 @@ Command add(CLI::App& parent) {
                  "jeopardy, ifeval, bbh_*, popqa, codex_humaneval, codex_mbpp: their programs run in the sandbox)");
   add_dtype_option(ds, d->dtype, "compute dtype");
   add_device_option(ds, d->device);
+  add_profile_option(ds, d->profile);
   return {eval, [a, ppl, d, ds, limit]() -> int {
             if (ppl->parsed()) return run_ppl(*a);
             if (ds->parsed()) return run_downstream(*d, limit->count() > 0);

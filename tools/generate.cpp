@@ -14,7 +14,7 @@ namespace archspace::cli {
 namespace {
 
 struct GenerateArgs {
-  std::string model, prompt_tokens, messages, prompts_file, tokenizer, dtype = "fp32", device = "cpu";
+  std::string model, prompt_tokens, messages, prompts_file, tokenizer, dtype = "fp32", device = "cpu", profile;
   std::vector<std::string> prompts, stops;
   bool chat = false;
   GenerateOptions options;
@@ -74,6 +74,7 @@ int run(GenerateArgs a) {
       load_model(a.model, {scalar_type(parse_dtype(a.dtype, "--dtype")), parse_device(a.device, "--device").device()});
   a.options.stop_ids = stop_token_ids(*tokenizer, model.config(), prompts.chat);
 
+  CommandProfile profile(a.profile);
   GenerateResult r;
   if (prompts.ids.size() == 1) {
     r = generate(model, *tokenizer, prompts.ids[0], a.options,
@@ -93,6 +94,7 @@ int run(GenerateArgs a) {
     }
     std::cout << std::flush;
   }
+  profile.finish();
   report(r, prompts.ids.size());
   return 0;
 }
@@ -120,6 +122,7 @@ Command add(CLI::App& parent) {
   app->add_option("--tokenizer", a->tokenizer, "tokenizer (default: the one the model directory carries)");
   add_dtype_option(app, a->dtype, "compute dtype");
   add_device_option(app, a->device);
+  add_profile_option(app, a->profile);
   return {app, [a] { return run(*a); }};
 }
 

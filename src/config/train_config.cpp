@@ -22,7 +22,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-enum class KeyType { kBool, kInt, kFloat, kString, kStringList, kTable };
+enum class KeyType { kBool, kInt, kFloat, kString, kStringList, kIntList, kTable };
 
 const char* expected(KeyType t) {
   switch (t) {
@@ -36,6 +36,8 @@ const char* expected(KeyType t) {
       return "a string";
     case KeyType::kStringList:
       return "a list of strings";
+    case KeyType::kIntList:
+      return "a list of integers";
     case KeyType::kTable:
       return "a table";
   }
@@ -78,6 +80,14 @@ class Section {
       for (const auto& item : *a) {
         if (!item.is_string()) fail(key, "must be a list of strings");
         out.push_back(item.as_string()->get());
+      }
+    } else if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
+      const toml::array* a = n->as_array();
+      if (!a) fail(key, "must be a list of integers");
+      out.clear();
+      for (const auto& item : *a) {
+        if (!item.is_integer()) fail(key, "must be a list of integers");
+        out.push_back(item.as_integer()->get());
       }
     } else {
       if (!n->is_string()) fail(key, "must be a string");
@@ -122,6 +132,8 @@ class Section {
       return KeyType::kFloat;
     else if constexpr (std::is_same_v<T, std::vector<std::string>>)
       return KeyType::kStringList;
+    else if constexpr (std::is_same_v<T, std::vector<int64_t>>)
+      return KeyType::kIntList;
     else
       return KeyType::kString;
   }
@@ -211,6 +223,7 @@ ChoiceTexts read_keys(const toml::table& root, TrainConfig& c, const std::string
   train.get("spike_window", c.spike_window);
   train.get("spike", c.spike_policy);
   train.get("activation_checkpointing", c.activation_checkpointing);
+  train.get("profile_steps", c.profile_steps);
   train.check_unknown();
 
   Section optim(optim_t, "optim", path, schema);
@@ -319,6 +332,17 @@ void apply_override(toml::table& root, const std::string& text, const std::strin
       table.insert_or_assign(name, std::move(items));
       break;
     }
+    case KeyType::kIntList: {  // "3,5" (empty: an empty list)
+      toml::array items;
+      for (const std::string& item : split_nonempty(value, ',')) {
+        int64_t v = 0;
+        const auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), v);
+        if (ec != std::errc() || end != item.data() + item.size()) throw wrong();
+        items.push_back(v);
+      }
+      table.insert_or_assign(name, std::move(items));
+      break;
+    }
     case KeyType::kTable:
       throw fail("key '" + key + "' is a table; set it in the TOML file");
   }
@@ -400,6 +424,9 @@ void validate(TrainConfig& c, const ChoiceTexts& choices, const std::string& pat
   require(std::isfinite(c.spike_factor) && (c.spike_factor == 0 || c.spike_factor > 1), "train.spike_factor",
           "must be 0 (off) or a finite number > 1");
   require(c.spike_window >= 1, "train.spike_window", "must be >= 1");
+  require(c.profile_steps.empty() ||
+              (c.profile_steps.size() == 2 && c.profile_steps[0] >= 1 && c.profile_steps[0] <= c.profile_steps[1]),
+          "train.profile_steps", "must be [first, last] with 1 <= first <= last (steps counted from 1), or []");
   require(!c.run_dir.empty(), "train.run_dir", "is required");
   require(!c.train_data.empty(), "data.train", "is required");
   require(c.sequence_length >= 2, "train.sequence_length", "is required and must be >= 2");

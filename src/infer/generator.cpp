@@ -1,6 +1,7 @@
 #include "archspace/infer/generator.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/record_function.h>
 #include <c10/core/InferenceMode.h>
 
 #include <algorithm>
@@ -139,6 +140,7 @@ GenerateResult generate(const CausalLM& model, const Tokenizer& tokenizer,
   at::Tensor last;  // [B, V] fp32 on CPU: the logits the next tokens are sampled from
   for (int64_t s = 0; s < longest; s += o.prefill_chunk) {
     const int64_t n = std::min<int64_t>(o.prefill_chunk, longest - s);
+    RECORD_USER_SCOPE("archspace::prefill");  // spans in a profile (util/profiler.h)
     last = model.forward(ids.narrow(1, s, n), fwd).select(1, 0).to(at::kCPU, at::kFloat);
   }
   for (const auto& p : prompts) r.prefill_tokens += static_cast<int64_t>(p.size());
@@ -172,6 +174,7 @@ GenerateResult generate(const CausalLM& model, const Tokenizer& tokenizer,
     if (std::all_of(rows.begin(), rows.end(), [](const RowState& row) { return row.done; })) break;
     if (step + 1 == budget) break;  // no forward needed for tokens that will not be sampled from
     // Rows that are done feed the padding id; their logits are ignored from here on.
+    RECORD_USER_SCOPE("archspace::decode_step");
     last = model.forward(at::tensor(next, at::kLong).view({static_cast<int64_t>(B), 1}), fwd)
                .select(1, 0)
                .to(at::kCPU, at::kFloat);

@@ -1,6 +1,7 @@
 #include "archspace/infer/scheduler.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/record_function.h>
 #include <c10/core/InferenceMode.h>
 
 #include <algorithm>
@@ -242,6 +243,7 @@ std::unique_ptr<Scheduler::Row> Scheduler::admit(const std::shared_ptr<Ticket>& 
   }
   // Prefill alone, in chunks, as `generate` does for one prompt.
   auto prefill = [&] {
+    RECORD_USER_SCOPE("archspace::prefill");
     const int64_t T = static_cast<int64_t>(r.prompt.size());
     at::Tensor ids = at::tensor(std::vector<int64_t>(r.prompt.begin(), r.prompt.end()), at::kLong).view({1, T});
     const ForwardOptions fwd{AttentionImpl::kSdpa, &joining, /*last_position_only=*/true};
@@ -339,6 +341,7 @@ void Scheduler::loop() {
     try {
       std::vector<int64_t> feed;
       for (const auto& row : rows) feed.push_back(row->pending);
+      RECORD_USER_SCOPE("archspace::decode_step");  // one span per step in a profile (util/profiler.h)
       at::Tensor ids = at::tensor(feed, at::kLong).view({static_cast<int64_t>(rows.size()), 1}).to(model_.device());
       at::Tensor logits =
           model_.forward(ids, {AttentionImpl::kSdpa, &batch}).select(1, 0).to(at::kCPU, at::kFloat);  // [B, V]

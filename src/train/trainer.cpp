@@ -1,6 +1,7 @@
 #include "archspace/train/trainer.h"
 
 #include <ATen/Parallel.h>
+#include <ATen/record_function.h>
 #include <c10/core/GradMode.h>
 #include <unistd.h>
 
@@ -19,6 +20,7 @@
 #include "archspace/train/autocast.h"
 #include "archspace/train/checkpoint.h"
 #include "archspace/train/run_tokenizer.h"
+#include "archspace/train/step_profiler.h"
 #include "archspace/util/error.h"
 
 namespace archspace {
@@ -393,10 +395,16 @@ TrainResult Trainer::run() {
   started_ = std::chrono::steady_clock::now();
   TrainResult result;
   StopSignals stop_signals;
+  StepProfiler profiler(cfg_.profile_steps, cfg_.run_dir, rank_);
   for (int64_t step = start_step_; step < cfg_.max_steps; ++step) {
+    profiler.before_step(step);
     const auto step_start = std::chrono::steady_clock::now();
     const StepStats stats = train_step(step);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count();
+    if (auto traced = profiler.after_step(step); traced && rank_ == 0)
+      progress_->note("profile of steps " + std::to_string(cfg_.profile_steps[0]) + "-" +
+                      std::to_string(cfg_.profile_steps[1]) + ": " + traced->trace_path + " (every rank beside it)\n" +
+                      traced->table);
     log_step(step, stats, seconds);
     show_progress(step, stats, seconds);
     result.losses.push_back(stats.loss);
@@ -449,6 +457,7 @@ int Trainer::stop_signal_received(int64_t step) {
 }
 
 StepStats Trainer::train_step(int64_t step) {
+  RECORD_USER_SCOPE("archspace::train_step");  // one span per step in a profile (train.profile_steps)
   StepStats stats;
   stats.lr = scheduled_lr(step, cfg_.max_steps, cfg_.warmup_steps, cfg_.lr, cfg_.final_lr_factor);
   const int64_t G = global_batch(), B = cfg_.micro_batch;
@@ -566,7 +575,10 @@ StepStats Trainer::train_step(int64_t step) {
     }
     progress_->note(what);
   }
-  optimizer_->step(stats.lr, cfg_.weight_decay);
+  {
+    RECORD_USER_SCOPE("archspace::optimizer_step");
+    optimizer_->step(stats.lr, cfg_.weight_decay);
+  }
   broadcast_updates();
   for (const auto& g : params_) g.param.mutable_grad().reset();
   return stats;

@@ -46,6 +46,8 @@ struct TrainConfig {
   int threads = 0;
   // Keep only each block's inputs in forward and recompute the block in backward (model/activation_checkpoint.h).
   bool activation_checkpointing = false;
+  // A Kineto trace of steps [first, last] (1-based) per rank (train/step_profiler.h); empty: off.
+  std::vector<int64_t> profile_steps;
   bool shard_optimizer = false;  // data-parallel runs: ZeRO-1, each rank keeps the AdamW moments of its share
   // A step whose loss or gradient norm is not finite: stop (error, nothing of it saved) or skip it (no
   // update, logged with "skipped": true).
