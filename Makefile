@@ -59,12 +59,14 @@ bench: build
 	$(PY) bench/bench_tokenizer.py
 	$(PY) bench/bench_train.py
 	$(PY) bench/bench_generate.py
+	$(PY) bench/bench_decode_dtype.py
 	$(PY) bench/bench_threads.py
 	$(PY) bench/bench_downstream.py
 	$(PY) bench/bench_generation_eval.py
 	$(PY) bench/bench_dist.py
 	$(PY) bench/bench_serve.py
 	mkdir -p bench/results && $(BUILD)/bench_linear --out bench/results/linear-$$(date +%Y%m%d-%H%M%S).json
+	$(BUILD)/bench_linear --dtype bf16 --out bench/results/linear-bf16-$$(date +%Y%m%d-%H%M%S).json
 
 # libFuzzer targets of fuzz/ (clang, ASan + UBSan; docs/faults.md): FUZZ_SECONDS each.
 FUZZ_SECONDS ?= 300

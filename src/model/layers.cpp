@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "archspace/model/fused_norm_rope.h"
 #include "archspace/model/linear.h"
 
 namespace archspace {
@@ -9,6 +10,7 @@ namespace archspace {
 at::ScalarType compute_dtype(const at::Tensor& x) { return at::promote_types(x.scalar_type(), at::kFloat); }
 
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  if (uses_fused_rms_norm(x, weight)) return fused_rms_norm(x, weight, eps);  // inference on the CPU: one pass
   at::Tensor xf = x.to(compute_dtype(x));
   at::Tensor variance = xf.pow(2).mean(-1, /*keepdim=*/true);
   at::Tensor normed = xf * at::rsqrt(variance + eps);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "archspace/model/fused_norm_rope.h"
 #include "archspace/model/layers.h"
 
 namespace archspace {
@@ -57,6 +58,7 @@ std::pair<at::Tensor, at::Tensor> Rope::tables(const at::Tensor& positions) cons
 }
 
 at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  if (uses_fused_rope(x, cos, sin)) return fused_rope(x, cos, sin);  // inference on the CPU: one pass
   const int64_t half = x.size(-1) / 2;
   at::Tensor xf = x.to(compute_dtype(x));
   at::Tensor rotated = at::cat({-xf.narrow(-1, half, half), xf.narrow(-1, 0, half)}, -1);

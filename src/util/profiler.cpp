@@ -5,8 +5,8 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -51,7 +51,8 @@ std::vector<OpTime> op_self_times(std::vector<OpInterval> intervals) {
   std::vector<size_t> open;
   for (size_t i = 0; i < intervals.size(); ++i) {
     const OpInterval& op = intervals[i];
-    while (!open.empty() && (intervals[open.back()].thread != op.thread || intervals[open.back()].end_ns <= op.start_ns))
+    while (!open.empty() &&
+           (intervals[open.back()].thread != op.thread || intervals[open.back()].end_ns <= op.start_ns))
       open.pop_back();
     const double length = static_cast<double>(op.end_ns - op.start_ns);
     self[i] = length;

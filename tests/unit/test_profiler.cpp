@@ -27,8 +27,11 @@ TEST(Profiler, SelfTimeIsLengthMinusDirectChildrenPerThread) {
   // thread 1: A [0, 100) holds B [10, 40) (which holds C [20, 30)) and B [50, 60); thread 2: A [5, 25) alone,
   // overlapping thread 1's intervals in time but not nested in them.
   const auto ms = [](uint64_t x) { return x * 1000000; };
-  std::vector<OpInterval> in = {{"B", 1, ms(50), ms(60)}, {"C", 1, ms(20), ms(30)}, {"A", 1, ms(0), ms(100)},
-                                {"B", 1, ms(10), ms(40)}, {"A", 2, ms(5), ms(25)}};
+  std::vector<OpInterval> in = {{"B", 1, ms(50), ms(60)},
+                                {"C", 1, ms(20), ms(30)},
+                                {"A", 1, ms(0), ms(100)},
+                                {"B", 1, ms(10), ms(40)},
+                                {"A", 2, ms(5), ms(25)}};
   const std::vector<OpTime> ops = op_self_times(in);
   const OpTime &a = find(ops, "A"), &b = find(ops, "B"), &c = find(ops, "C");
   EXPECT_EQ(a.calls, 2);

@@ -18,9 +18,9 @@ struct OpTime {
 
 struct ProfileSummary {
   std::string trace_path, table_path;
-  double wall_ms = 0;            // from start to finish
-  std::vector<OpTime> top_ops;   // by self time, largest first
-  std::string table;             // top_ops as text (what table_path holds)
+  double wall_ms = 0;           // from start to finish
+  std::vector<OpTime> top_ops;  // by self time, largest first
+  std::string table;            // top_ops as text (what table_path holds)
 };
 
 // One profiled region. Starting a second while one runs is an error (Kineto has one global session).

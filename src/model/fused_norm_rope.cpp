@@ -1,0 +1,185 @@
+#include "archspace/model/fused_norm_rope.h"
+
+#include <ATen/Parallel.h>
+#include <ATen/core/grad_mode.h>
+
+#include <cmath>
+#include <cstring>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+// Built with -ffp-contract=off (CMakeLists.txt): a product and a sum stay two roundings, as in ATen's separate
+// ops, so fused_rope equals apply_rope exactly.
+
+namespace archspace {
+
+namespace {
+
+bool wants_grad(const at::Tensor& t) { return at::GradMode::is_enabled() && t.requires_grad(); }
+
+bool float_or_bf16(const at::Tensor& t) {
+  return t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16;
+}
+
+// Element i of a row as fp32.
+inline float load(const float* p, int64_t i) { return p[i]; }
+inline float load(const at::BFloat16* p, int64_t i) { return static_cast<float>(p[i]); }
+inline void store(float* p, int64_t i, float v) { p[i] = v; }
+inline void store(at::BFloat16* p, int64_t i, float v) { p[i] = at::BFloat16(v); }
+
+template <typename T>
+float sum_of_squares_scalar(const T* x, int64_t D) {
+  float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};  // the AVX2 path's lane order, so both paths sum alike
+  int64_t i = 0;
+  for (; i + 8 <= D; i += 8)
+    for (int l = 0; l < 8; ++l) {
+      const float v = load(x, i + l);
+      lanes[l] += v * v;
+    }
+  float s = ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
+  for (; i < D; ++i) {
+    const float v = load(x, i);
+    s += v * v;
+  }
+  return s;
+}
+
+#if defined(__x86_64__)
+__attribute__((target("avx2,fma"))) inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+__attribute__((target("avx2,fma"))) inline __m256 load8(const at::BFloat16* p) {
+  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
+
+template <typename T>
+__attribute__((target("avx2,fma"))) float sum_of_squares_avx2(const T* x, int64_t D) {
+  __m256 acc = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= D; i += 8) {
+    const __m256 v = load8(x + i);
+    acc = _mm256_add_ps(acc, _mm256_mul_ps(v, v));
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, acc);
+  float s = ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
+  for (; i < D; ++i) {
+    const float v = load(x, i);
+    s += v * v;
+  }
+  return s;
+}
+#endif
+
+template <typename T, typename W>
+void rms_norm_rows(const T* x, const W* w, T* y, int64_t rows, int64_t D, int64_t x_row_stride, float eps,
+                   CpuIsa isa) {
+  at::parallel_for(0, rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(D, 1)), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const T* xr = x + r * x_row_stride;
+      T* yr = y + r * D;
+#if defined(__x86_64__)
+      const float ss = isa >= CpuIsa::kAvx2 ? sum_of_squares_avx2(xr, D) : sum_of_squares_scalar(xr, D);
+#else
+      (void)isa;
+      const float ss = sum_of_squares_scalar(xr, D);
+#endif
+      // As the ATen form: mean = sum / D, then + eps, then 1 / sqrt, each in fp32.
+      const float variance = ss / static_cast<float>(D);
+      const float inv = 1.0f / std::sqrt(variance + eps);
+      for (int64_t i = 0; i < D; ++i) {
+        const float normed = load(xr, i) * inv;
+        store(yr, i, load(w, i) * normed);
+      }
+    }
+  });
+}
+
+template <typename T>
+void rope_rows(const T* x, T* y, const float* cos, const float* sin, int64_t B, int64_t H, int64_t Tn, int64_t h,
+               const int64_t x_strides[3], const int64_t y_strides[3], bool per_batch_tables) {
+  const int64_t half = h / 2;
+  // A decode step's rows are a few heads of one position: one thread, unless there is real work to share.
+  const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(Tn * h, 1));
+  at::parallel_for(0, B * H, grain, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) {
+      const int64_t b = p / H, hd = p % H;
+      for (int64_t t = 0; t < Tn; ++t) {
+        const T* xr = x + b * x_strides[0] + hd * x_strides[1] + t * x_strides[2];
+        T* yr = y + b * y_strides[0] + hd * y_strides[1] + t * y_strides[2];
+        const int64_t table_row = (per_batch_tables ? b * Tn : 0) + t;
+        const float* c = cos + table_row * h;
+        const float* s = sin + table_row * h;
+        for (int64_t i = 0; i < half; ++i) {
+          const float a = load(xr, i), bb = load(xr, i + half);
+          // rotate_half: (-x2, x1); (-x2) * s == -(x2 * s) exactly, as ATen's neg then mul gives
+          const float lo = a * c[i] + (-bb) * s[i];
+          const float hi = bb * c[i + half] + a * s[i + half];
+          store(yr, i, lo);
+          store(yr, i + half, hi);
+        }
+      }
+    }
+  });
+}
+
+}  // namespace
+
+bool uses_fused_rms_norm(const at::Tensor& x, const at::Tensor& weight) {
+  if (!x.device().is_cpu() || !weight.device().is_cpu()) return false;
+  if (!float_or_bf16(x) || !float_or_bf16(weight) || wants_grad(x) || wants_grad(weight)) return false;
+  if (x.dim() < 1 || weight.dim() != 1 || x.size(-1) != weight.size(0) || !weight.is_contiguous()) return false;
+  return x.stride(-1) == 1;
+}
+
+at::Tensor fused_rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, CpuIsa isa) {
+  TORCH_CHECK(uses_fused_rms_norm(x, weight), "fused_rms_norm: unsupported arguments");
+  isa = std::min(isa, detected_cpu_isa());
+  const int64_t D = x.size(-1);
+  // Rows of x: any leading layout whose rows are evenly spaced (a contiguous tensor, or a narrowed one).
+  at::Tensor xr = x.dim() == 1 ? x.unsqueeze(0) : x.reshape({-1, D});
+  if (xr.stride(-1) != 1) xr = xr.contiguous();
+  const int64_t rows = xr.size(0);
+  at::Tensor y = at::empty({rows, D}, x.options().memory_format(at::MemoryFormat::Contiguous));
+  const float e = static_cast<float>(eps);
+  auto run = [&](auto* xp, auto* yp) {
+    if (weight.scalar_type() == at::kFloat)
+      rms_norm_rows(xp, weight.const_data_ptr<float>(), yp, rows, D, xr.stride(0), e, isa);
+    else
+      rms_norm_rows(xp, weight.const_data_ptr<at::BFloat16>(), yp, rows, D, xr.stride(0), e, isa);
+  };
+  if (x.scalar_type() == at::kFloat)
+    run(xr.const_data_ptr<float>(), y.mutable_data_ptr<float>());
+  else
+    run(xr.const_data_ptr<at::BFloat16>(), y.mutable_data_ptr<at::BFloat16>());
+  return y.view(x.sizes());
+}
+
+bool uses_fused_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  if (!x.device().is_cpu() || !cos.device().is_cpu() || !sin.device().is_cpu()) return false;
+  if (!float_or_bf16(x) || cos.scalar_type() != at::kFloat || sin.scalar_type() != at::kFloat) return false;
+  if (wants_grad(x) || wants_grad(cos) || wants_grad(sin)) return false;
+  if (x.dim() != 4 || x.stride(3) != 1 || x.size(3) % 2 != 0) return false;
+  if (!cos.is_contiguous() || !sin.is_contiguous() || cos.sizes() != sin.sizes()) return false;
+  const int64_t B = x.size(0), T = x.size(2), h = x.size(3);
+  if (cos.dim() == 2) return cos.size(0) == T && cos.size(1) == h;
+  return cos.dim() == 4 && cos.size(0) == B && cos.size(1) == 1 && cos.size(2) == T && cos.size(3) == h;
+}
+
+at::Tensor fused_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  TORCH_CHECK(uses_fused_rope(x, cos, sin), "fused_rope: unsupported arguments");
+  at::Tensor y = at::empty_like(x);  // x's strides (a transposed [B, T, H, h] stays one)
+  if (y.stride(3) != 1) y = at::empty(x.sizes(), x.options());
+  const int64_t xs[3] = {x.stride(0), x.stride(1), x.stride(2)}, ys[3] = {y.stride(0), y.stride(1), y.stride(2)};
+  const bool per_batch = cos.dim() == 4;
+  if (x.scalar_type() == at::kFloat)
+    rope_rows(x.const_data_ptr<float>(), y.mutable_data_ptr<float>(), cos.const_data_ptr<float>(),
+              sin.const_data_ptr<float>(), x.size(0), x.size(1), x.size(2), x.size(3), xs, ys, per_batch);
+  else
+    rope_rows(x.const_data_ptr<at::BFloat16>(), y.mutable_data_ptr<at::BFloat16>(), cos.const_data_ptr<float>(),
+              sin.const_data_ptr<float>(), x.size(0), x.size(1), x.size(2), x.size(3), xs, ys, per_batch);
+  return y;
+}
+
+}  // namespace archspace
