@@ -251,8 +251,12 @@ at::Tensor CausalLM::forward(const at::Tensor& input_ids, const ForwardOptions& 
   // [T], or [B, T] for a left-padded batch (each row counts positions from its first real token).
   at::Tensor positions = options.cache ? options.cache->positions(T, device())
                                        : at::arange(T, at::TensorOptions().dtype(at::kLong).device(device()));
-  auto [sliding_cos, sliding_sin] = sliding_rope_.tables(positions);
-  auto [full_cos, full_sin] = full_rope_.tables(positions);
+  // With a cache (decoding, prefill into it) positions run late and repeat across calls: look the tables up.
+  const int64_t max_pos = config_.max_position_embeddings;
+  auto [sliding_cos, sliding_sin] =
+      options.cache ? sliding_rope_.cached_tables(positions, end, max_pos) : sliding_rope_.tables(positions);
+  auto [full_cos, full_sin] =
+      options.cache ? full_rope_.cached_tables(positions, end, max_pos) : full_rope_.tables(positions);
   if (positions.dim() == 2) {  // broadcast over heads: [B, 1, T, h]
     for (at::Tensor* table : {&sliding_cos, &sliding_sin, &full_cos, &full_sin}) *table = table->unsqueeze(1);
   }

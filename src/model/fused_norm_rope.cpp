@@ -19,9 +19,7 @@ namespace {
 
 bool wants_grad(const at::Tensor& t) { return at::GradMode::is_enabled() && t.requires_grad(); }
 
-bool float_or_bf16(const at::Tensor& t) {
-  return t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16;
-}
+bool float_or_bf16(const at::Tensor& t) { return t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16; }
 
 // Element i of a row as fp32.
 inline float load(const float* p, int64_t i) { return p[i]; }
@@ -73,8 +71,7 @@ __attribute__((target("avx2,fma"))) float sum_of_squares_avx2(const T* x, int64_
 #endif
 
 template <typename T, typename W>
-void rms_norm_rows(const T* x, const W* w, T* y, int64_t rows, int64_t D, int64_t x_row_stride, float eps,
-                   CpuIsa isa) {
+void rms_norm_rows(const T* x, const W* w, T* y, int64_t rows, int64_t D, int64_t x_row_stride, float eps, CpuIsa isa) {
   at::parallel_for(0, rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(D, 1)), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const T* xr = x + r * x_row_stride;

@@ -57,6 +57,30 @@ std::pair<at::Tensor, at::Tensor> Rope::tables(const at::Tensor& positions) cons
   return {emb.cos() * attention_factor, emb.sin() * attention_factor};
 }
 
+std::pair<at::Tensor, at::Tensor> Rope::cached_tables(const at::Tensor& positions, int64_t end,
+                                                      int64_t max_positions) const {
+  at::Tensor cos, sin;
+  {
+    std::lock_guard<std::mutex> lock(cache->mutex);
+    const bool same_device = cache->cos.defined() && cache->cos.device() == positions.device();
+    if (!same_device || cache->rows < end) {
+      int64_t rows = std::max<int64_t>(same_device ? cache->rows : 0, 64);
+      while (rows < end) rows *= 2;
+      rows = std::min(rows, std::max(max_positions, end));
+      auto [c, s] = tables(at::arange(rows, positions.options().dtype(at::kLong)));
+      cache->cos = c;
+      cache->sin = s;
+      cache->rows = rows;
+    }
+    cos = cache->cos;  // the tensors stay alive for this call even if another thread grows the cache
+    sin = cache->sin;
+  }
+  std::vector<int64_t> shape = positions.sizes().vec();
+  shape.push_back(cos.size(1));
+  const at::Tensor flat = positions.reshape({-1});
+  return {cos.index_select(0, flat).view(shape), sin.index_select(0, flat).view(shape)};
+}
+
 at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   if (uses_fused_rope(x, cos, sin)) return fused_rope(x, cos, sin);  // inference on the CPU: one pass
   const int64_t half = x.size(-1) / 2;

@@ -4,6 +4,7 @@
 #include <torch/csrc/autograd/profiler_kineto.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -24,6 +25,8 @@ using torch::profiler::impl::ProfilerState;
 
 namespace {
 
+std::atomic<bool> g_session_running{false};
+
 int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
       .count();
@@ -35,7 +38,17 @@ std::set<ActivityType> activities() {
   return a;
 }
 
-ProfilerConfig config() { return ProfilerConfig(ProfilerState::KINETO, /*report_input_shapes=*/true); }
+// Every thread's ops, not only the starting thread's: `serve` and `eval downstream` decode on the scheduler's
+// own thread.
+ProfilerConfig config() {
+  torch::profiler::impl::ExperimentalConfig experimental(/*profiler_metrics=*/{}, /*profiler_measure_per_kernel=*/false,
+                                                         /*verbose=*/false, /*performance_events=*/{},
+                                                         /*enable_cuda_sync_events=*/false,
+                                                         /*adjust_profiler_step=*/false,
+                                                         /*disable_external_correlation=*/false,
+                                                         /*profile_all_threads=*/true);
+  return ProfilerConfig(ProfilerState::KINETO, /*report_input_shapes=*/true, false, false, false, false, experimental);
+}
 
 }  // namespace
 
@@ -110,13 +123,19 @@ void OpProfiler::check_trace_path(const std::string& trace_path) {
 
 OpProfiler::OpProfiler(std::string trace_path) : trace_path_(std::move(trace_path)) {
   check_trace_path(trace_path_);
-  if (torch::profiler::impl::profilerEnabled())
+  // Kineto's own "enabled" is per thread; this process-wide flag is what keeps a second session out.
+  if (g_session_running.exchange(true))
     throw Error("profile: another profile is running in this process (Kineto has one session at a time)");
   // Without a GPU, Kineto logs "gpuGetDeviceCount failed" as an ERROR on every trace; it is not one. Its log
   // level is read from the environment when it initialises (a value the user set wins).
   if (!at::hasCUDA()) ::setenv("KINETO_LOG_LEVEL", "5", /*overwrite=*/0);
-  kineto::prepareProfiler(config(), activities());
-  kineto::enableProfiler(config(), activities());
+  try {
+    kineto::prepareProfiler(config(), activities());
+    kineto::enableProfiler(config(), activities());
+  } catch (...) {
+    g_session_running = false;
+    throw;
+  }
   start_ns_ = now_ns();
   running_ = true;
 }
@@ -127,6 +146,7 @@ OpProfiler::~OpProfiler() {
       kineto::disableProfiler();
     } catch (...) {  // a destructor during unwinding must not throw; the trace is lost either way
     }
+    g_session_running = false;
   }
 }
 
@@ -134,6 +154,7 @@ ProfileSummary OpProfiler::finish(int top) {
   if (!running_) throw Error("profile: finish() called twice for " + trace_path_);
   std::unique_ptr<kineto::ProfilerResult> result = kineto::disableProfiler();
   running_ = false;
+  g_session_running = false;
   ProfileSummary summary;
   summary.wall_ms = static_cast<double>(now_ns() - start_ns_) / 1e6;
   summary.trace_path = trace_path_;

@@ -159,3 +159,14 @@ def test_unwritable_profile_path_fails_before_the_work(model_dir, tmp_path):
         result = run_cli("generate", "--model", model_dir, "--prompt-tokens", "300 301", "--max-new-tokens", 2,
                          "--profile", bad, check=False)
         assert result.returncode != 0 and "--profile" in result.stderr and "decode" not in result.stderr, result.stderr
+
+
+def test_eval_downstream_profile_sees_the_scheduler_thread(model_dir, tmp_path):
+    """Generation tasks decode on the scheduler's own thread: the trace holds its spans and ops too."""
+    trace = tmp_path / "ds.pt.trace.json"
+    run_cli("eval", "downstream", "--model", model_dir, "--tasks", "gsm8k", "--limit", 2, "--batch-size", 2,
+            "--profile", trace)
+    events = chrome_events(trace)
+    assert count(events, "archspace::decode_step") > 0 and count(events, "archspace::prefill") == 2
+    threads = {e["tid"] for e in events if e["name"] == "archspace::decode_step"}
+    assert threads and all(e["tid"] in threads for e in events if e["name"] == "archspace::prefill")

@@ -4,6 +4,9 @@
 
 #include <ATen/ATen.h>
 
+#include <memory>
+#include <mutex>
+
 #include "archspace/config/model_config.h"
 
 namespace archspace {
@@ -18,6 +21,13 @@ struct YarnFrequencies {
 };
 YarnFrequencies yarn_inv_freq(int64_t head_dim, double theta, const YarnScaling& yarn);
 
+// Rope::cached_tables' tables (rows = positions 0 .. rows-1), guarded for the threads that share a model.
+struct RopeTableCache {
+  std::mutex mutex;
+  at::Tensor cos, sin;
+  int64_t rows = 0;
+};
+
 // The RoPE of one layer type: frequencies and the factor the tables carry.
 struct Rope {
   at::Tensor inv_freq;  // fp32 [h/2], on the CPU
@@ -25,6 +35,15 @@ struct Rope {
 
   // cos and sin tables, fp32 [..., h], for int64 positions [...] (e.g. [T] or [B, T]), on `positions`' device.
   std::pair<at::Tensor, at::Tensor> tables(const at::Tensor& positions) const;
+
+  // The same rows looked up in tables of positions 0 .. N-1 kept across calls (N grows by doubling to cover
+  // `end`, every position being below it, and stops at `max_positions`). For decoding: its positions are late
+  // in the sequence, where fp32 sin and cos of large angles take ATen's slow argument reduction (52 us for
+  // 128 values, every step, seen in a profile), while a lookup is a copy. Each row is tables() of its position.
+  std::pair<at::Tensor, at::Tensor> cached_tables(const at::Tensor& positions, int64_t end,
+                                                  int64_t max_positions) const;
+
+  std::shared_ptr<RopeTableCache> cache = std::make_shared<RopeTableCache>();  // shared by copies (same tables)
 };
 
 // Sliding layers always get plain RoPE; full layers get YaRN when config.rope_scaling is set.
