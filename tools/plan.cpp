@@ -16,6 +16,7 @@ namespace {
 struct PlanArgs {
   std::string preset, config, variant = "base", dtype = "bf16";
   int64_t world = 1, sequence_length = 0, micro_batch = 1, grad_accum = 1;
+  int64_t loss_chunk_tokens = kDefaultLossChunkTokens;
   bool shard_optimizer = false, activation_checkpointing = false, json = false;
   std::string device = "cuda";
   std::string gpu_memory;  // "80GiB": say whether the plan fits
@@ -63,7 +64,10 @@ void print_plan(const ModelConfig& c, const PlanOptions& o, const MemoryPlan& p)
           ? "block inputs, Depth-Attention " + human_bytes(p.depth_attention) + ", one block recomputed in backward " +
                 human_bytes(p.recompute)
           : "of which masks " + human_bytes(p.attention_masks) + ", Depth-Attention " + human_bytes(p.depth_attention));
-  row("  head and loss", p.head_and_loss, "final norm, logits [B, T, V], loss");
+  row("  head and loss", p.head_and_loss,
+      p.loss_chunk > 0 ? "final norm, head input, one chunk of " + std::to_string(o.loss_chunk_tokens) +
+                             " tokens' logits " + human_bytes(p.loss_chunk)
+                       : "final norm, logits [B, T, V], loss");
   row("  rope tables", p.rope_tables);
   row("total", p.total());
 }
@@ -80,6 +84,7 @@ int run(const PlanArgs& a) {
   o.dtype = parse_dtype(a.dtype, "--dtype");
   o.shard_optimizer = a.shard_optimizer;
   o.activation_checkpointing = a.activation_checkpointing;
+  o.loss_chunk_tokens = a.loss_chunk_tokens;
   if (a.device != "cuda" && a.device != "cpu")
     throw Error("--device: unknown device '" + a.device + "' (valid: cuda, cpu)");
   o.cuda = a.device == "cuda";
@@ -96,6 +101,7 @@ int run(const PlanArgs& a) {
                     {"dtype", dtype_name(o.dtype)},
                     {"shard_optimizer", o.shard_optimizer},
                     {"activation_checkpointing", o.activation_checkpointing},
+                    {"loss_chunk_tokens", o.loss_chunk_tokens},
                     {"device", a.device}};
     if (fit) {
       j["fit"] = {{"gpu_memory", fit->capacity}, {"fits", fit->fits()}, {"margin", fit->margin}};
@@ -130,6 +136,9 @@ Command add(CLI::App& parent) {
   app->add_flag("--shard-optimizer", a->shard_optimizer, "ZeRO-1: AdamW state divided over the ranks");
   app->add_flag("--activation-checkpointing", a->activation_checkpointing,
                 "train.activation_checkpointing: keep block inputs, recompute one block at a time in backward");
+  app->add_option("--loss-chunk-tokens", a->loss_chunk_tokens,
+                  "train.loss_chunk_tokens: the head and loss this many tokens at a time (0: all logits at once)")
+      ->capture_default_str();
   app->add_option("--device", a->device,
                   "cuda (bf16 attention through the flash kernel: sliding layers keep no masks) or cpu")
       ->check(CLI::IsMember({"cuda", "cpu"}))

@@ -224,6 +224,7 @@ ChoiceTexts read_keys(const toml::table& root, TrainConfig& c, const std::string
   train.get("spike", c.spike_policy);
   train.get("activation_checkpointing", c.activation_checkpointing);
   train.get("profile_steps", c.profile_steps);
+  train.get("loss_chunk_tokens", c.loss_chunk_tokens);
   train.check_unknown();
 
   Section optim(optim_t, "optim", path, schema);
@@ -421,6 +422,8 @@ void validate(TrainConfig& c, const ChoiceTexts& choices, const std::string& pat
   require(c.spike_policy == "record" || c.spike_policy == "skip" || c.spike_policy == "stop", "train.spike",
           "is an unknown policy '" + c.spike_policy + "' (valid: record, skip, stop)");
   require(c.grad_norm_interval >= 0, "train.grad_norm_interval", "must be >= 0 (0: off)");
+  require(c.loss_chunk_tokens >= 0, "train.loss_chunk_tokens",
+          "must be >= 0 (0: the logits of a whole micro-batch at once)");
   require(std::isfinite(c.spike_factor) && (c.spike_factor == 0 || c.spike_factor > 1), "train.spike_factor",
           "must be 0 (off) or a finite number > 1");
   require(c.spike_window >= 1, "train.spike_window", "must be >= 1");

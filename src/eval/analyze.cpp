@@ -9,6 +9,7 @@
 
 #include "archspace/model/depth_attention.h"
 #include "archspace/model/layers.h"
+#include "archspace/model/loss.h"
 #include "archspace/model/trace.h"
 #include "archspace/util/error.h"
 
@@ -41,17 +42,11 @@ std::vector<at::Tensor> lens_norms(const CausalLM& model, const std::string& str
 
 // Mean next-token cross-entropy of hidden states [N, T, d] (already through the final norms) against tokens.
 double next_token_loss(const CausalLM& model, const at::Tensor& final_hidden, const at::Tensor& tokens, int64_t chunk) {
-  const int64_t N = tokens.size(0), T = tokens.size(1), d = final_hidden.size(-1);
-  const at::Tensor h = final_hidden.narrow(1, 0, T - 1).reshape({N * (T - 1), d});
-  const at::Tensor targets = tokens.narrow(1, 1, T - 1).reshape({N * (T - 1)}).to(h.device());
-  double sum = 0;
-  for (int64_t start = 0; start < h.size(0); start += chunk) {
-    const int64_t len = std::min(chunk, h.size(0) - start);
-    const at::Tensor logits = model.head(h.narrow(0, start, len)).to(at::kFloat);
-    const at::Tensor picked = logits.gather(1, targets.narrow(0, start, len).unsqueeze(1)).squeeze(1);
-    sum += (logits.logsumexp(-1) - picked).sum().item<double>();
-  }
-  return sum / static_cast<double>(h.size(0));
+  const int64_t N = tokens.size(0), T = tokens.size(1);
+  const at::Tensor h = final_hidden.narrow(1, 0, T - 1);
+  const at::Tensor targets = tokens.narrow(1, 1, T - 1).to(h.device());
+  const LossSums sums = head_loss(h, model.head_weight(), targets, 0, chunk);
+  return sums.ce_sum.item<double>() / static_cast<double>(N * (T - 1));
 }
 
 // The most likely token at every position of hidden states [N, T, d] (already through the final norms): [N*T].

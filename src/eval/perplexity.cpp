@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "archspace/model/loss.h"
 #include "archspace/util/error.h"
 
 namespace archspace {
@@ -38,13 +39,17 @@ PerplexityResult perplexity(const CausalLM& model, const std::vector<int64_t>& t
     const int64_t new_tokens = end - prev_end;  // scored in this window: positions [end - new_tokens, end)
     at::Tensor ids =
         at::tensor(std::vector<int64_t>(tokens.begin() + begin, tokens.begin() + end), at::kLong).unsqueeze(0);
-    at::Tensor logits = model.forward(ids)[0].to(at::kFloat);  // [len, V]
-    // Position i predicts token i + 1; score targets at window positions max(1, len - new_tokens) .. len - 1.
+    ForwardOptions forward;
+    forward.final_hidden_only = true;
+    const at::Tensor hidden = model.forward(ids, forward)[0];  // [len, d]
+    // Position i predicts token i + 1; score targets at window positions max(1, len - new_tokens) .. len - 1,
+    // through the head only there and a chunk at a time (no [len, V] logits).
     const int64_t first_target = std::max<int64_t>(1, len - new_tokens);
     if (first_target < len) {
-      at::Tensor lp = at::log_softmax(logits.narrow(0, first_target - 1, len - first_target), -1);
-      at::Tensor targets = ids[0].narrow(0, first_target, len - first_target).to(logits.device());
-      r.nll_sum -= lp.gather(1, targets.unsqueeze(1)).sum().item<double>();
+      const at::Tensor targets = ids[0].narrow(0, first_target, len - first_target);
+      const at::Tensor lp = label_logprobs(hidden.narrow(0, first_target - 1, len - first_target), model.head_weight(),
+                                           targets, o.head_chunk);
+      r.nll_sum -= lp.sum().item<double>();
       r.scored_tokens += len - first_target;
     }
     ++r.windows;

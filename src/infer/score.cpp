@@ -6,6 +6,7 @@
 #include <numeric>
 #include <string>
 
+#include "archspace/model/loss.h"
 #include "archspace/util/error.h"
 
 namespace archspace {
@@ -87,14 +88,11 @@ void score_batch(const CausalLM& model, const std::vector<ScoreRequest>& request
   // Results per row, then handed out to the sequences in row order.
   std::vector<TokenLogprob> scored(rows.size());
   std::vector<at::Tensor> next_rows(rows.size());
-  const auto total = static_cast<int64_t>(rows.size());
   const at::Tensor rows_t = at::tensor(rows, at::kLong).to(model.device());
-  const at::Tensor targets_t = at::tensor(targets, at::kLong).clamp_min(0).to(model.device());
-  for (int64_t start = 0; start < total; start += options.head_chunk) {
-    const int64_t len = std::min(options.head_chunk, total - start);
-    const at::Tensor logprobs =
-        at::log_softmax(model.head(flat.index_select(0, rows_t.narrow(0, start, len))).to(at::kFloat), -1);
-    const at::Tensor picked = logprobs.gather(1, targets_t.narrow(0, start, len).unsqueeze(1)).squeeze(1).cpu();
+  // The chosen rows through the head, a chunk at a time (model/loss.h); the visitor reads what else of each
+  // chunk's distribution is asked for.
+  auto visit = [&](int64_t start, const at::Tensor& logprobs) {
+    const int64_t len = logprobs.size(0);
     const at::Tensor argmax = logprobs.argmax(-1).cpu();
     at::Tensor top_values, top_ids;
     if (options.top_logprobs > 0) {
@@ -102,7 +100,6 @@ void score_batch(const CausalLM& model, const std::vector<ScoreRequest>& request
       top_values = top_values.cpu();
       top_ids = top_ids.cpu();
     }
-    const auto picked_a = picked.accessor<float, 1>();
     const auto argmax_a = argmax.accessor<int64_t, 1>();
     for (int64_t i = 0; i < len; ++i) {
       const int64_t row = start + i;
@@ -110,7 +107,6 @@ void score_batch(const CausalLM& model, const std::vector<ScoreRequest>& request
       if (targets[row] < 0) {
         next_rows[row] = logprobs[i].cpu().clone();
       } else {
-        s.logprob = picked_a[i];
         s.greedy = argmax_a[i] == targets[row];
       }
       if (options.top_logprobs > 0) {
@@ -120,7 +116,13 @@ void score_batch(const CausalLM& model, const std::vector<ScoreRequest>& request
         for (int64_t j = 0; j < v.size(0); ++j) s.top.emplace_back(static_cast<uint32_t>(k[j]), v[j]);
       }
     }
-  }
+  };
+  const at::Tensor picked = label_logprobs(flat.index_select(0, rows_t), model.head_weight(),
+                                           at::tensor(targets, at::kLong), options.head_chunk, visit)
+                                .cpu();
+  const auto picked_a = picked.accessor<float, 1>();
+  for (size_t row = 0; row < rows.size(); ++row)
+    if (targets[row] >= 0) scored[row].logprob = picked_a[row];
   size_t row = 0;
   for (int64_t b = 0; b < B; ++b) {
     const ScoreRequest& q = requests[batch[b]];

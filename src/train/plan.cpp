@@ -138,6 +138,8 @@ void PlanOptions::validate() const {
   positive(sequence_length, "--sequence-length");
   positive(micro_batch, "--micro-batch");
   positive(grad_accum, "--grad-accum");
+  if (loss_chunk_tokens < 0)
+    throw Error("--loss-chunk-tokens must be >= 0 (0: unchunked), got " + std::to_string(loss_chunk_tokens));
 }
 
 int64_t layer_activation_bytes(const ModelConfig& c, const PlanOptions& o, int64_t layer) {
@@ -204,11 +206,23 @@ MemoryPlan plan_memory(const ModelConfig& c, const PlanOptions& o) {
     for (int64_t l = 0; l < L; ++l) p.layer_activations += layer_activation_bytes(c, o, l);
   }
 
-  // Final norm(s), the LM head's input, the logits, the loss (loss.cpp): logits in fp32 (the bf16 logits
-  // stay alive in the trainer too), logsumexp [N], the gather index (int64) and the label mask.
+  // Final norm(s), the LM head's input, the logits, the loss (model/loss.cpp). Unchunked: logits in fp32
+  // (the bf16 logits stay alive in the trainer too), logsumexp [N], the gather index (int64) and the label
+  // mask. Chunked (N > loss_chunk_tokens): the head's input in the matmul dtype (as the linear keeps it) and
+  // one fp32 log-sum-exp per row, plus one chunk's working set, the larger of the forward's (its fp32 logits
+  // and log-sum-exp's exp(logits - max) of the same size) and, under autocast, the backward's (the chunk's
+  // bf16 logit gradient and its bf16 [V, d] weight-gradient product; fp32 forms that in place). Counting
+  // every token as labelled: the copies of the labelled rows' labels and indices that SFT masks (and a
+  // window's last position) make are at most 16 bytes a token more.
   int64_t head = (siamese(c) ? 3 : 1) * rms_norm_saved(w.d) + b.linear_input(1) * w.d;
-  head += (b.bf16 ? 2 + 4 : 4) * w.vocab + 4 + 8 + 4;
-  p.head_and_loss = head * N;
+  const int64_t chunk = o.loss_chunk_tokens;
+  if (chunk > 0 && N > chunk) {
+    p.loss_chunk = std::max(2 * 4 * chunk * w.vocab, b.bf16 ? 2 * chunk * w.vocab + 2 * w.vocab * w.d : 0);
+    p.head_and_loss = (head + 4) * N + p.loss_chunk;
+  } else {
+    head += (b.bf16 ? 2 + 4 : 4) * w.vocab + 4 + 8 + 4;
+    p.head_and_loss = head * N;
+  }
   p.rope_tables = 4 * 4 * T * w.head_dim;  // cos and sin, sliding and full, [T, head_dim] fp32
 
   p.activations = p.layer_activations + p.head_and_loss + p.rope_tables;
@@ -231,6 +245,7 @@ nlohmann::json MemoryPlan::to_json() const {
             {"depth_attention", depth_attention},
             {"recompute", recompute},
             {"head_and_loss", head_and_loss},
+            {"loss_chunk", loss_chunk},
             {"rope_tables", rope_tables}}}};
 }
 

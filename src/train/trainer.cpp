@@ -487,14 +487,16 @@ StepStats Trainer::train_step(int64_t step) {
   double ce = 0, z = 0;
   for (size_t m = 0; m < micro.size(); ++m) {
     const Batch& b = micro[m];
-    at::Tensor logits;
+    LossSums sums;
     {
+      // The head runs in the loss (model/loss.h: chunk by chunk), under the forward's autocast.
       AutocastGuard autocast(autocast_, device_.type());
       ForwardOptions forward;
       forward.activation_checkpointing = cfg_.activation_checkpointing;
-      logits = model_->forward(b.input_ids.to(device_), forward);
+      forward.final_hidden_only = true;
+      sums = head_loss(model_->forward(b.input_ids.to(device_), forward), model_->head_weight(), b.labels.to(device_),
+                       cfg_.z_loss, cfg_.loss_chunk_tokens);
     }
-    const LossSums sums = next_token_loss(logits, b.labels.to(device_), cfg_.z_loss);
     at::Tensor loss = (sums.ce_sum + sums.z_sum) / static_cast<double>(labelled);
     if (!reducer_) {
       loss.backward();
@@ -603,7 +605,10 @@ double Trainer::evaluate() {
   int64_t count = 0;
   for (int64_t b = 0; b < batches; ++b) {
     const Batch batch = window_batch(*valid_loader_, b * B, std::min<int64_t>(B, instances));
-    const LossSums s = next_token_loss(model_->forward(batch.input_ids.to(device_)), batch.labels.to(device_), 0);
+    ForwardOptions forward;
+    forward.final_hidden_only = true;
+    const LossSums s = head_loss(model_->forward(batch.input_ids.to(device_), forward), model_->head_weight(),
+                                 batch.labels.to(device_), 0, cfg_.loss_chunk_tokens);
     loss += s.ce_sum.item<double>();
     count += s.count;
   }

@@ -112,7 +112,7 @@ def test_plan_counts_one_chunk_of_the_loss():
     """The head and loss row with train.loss_chunk_tokens' default (1024) against --loss-chunk-tokens 0: the
     unchunked row holds the logits [T, V] (bf16 and fp32), the chunked one chunk's working set, so the two
     differ by more than the fp32 logits of the T - 1024 other positions."""
-    base = ["plan", "--preset", "1B", "--sequence-length", "65536"]
+    base = ["--preset", "1B", "--sequence-length", "65536"]
     chunked, whole = plan_json(*base), plan_json(*base, "--loss-chunk-tokens", "0")
     V, T, d = 100278, 65536, 2048
     a, b = chunked["activation_bytes"], whole["activation_bytes"]
@@ -120,8 +120,8 @@ def test_plan_counts_one_chunk_of_the_loss():
     assert a["loss_chunk"] == max(8 * 1024 * V, 2 * 1024 * V + 2 * V * d) and b["loss_chunk"] == 0
     assert b["head_and_loss"] - a["head_and_loss"] > (T - 1024) * V * 4
     assert whole["bytes"]["total"] - chunked["bytes"]["total"] == b["head_and_loss"] - a["head_and_loss"]
-    assert "one chunk of 1024 tokens" in run_cli(*base).stdout
+    assert "one chunk of 1024 tokens" in run_cli("plan", *base).stdout
     # A micro-batch of at most one chunk runs unchunked: the same figures either way.
-    short = ["plan", "--preset", "1B", "--sequence-length", "1024"]
+    short = ["--preset", "1B", "--sequence-length", "1024"]
     assert plan_json(*short)["bytes"] == plan_json(*short, "--loss-chunk-tokens", "0")["bytes"]
-    expect_error([*base, "--loss-chunk-tokens", "-1"], "--loss-chunk-tokens")
+    expect_error(["plan", *base, "--loss-chunk-tokens", "-1"], "--loss-chunk-tokens")

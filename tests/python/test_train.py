@@ -68,8 +68,9 @@ def base_sections(tmp_path, model_dir, run="run", **overrides):
     s = {
         "model": {"init_from": str(model_dir)},
         "data": {"train": str(tmp_path / "shards"), "shuffle": False},
+        # loss_chunk_tokens 7 < the 32 tokens of a micro-batch: the chunked head + loss (ragged last chunk).
         "train": {"run_dir": str(tmp_path / run), "sequence_length": 16, "micro_batch": 2, "grad_accum": 2,
-                  "max_steps": 5, "seed": 0, "threads": 2},
+                  "max_steps": 5, "seed": 0, "threads": 2, "loss_chunk_tokens": 7},
         "optim": {"lr": 1e-2, "warmup_steps": 2, "final_lr_factor": 0.1, "weight_decay": 0.1, "clip_grad_norm": 0.5,
                   "z_loss": 1e-4},
         "debug": {"dump_gradients_steps": 2},
@@ -123,8 +124,9 @@ def reference_training(model, tokens, steps, seq=16, global_batch=4, micro=2, lr
     return losses, grads
 
 
-@pytest.mark.parametrize("variant", ["base", "siamese_depth"])
-def test_losses_and_gradients_match_pytorch(variant, tmp_path):
+@pytest.mark.parametrize("variant,chunk", [("base", 7), ("siamese_depth", 7), ("base", 0)])
+def test_losses_and_gradients_match_pytorch(variant, chunk, tmp_path):
+    """The chunked head + loss (7 tokens a chunk) and the unchunked one (0) within the same bounds."""
     tokens = synthetic_tokens(2000)
     write_shards(tmp_path / "shards", tokens)
     if variant == "base":
@@ -132,7 +134,8 @@ def test_losses_and_gradients_match_pytorch(variant, tmp_path):
     else:
         model = save_random_variant(tmp_path / "init", depth_attention_recent_window=1)
     model.train()
-    run_cli("train", "--config", write_toml(tmp_path / "run.toml", base_sections(tmp_path, tmp_path / "init")))
+    run_cli("train", "--config", write_toml(tmp_path / "run.toml", base_sections(tmp_path, tmp_path / "init")),
+            "--set", f"train.loss_chunk_tokens={chunk}")
     got = [m["loss"] for m in metrics(tmp_path / "run")]
     import copy
 

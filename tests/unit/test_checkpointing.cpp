@@ -8,8 +8,8 @@
 #include <cstdio>
 
 #include "archspace/model/causal_lm.h"
+#include "archspace/model/loss.h"
 #include "archspace/train/autocast.h"
-#include "archspace/train/loss.h"
 
 namespace archspace {
 namespace {

@@ -8,8 +8,8 @@
 #include <cstdio>
 
 #include "archspace/model/causal_lm.h"
+#include "archspace/model/loss.h"
 #include "archspace/model/parameters.h"
-#include "archspace/train/loss.h"
 #include "archspace/train/plan.h"
 #include "test_support.h"
 
@@ -100,11 +100,13 @@ class CountingAllocator final : public c10::Allocator {
     c10::DataPtr d = inner_->allocate(n);
     void* data = d.get();
     const c10::Device device = d.device();
-    live_ += static_cast<int64_t>(n);
+    peak_ = std::max(peak_.load(), live_ += static_cast<int64_t>(n));
     return {data, new Context{std::move(d), static_cast<int64_t>(n), this}, &release, device};
   }
   void copy_data(void* dest, const void* src, std::size_t count) const override { default_copy_data(dest, src, count); }
   int64_t live() const { return live_; }
+  int64_t peak() const { return peak_; }
+  void reset_peak() { peak_ = live_.load(); }
 
  private:
   struct Context {
@@ -118,33 +120,43 @@ class CountingAllocator final : public c10::Allocator {
     delete c;
   }
   c10::Allocator* inner_;
-  std::atomic<int64_t> live_{0};
+  std::atomic<int64_t> live_{0}, peak_{0};
 };
 
+CountingAllocator& counter() {
+  static CountingAllocator counting(c10::GetCPUAllocator());
+  return counting;
+}
+
 // Bytes alive after one training forward and the loss (what the trainer holds until backward), minus
-// what was alive before: the activations autograd keeps, plus the logits.
-int64_t measured_activations(const ModelConfig& c, int64_t B, int64_t T, bool checkpointing = false) {
+// what was alive before: the activations autograd keeps, plus the logits (unless the loss is chunked).
+int64_t measured_activations(const ModelConfig& c, int64_t B, int64_t T, bool checkpointing = false,
+                             int64_t loss_chunk = 0) {
   CausalLM model = CausalLM::random_init(c, 1);
   for (const auto& [name, p] : model.parameters()) p.requires_grad_(true);
   at::Tensor ids = at::randint(c.vocab_size, {B, T}, at::kLong);
   at::Tensor labels = at::randint(c.vocab_size, {B, T}, at::kLong);
-  static CountingAllocator counter(c10::GetCPUAllocator());
   c10::Allocator* previous = c10::GetCPUAllocator();
-  c10::SetCPUAllocator(&counter, /*priority=*/255);
-  const int64_t before = counter.live();
+  c10::SetCPUAllocator(&counter(), /*priority=*/255);
+  const int64_t before = counter().live();
   int64_t kept = 0;
   {
+    // As the Trainer runs it: the final hidden states into the loss, which applies the head.
     ForwardOptions options;
     options.activation_checkpointing = checkpointing;
-    at::Tensor logits = model.forward(ids, options);
-    LossSums sums = next_token_loss(logits, labels, c.vocab_z_loss_coeff);
+    options.final_hidden_only = true;
+    LossSums sums =
+        head_loss(model.forward(ids, options), model.head_weight(), labels, c.vocab_z_loss_coeff, loss_chunk);
     at::Tensor loss = sums.ce_sum + sums.z_sum;
-    kept = counter.live() - before;
+    kept = counter().live() - before;
     loss.backward();  // the graph is whole: backward runs
   }
   c10::SetCPUAllocator(previous, 255);
   return kept;
 }
+
+// What the final RMSNorm keeps per token (plan.cpp's rms_norm_saved): its input, the normalised product, the rsqrt.
+int64_t rms_norm_bytes_per_token(int64_t d) { return 4 * d + 4 * d + 4; }
 
 // A small MHA model (the OLMo-core presets are MHA; CPU SDPA's flash kernel handles GQA by expanding
 // k/v, which the plan does not model) with window 8, so T = 6, 12 and 40 take the three attention paths
@@ -161,18 +173,68 @@ ModelConfig small_mha(Variant v) {
 // room for a LibTorch version that saves an extra small tensor, and still fails on any missed or
 // double-counted [N, d] tensor (>= 2% of these totals). bf16 autocast and the CUDA kernels are not
 // measured here (no GPU in the unit tests): their figures rest on the same account (plan.cpp).
+// The chunked loss (chunk 5 < N) keeps the head's input and a log-sum-exp per row instead of the logits;
+// its one chunk's working set (MemoryPlan::loss_chunk) is gone again after the forward.
 TEST(Plan, ActivationEstimateMatchesWhatAutogradKeeps) {
   for (Variant v : {Variant::kBase, Variant::kSiameseDepth}) {
     for (int64_t T : {6, 12, 40}) {
-      const ModelConfig c = small_mha(v);
-      const int64_t B = 2;
-      const int64_t measured = measured_activations(c, B, T);
-      const MemoryPlan p = plan_memory(c, options(1, T, B, DType::kFp32));
-      std::printf("%s T=%ld: estimated %ld measured %ld (%+.2f%%)\n", variant_name(v), long(T), long(p.activations),
-                  long(measured), 100.0 * (p.activations - measured) / measured);
-      EXPECT_NEAR(static_cast<double>(p.activations) / measured, 1.0, 0.01) << variant_name(v) << " T=" << T;
+      for (int64_t chunk : {0, 5}) {
+        const ModelConfig c = small_mha(v);
+        const int64_t B = 2;
+        const int64_t measured = measured_activations(c, B, T, false, chunk);
+        PlanOptions o = options(1, T, B, DType::kFp32);
+        o.loss_chunk_tokens = chunk;
+        const MemoryPlan p = plan_memory(c, o);
+        EXPECT_EQ(p.loss_chunk > 0, chunk > 0);
+        const int64_t kept = p.activations - p.loss_chunk;
+        std::printf("%s T=%ld loss chunk %ld: estimated %ld measured %ld (%+.2f%%)\n", variant_name(v), long(T),
+                    long(chunk), long(kept), long(measured), 100.0 * (kept - measured) / measured);
+        EXPECT_NEAR(static_cast<double>(kept) / measured, 1.0, 0.01) << variant_name(v) << " T=" << T << " " << chunk;
+      }
     }
   }
+}
+
+// Peak bytes while the head and the loss run forward and backward, from the final hidden states [N, d]
+// (a leaf, so the model's blocks are not in the figure) to their gradient and the head's. The unchunked form
+// holds the fp32 logits [N, V] at least (and their gradient); the chunked form one chunk's: its peak must
+// be lower by at least the fp32 logits of the N - chunk other rows, (N - chunk) x V x 4 bytes, and it must
+// stay within the plan's account: what the loss keeps (head_and_loss - loss_chunk, less the final norm the
+// leaf stands for), its chunk's working set (loss_chunk) and the two gradients it returns (h's, W's: fp32).
+TEST(Plan, ChunkedLossPeakIsOneChunk) {
+  const int64_t N = 384, d = 16, V = 3000, chunk = 32;
+  at::manual_seed(1);
+  const at::Tensor w = (at::randn({V, d}) * 0.1).requires_grad_(true);
+  const at::Tensor labels = at::randint(V, {N}, at::kLong);
+  auto peak = [&](int64_t loss_chunk) {
+    at::Tensor h = at::randn({N, d}).requires_grad_(true);
+    c10::Allocator* previous = c10::GetCPUAllocator();
+    c10::SetCPUAllocator(&counter(), /*priority=*/255);
+    counter().reset_peak();
+    const int64_t before = counter().live();
+    {
+      LossSums s = head_loss(h, w, labels, 1e-4, loss_chunk);
+      (s.ce_sum + s.z_sum).backward();
+    }
+    const int64_t bytes = counter().peak() - before;
+    c10::SetCPUAllocator(previous, 255);
+    w.mutable_grad().reset();
+    return bytes;
+  };
+  const int64_t unchunked = peak(0), chunked = peak(chunk);
+  const int64_t saving = (N - chunk) * V * 4;
+  std::printf("head + loss peak: unchunked %ld, chunked %ld (chunk %ld), difference %ld >= %ld\n", long(unchunked),
+              long(chunked), long(chunk), long(unchunked - chunked), long(saving));
+  EXPECT_GE(unchunked - chunked, saving);
+  ModelConfig c = preset("tiny");
+  c.hidden_size = d;
+  c.vocab_size = V;
+  c.padded_vocab_size = 3072;
+  PlanOptions o = options(1, N, 1, DType::kFp32);
+  o.loss_chunk_tokens = chunk;
+  const MemoryPlan p = plan_memory(c, o);
+  const int64_t account = p.head_and_loss - rms_norm_bytes_per_token(d) * N + 4 * (N * d + V * d);
+  EXPECT_LE(chunked, account);
 }
 
 // With activation checkpointing autograd keeps the blocks' inputs, Depth-Attention's crossing keys and

@@ -12,9 +12,9 @@
 #include <functional>
 
 #include "archspace/config/train_config.h"
+#include "archspace/model/loss.h"
 #include "archspace/train/autocast.h"
 #include "archspace/train/batches.h"
-#include "archspace/train/loss.h"
 #include "archspace/train/metrics_log.h"
 #include "archspace/train/optimizer.h"
 #include "archspace/train/run_tokenizer.h"

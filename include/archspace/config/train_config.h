@@ -12,6 +12,10 @@
 
 namespace archspace {
 
+// train.loss_chunk_tokens' default: 1,024 x 100,278 fp32 logits are 392 MiB, and a [1024, d] x [d, V] matmul
+// is still large enough to run at full speed on a GPU.
+inline constexpr int64_t kDefaultLossChunkTokens = 1024;
+
 struct TrainConfig {
   std::string source;  // the TOML file, for messages
   // The configuration as run, as TOML text: the file's own bytes, or (after --set overrides or a
@@ -48,6 +52,9 @@ struct TrainConfig {
   bool activation_checkpointing = false;
   // A Kineto trace of steps [first, last] (1-based) per rank (train/step_profiler.h); empty: off.
   std::vector<int64_t> profile_steps;
+  // The head and loss a chunk of this many labelled tokens at a time, when a micro-batch has more tokens
+  // (model/loss.h head_loss): logits of one chunk instead of [micro_batch x sequence_length, vocab]. 0: unchunked.
+  int64_t loss_chunk_tokens = kDefaultLossChunkTokens;
   bool shard_optimizer = false;  // data-parallel runs: ZeRO-1, each rank keeps the AdamW moments of its share
   // A step whose loss or gradient norm is not finite: stop (error, nothing of it saved) or skip it (no
   // update, logged with "skipped": true).

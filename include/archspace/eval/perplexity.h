@@ -8,13 +8,15 @@
 #include <functional>
 #include <vector>
 
+#include "archspace/config/train_config.h"
 #include "archspace/model/causal_lm.h"
 
 namespace archspace {
 
 struct PerplexityOptions {
-  int64_t context = 0;  // 0: min(max_position_embeddings, 4096)
-  int64_t stride = 0;   // 0: context
+  int64_t context = 0;                           // 0: min(max_position_embeddings, 4096)
+  int64_t stride = 0;                            // 0: context
+  int64_t head_chunk = kDefaultLossChunkTokens;  // positions per output-head matmul (model/loss.h label_logprobs)
 };
 
 struct PerplexityResult {

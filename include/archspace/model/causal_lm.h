@@ -62,6 +62,8 @@ class CausalLM {
   at::Tensor forward(const at::Tensor& input_ids, const ForwardOptions& options = {}) const;
   // The output head: final normalised hidden states [..., d] -> logits [..., vocab_size].
   at::Tensor head(const at::Tensor& final_hidden) const;
+  // The head's weight [vocab_size, d]: what model/loss.h multiplies a chunk of rows at a time.
+  const at::Tensor& head_weight() const { return weights_.lm_head; }
 
   // Each layer's weights as its block reads them, bound from parameters() through the tables of
   // model/parameters.h (the norms of the config's topology; the others are undefined).

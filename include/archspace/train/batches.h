@@ -11,10 +11,9 @@
 
 #include "archspace/chat/chat.h"
 #include "archspace/data/instance_loader.h"
+#include "archspace/model/loss.h"  // kIgnoreIndex
 
 namespace archspace {
-
-constexpr int64_t kIgnoreIndex = -100;  // label of positions without loss (as torch's cross_entropy)
 
 struct Batch {
   at::Tensor input_ids;  // [B, T] int64

@@ -6,7 +6,8 @@
 //
 // Activations are what autograd keeps alive after one micro-batch's forward and loss, before its
 // backward: the tensors each op of THIS engine's forward saves (src/model/causal_lm.cpp, layers.cpp,
-// depth_attention.cpp, rope.cpp, train/loss.cpp), counted once per storage. The per-op account is in
+// depth_attention.cpp, rope.cpp, model/loss.cpp), counted once per storage; and for the chunked loss one
+// chunk's working set, the loss's transient peak (MemoryPlan::loss_chunk). The per-op account is in
 // src/train/plan.cpp; tests/unit/test_plan.cpp measures the real figure with a counting CPU allocator.
 #pragma once
 
@@ -17,6 +18,7 @@
 
 #include "archspace/config/choices.h"
 #include "archspace/config/model_config.h"
+#include "archspace/config/train_config.h"
 
 namespace archspace {
 
@@ -31,6 +33,9 @@ struct PlanOptions {
   // CUDA: bf16 attention runs the flash kernel, which takes the window itself, so sliding layers keep no
   // masks (model/layers.h attention_path). CPU (and fp32 on CUDA): SDPA with masks, as counted below.
   bool cuda = false;
+  // train.loss_chunk_tokens: the head and loss a chunk of this many tokens at a time when a micro-batch has
+  // more (model/loss.h head_loss); 0: the whole micro-batch's logits at once.
+  int64_t loss_chunk_tokens = kDefaultLossChunkTokens;
 
   // Throws archspace::Error naming the flag (`--world`, ...) of the first value out of range.
   void validate() const;
@@ -54,7 +59,10 @@ struct MemoryPlan {
   int64_t attention_masks = 0;  // sliding-window masks built when T > window (O(T^2) for T <= 2 window)
   int64_t depth_attention = 0;  // Depth-Attention's stacked keys/values and weights (in layer_activations)
   int64_t head_and_loss = 0;    // final norm(s), LM-head input, logits [B, T, V] and the loss's tensors
-  int64_t rope_tables = 0;      // cos/sin tables, sliding and full
+  // Chunked loss: one chunk's logits working set, part of head_and_loss; it exists only while the loss's
+  // forward or backward runs a chunk, so what autograd keeps between them is activations - recompute - loss_chunk.
+  int64_t loss_chunk = 0;
+  int64_t rope_tables = 0;  // cos/sin tables, sliding and full
 
   int64_t total() const { return parameters + gradients + optimizer_state + autocast_weights + activations; }
   nlohmann::json to_json() const;

@@ -1,0 +1,185 @@
+#include "archspace/model/loss.h"
+
+#include <ATen/autocast_mode.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <string>
+
+#include "archspace/model/linear.h"
+#include "archspace/util/error.h"
+
+namespace archspace {
+
+LossSums next_token_loss(const at::Tensor& logits, const at::Tensor& labels, double z_loss_coeff) {
+  const int64_t V = logits.size(-1);
+  at::Tensor flat = logits.reshape({-1, V});
+  flat = flat.to(flat.scalar_type() == at::kDouble ? at::kDouble : at::kFloat);
+  at::Tensor target = labels.reshape({-1});
+  at::Tensor valid = target != kIgnoreIndex;
+  at::Tensor lse = at::logsumexp(flat, -1);
+  at::Tensor picked = flat.gather(1, target.clamp_min(0).unsqueeze(1)).squeeze(1);
+  at::Tensor mask = valid.to(flat.scalar_type());
+  return {((lse - picked) * mask).sum(), (lse.pow(2) * mask).sum() * z_loss_coeff, valid.sum().item<int64_t>()};
+}
+
+namespace {
+
+// The dtype the head's matmul runs in: autocast's where it is on for the device and would cast h (a
+// floating tensor, not fp64), as at::linear's autocast wrapper decides; else the operands' own.
+at::ScalarType matmul_dtype(const at::Tensor& h, const at::Tensor& w) {
+  const c10::DeviceType device = h.device().type();
+  if (at::autocast::is_autocast_enabled(device) && h.is_floating_point() && h.scalar_type() != at::kDouble)
+    return at::autocast::get_autocast_dtype(device);
+  if (h.scalar_type() != w.scalar_type()) {
+    throw Error(std::string("head_loss: the hidden states are ") + c10::toString(h.scalar_type()) +
+                " and the head weight " + c10::toString(w.scalar_type()) + " (without autocast they must match)");
+  }
+  return h.scalar_type();
+}
+
+// The logits, log-sum-exps and gradients are fp32 (fp64 for an fp64 check), whatever the matmul dtype.
+at::ScalarType accumulate_dtype(at::ScalarType matmul) { return matmul == at::kDouble ? at::kDouble : at::kFloat; }
+
+// One autograd node for the head's linear and the loss over chunks of the labelled rows.
+//
+// Recompute, not Liger's gradients-in-forward: Liger's fused linear cross-entropy forms grad_h [N, D] and
+// grad_W [V, D] during the forward and keeps them until backward, which costs no extra matmul but keeps an
+// fp32 [V, D] (783 MiB for the 1B head) and [N, D] from forward to backward, and it fixes the gradient's
+// mix of the two outputs (cross-entropy and z-loss) before their output gradients are known. Keeping h, the
+// labels and one log-sum-exp per row and recomputing each chunk's logits in backward keeps O(N) besides h
+// (which the unchunked linear keeps too), works for any output gradients, and costs one [N, D] x [D, V]
+// matmul more: a third of the head's unchunked forward + backward.
+struct ChunkedHeadLoss : torch::autograd::Function<ChunkedHeadLoss> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& hidden,
+                                                const at::Tensor& weight, const at::Tensor& labels, double z_loss_coeff,
+                                                int64_t chunk) {
+    const at::ScalarType mm = matmul_dtype(hidden, weight), acc = accumulate_dtype(mm);
+    // The casts are made here explicitly, as autocast would make them; nothing below may autocast again.
+    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+    const int64_t D = hidden.size(-1);
+    const at::Tensor h = hidden.detach().reshape({-1, D});
+    const int64_t N = h.size(0);
+    const at::Tensor target = labels.reshape({-1}).to(h.device(), at::kLong);
+    const at::Tensor valid = target != kIgnoreIndex;
+    const at::Tensor rows = valid.nonzero().squeeze(1);
+    const int64_t n = rows.size(0);
+    const bool all = n == N;
+    // Only labelled rows go through the head (SFT masks most of a sequence).
+    const at::Tensor hs = (all ? h : h.index_select(0, rows)).to(mm);
+    const at::Tensor w = weight.detach().to(mm);
+    const at::Tensor ts = all ? target : target.index_select(0, rows);
+    at::Tensor lse = at::empty({n}, h.options().dtype(acc)), picked = at::empty({n}, h.options().dtype(acc));
+    for (int64_t s = 0; s < n; s += chunk) {
+      const int64_t c = std::min(chunk, n - s);
+      const at::Tensor logits = at::linear(hs.narrow(0, s, c), w).to(acc);
+      lse.narrow(0, s, c).copy_(at::logsumexp(logits, -1));
+      picked.narrow(0, s, c).copy_(logits.gather(1, ts.narrow(0, s, c).unsqueeze(1)).squeeze(1));
+    }
+    // The sums as next_token_loss forms them, over all N rows (zero where unlabelled): the same per-row
+    // values give the same sums, bit for bit.
+    const at::Tensor lse_all = all ? lse : at::zeros({N}, lse.options()).index_copy_(0, rows, lse);
+    const at::Tensor picked_all = all ? picked : at::zeros({N}, lse.options()).index_copy_(0, rows, picked);
+    const at::Tensor mask = valid.to(acc);
+    const at::Tensor ce = ((lse_all - picked_all) * mask).sum();
+    const at::Tensor z = (lse_all.pow(2) * mask).sum() * z_loss_coeff;
+
+    ctx->save_for_backward({hs, w, ts, all ? at::Tensor() : rows, lse});
+    ctx->saved_data["z"] = z_loss_coeff;
+    ctx->saved_data["chunk"] = chunk;
+    ctx->saved_data["shape"] = hidden.sizes().vec();
+    ctx->saved_data["h_dtype"] = hidden.scalar_type();
+    ctx->saved_data["w_dtype"] = weight.scalar_type();
+    return {ce, z};
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &hs = saved[0], &w = saved[1], &ts = saved[2], &rows = saved[3], &lse = saved[4];
+    const double z_loss_coeff = ctx->saved_data["z"].toDouble();
+    const int64_t chunk = ctx->saved_data["chunk"].toInt();
+    const std::vector<int64_t> shape = ctx->saved_data["shape"].toIntVector();
+    const at::ScalarType h_dtype = ctx->saved_data["h_dtype"].toScalarType();
+    const at::ScalarType w_dtype = ctx->saved_data["w_dtype"].toScalarType();
+    const at::ScalarType mm = hs.scalar_type(), acc = lse.scalar_type();
+    const int64_t n = hs.size(0), D = hs.size(1), V = w.size(0);
+    const bool need_h = ctx->needs_input_grad(0), need_w = ctx->needs_input_grad(1);
+
+    // d(ce_sum)/d(logits) = g_ce (softmax - onehot(label)); d(z_sum)/d(logits) = g_z coeff 2 lse softmax.
+    const at::Tensor g_ce = grads[0].to(acc), g_z2 = grads[1].to(acc) * (2 * z_loss_coeff);
+    at::Tensor grad_hs = need_h ? at::empty({n, D}, hs.options()) : at::Tensor();
+    at::Tensor grad_w = need_w ? at::zeros({V, D}, w.options().dtype(acc)) : at::Tensor();
+    for (int64_t s = 0; s < n && (need_h || need_w); s += chunk) {
+      const int64_t c = std::min(chunk, n - s);
+      const at::Tensor hc = hs.narrow(0, s, c), lc = lse.narrow(0, s, c);
+      // The forward's logits again (the same kernel on the same operands), turned in place into their gradient.
+      at::Tensor d = at::linear(hc, w).to(acc);
+      d.sub_(lc.unsqueeze(1)).exp_().mul_((g_ce + g_z2 * lc).unsqueeze(1));
+      d.scatter_add_(1, ts.narrow(0, s, c).unsqueeze(1), g_ce.neg().expand({c, 1}).contiguous());
+      // As the unchunked linear's backward: the logits' gradient in the matmul dtype, products in it.
+      const at::Tensor dm = d.to(mm);
+      if (mm != acc) d.reset();  // only the cast is read from here on
+      if (need_h) grad_hs.narrow(0, s, c).copy_(at::mm(dm, w));
+      if (need_w) {
+        if (mm == acc)
+          grad_w.addmm_(dm.t(), hc);
+        else
+          grad_w.add_(at::mm(dm.t(), hc));  // each chunk's product rounded to bf16 once, summed in fp32
+      }
+    }
+    at::Tensor grad_hidden;
+    if (need_h) {
+      int64_t N = 1;
+      for (int64_t s : shape) N *= s;
+      N /= D;
+      grad_hidden = n == N
+                        ? grad_hs.to(h_dtype)
+                        : at::zeros({N, D}, grad_hs.options().dtype(h_dtype)).index_copy_(0, rows, grad_hs.to(h_dtype));
+      grad_hidden = grad_hidden.view(shape);
+    }
+    return {grad_hidden, need_w ? grad_w.to(w_dtype) : at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+LossSums head_loss(const at::Tensor& hidden, const at::Tensor& head_weight, const at::Tensor& labels,
+                   double z_loss_coeff, int64_t chunk_tokens) {
+  if (chunk_tokens < 0) throw Error("head_loss: the chunk size must be >= 0, got " + std::to_string(chunk_tokens));
+  const int64_t D = hidden.size(-1), rows = D > 0 ? hidden.numel() / D : 0;
+  if (labels.numel() != rows) {
+    throw Error("head_loss: " + std::to_string(labels.numel()) + " labels for " + std::to_string(rows) +
+                " rows of hidden states");
+  }
+  // One chunk would hold what the unchunked form holds and cost one more matmul: unchunked then.
+  if (chunk_tokens == 0 || rows <= chunk_tokens)
+    return next_token_loss(archspace::linear(hidden, head_weight), labels, z_loss_coeff);
+  const auto sums = ChunkedHeadLoss::apply(hidden, head_weight, labels, z_loss_coeff, chunk_tokens);
+  return {sums[0], sums[1], (labels != kIgnoreIndex).sum().item<int64_t>()};
+}
+
+at::Tensor label_logprobs(const at::Tensor& hidden, const at::Tensor& head_weight, const at::Tensor& labels,
+                          int64_t chunk_rows, const LogprobChunkVisitor& visit) {
+  if (chunk_rows < 1) throw Error("label_logprobs: the chunk size must be >= 1, got " + std::to_string(chunk_rows));
+  at::NoGradGuard no_grad;
+  const at::Tensor h = hidden.reshape({-1, hidden.size(-1)});
+  const int64_t N = h.size(0);
+  if (labels.numel() != N) {
+    throw Error("label_logprobs: " + std::to_string(labels.numel()) + " labels for " + std::to_string(N) +
+                " rows of hidden states");
+  }
+  const at::Tensor target = labels.reshape({-1}).to(h.device(), at::kLong);
+  at::Tensor out = at::zeros({N}, h.options().dtype(at::kFloat));
+  for (int64_t s = 0; s < N; s += chunk_rows) {
+    const int64_t c = std::min(chunk_rows, N - s);
+    const at::Tensor logprobs = at::log_softmax(archspace::linear(h.narrow(0, s, c), head_weight).to(at::kFloat), -1);
+    const at::Tensor t = target.narrow(0, s, c);
+    out.narrow(0, s, c).copy_(logprobs.gather(1, t.clamp_min(0).unsqueeze(1)).squeeze(1).masked_fill_(t < 0, 0));
+    if (visit) visit(s, logprobs);
+  }
+  return out;
+}
+
+}  // namespace archspace
