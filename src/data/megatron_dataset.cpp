@@ -30,25 +30,39 @@ T load(const uint8_t* p) {
 // Megatron's DType codes; 6 and 7 are float64 and float32, which hold no token ids.
 std::optional<TokenDtype> dtype_of_code(uint8_t code) {
   switch (code) {
-    case 1: return TokenDtype::kUint8;
-    case 2: return TokenDtype::kInt8;
-    case 3: return TokenDtype::kInt16;
-    case 4: return TokenDtype::kInt32;
-    case 5: return TokenDtype::kInt64;
-    case 8: return TokenDtype::kUint16;
-    default: return std::nullopt;
+    case 1:
+      return TokenDtype::kUint8;
+    case 2:
+      return TokenDtype::kInt8;
+    case 3:
+      return TokenDtype::kInt16;
+    case 4:
+      return TokenDtype::kInt32;
+    case 5:
+      return TokenDtype::kInt64;
+    case 8:
+      return TokenDtype::kUint16;
+    default:
+      return std::nullopt;
   }
 }
 
 uint8_t code_of_dtype(TokenDtype d) {
   switch (d) {
-    case TokenDtype::kUint8: return 1;
-    case TokenDtype::kInt8: return 2;
-    case TokenDtype::kInt16: return 3;
-    case TokenDtype::kInt32: return 4;
-    case TokenDtype::kInt64: return 5;
-    case TokenDtype::kUint16: return 8;
-    default: throw Error(std::string("Megatron datasets have no dtype ") + token_dtype_name(d));
+    case TokenDtype::kUint8:
+      return 1;
+    case TokenDtype::kInt8:
+      return 2;
+    case TokenDtype::kInt16:
+      return 3;
+    case TokenDtype::kInt32:
+      return 4;
+    case TokenDtype::kInt64:
+      return 5;
+    case TokenDtype::kUint16:
+      return 8;
+    default:
+      throw Error(std::string("Megatron datasets have no dtype ") + token_dtype_name(d));
   }
 }
 
@@ -92,9 +106,7 @@ void close_file(std::FILE*& f, const std::string& path) {
 }  // namespace
 
 int32_t MegatronIndex::length(uint64_t i) const { return load<int32_t>(bytes + kHeaderBytes + 4 * i); }
-int64_t MegatronIndex::pointer(uint64_t i) const {
-  return load<int64_t>(bytes + kHeaderBytes + 4 * sequences + 8 * i);
-}
+int64_t MegatronIndex::pointer(uint64_t i) const { return load<int64_t>(bytes + kHeaderBytes + 4 * sequences + 8 * i); }
 int64_t MegatronIndex::document_index(uint64_t i) const {
   return load<int64_t>(bytes + kHeaderBytes + 12 * sequences + 8 * i);
 }
@@ -166,11 +178,11 @@ MegatronIndex parse_megatron_index(const uint8_t* data, size_t size, const std::
     const int64_t v = idx.document_index(d);
     const bool ok = d == 0 ? v == 0 : v >= previous && static_cast<uint64_t>(v) <= idx.sequences;
     if (!ok) {
-      throw fail(documents_at + 8 * d, "document_indices[" + std::to_string(d) + "] is " + std::to_string(v) +
-                                           (d == 0 ? " (must be 0)"
-                                                   : " (must rise from the previous, " + std::to_string(previous) +
-                                                         ", to at most the sequence count " +
-                                                         std::to_string(idx.sequences) + ")"));
+      throw fail(documents_at + 8 * d,
+                 "document_indices[" + std::to_string(d) + "] is " + std::to_string(v) +
+                     (d == 0 ? " (must be 0)"
+                             : " (must rise from the previous, " + std::to_string(previous) +
+                                   ", to at most the sequence count " + std::to_string(idx.sequences) + ")"));
     }
     previous = v;
   }
@@ -193,8 +205,8 @@ std::shared_ptr<TokenShards> open_megatron_dataset(const std::string& prefix, in
   if (bin_bytes != idx.tokens * width) {
     throw Error(bin_path + ": " + std::to_string(bin_bytes) + " bytes, but " + idx_path + " describes " +
                 std::to_string(idx.tokens) + " " + token_dtype_name(idx.dtype) + " tokens (" +
-                std::to_string(idx.tokens * width) + " bytes): " +
-                (bin_bytes < idx.tokens * width ? "truncated" : "trailing data"));
+                std::to_string(idx.tokens * width) +
+                " bytes): " + (bin_bytes < idx.tokens * width ? "truncated" : "trailing data"));
   }
 
   const std::string name = fs::path(bin_path).filename().string();

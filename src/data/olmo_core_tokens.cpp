@@ -117,8 +117,8 @@ std::shared_ptr<TokenShards> open_olmo_core_tokens(const std::string& path, int6
   if (fs::is_directory(path) && fs::exists(manifest_path)) {
     m = ShardManifest::from_json(read_json_file(manifest_path.string()), manifest_path.string());
     if (m.format != ShardManifest::kOlmoCoreFormat) {
-      throw Error(manifest_path.string() + ": field 'format' is not \"" +
-                  std::string(ShardManifest::kOlmoCoreFormat) + "\"");
+      throw Error(manifest_path.string() + ": field 'format' is not \"" + std::string(ShardManifest::kOlmoCoreFormat) +
+                  "\"");
     }
     if (dtype && *dtype != m.dtype) {
       throw Error(path + ": token dtype " + token_dtype_name(*dtype) + " was given, but " + manifest_path.string() +
@@ -281,7 +281,8 @@ void OlmoCoreWriter::add_document(const std::vector<uint32_t>& ids) {
       throw Error(dir_ + "/" + current_.file + ".tmp: write failed (disk full?)");
     hash_->update(buf.data(), buf.size());
     const std::string row = std::to_string(current_.tokens) + "," + std::to_string(current_.tokens + n) + "\n";
-    if (gzwrite(static_cast<gzFile>(csv_), row.data(), static_cast<unsigned>(row.size())) != static_cast<int>(row.size()))
+    if (gzwrite(static_cast<gzFile>(csv_), row.data(), static_cast<unsigned>(row.size())) !=
+        static_cast<int>(row.size()))
       throw Error(dir_ + "/" + current_.file + ": metadata write failed");
     if (!counted) {
       ++current_.documents;  // a document counts in the file where it starts

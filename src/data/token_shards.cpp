@@ -384,9 +384,9 @@ void TokenShards::read(size_t shard, uint64_t offset, uint64_t n, uint32_t* out)
     const uint64_t at = offset + bad;
     bool huge = false;
     const int64_t id = element(maps_[shard].data, dtype, at, &huge);
-    throw Error(shard_path(shard) + ": token " + std::to_string(at) + " (byte " + std::to_string(at * width) +
-                ") is id " + (huge ? std::string("above 2^63") : std::to_string(id)) +
-                ", not below the vocabulary size " + std::to_string(vocab));
+    throw Error(shard_path(shard) + ": token " + std::to_string(at) + " is id " +
+                (huge ? std::string("above 2^63") : std::to_string(id)) + " (byte " + std::to_string(at * width) +
+                "), not below the vocabulary size " + std::to_string(vocab));
   }
 }
 

@@ -33,9 +33,12 @@ bool has_npy(const std::string& dir) {
 
 const char* token_format_name(TokenFormat f) {
   switch (f) {
-    case TokenFormat::kShards: return "shards";
-    case TokenFormat::kMegatron: return "megatron";
-    case TokenFormat::kOlmoCore: return "olmo-core";
+    case TokenFormat::kShards:
+      return "shards";
+    case TokenFormat::kMegatron:
+      return "megatron";
+    case TokenFormat::kOlmoCore:
+      return "olmo-core";
   }
   return "?";
 }
@@ -76,9 +79,12 @@ std::shared_ptr<TokenShards> open_token_source(const std::string& path, const To
                 "(Megatron prefix), no .npy file or directory of them (OLMo-core)");
   }
   switch (*format) {
-    case TokenFormat::kShards: return TokenShards::open(path);
-    case TokenFormat::kMegatron: return open_megatron_dataset(megatron_prefix(path), o.vocab_size, o.eos_token_id);
-    case TokenFormat::kOlmoCore: return open_olmo_core_tokens(path, o.vocab_size, o.eos_token_id, o.dtype);
+    case TokenFormat::kShards:
+      return TokenShards::open(path);
+    case TokenFormat::kMegatron:
+      return open_megatron_dataset(megatron_prefix(path), o.vocab_size, o.eos_token_id);
+    case TokenFormat::kOlmoCore:
+      return open_olmo_core_tokens(path, o.vocab_size, o.eos_token_id, o.dtype);
   }
   return nullptr;
 }
@@ -86,9 +92,12 @@ std::shared_ptr<TokenShards> open_token_source(const std::string& path, const To
 std::unique_ptr<TokenWriter> make_token_writer(TokenFormat format, const std::string& out, uint64_t file_tokens,
                                                int64_t vocab_size) {
   switch (format) {
-    case TokenFormat::kShards: return std::make_unique<ShardWriter>(out, file_tokens);
-    case TokenFormat::kMegatron: return std::make_unique<MegatronWriter>(out, vocab_size);
-    case TokenFormat::kOlmoCore: return std::make_unique<OlmoCoreWriter>(out, file_tokens, vocab_size);
+    case TokenFormat::kShards:
+      return std::make_unique<ShardWriter>(out, file_tokens);
+    case TokenFormat::kMegatron:
+      return std::make_unique<MegatronWriter>(out, vocab_size);
+    case TokenFormat::kOlmoCore:
+      return std::make_unique<OlmoCoreWriter>(out, file_tokens, vocab_size);
   }
   return nullptr;
 }

@@ -169,7 +169,8 @@ TEST(TokenFormats, ManifestsAreDerivedWhenTheFilesCarryNone) {
   EXPECT_EQ(olmo->manifest().total_tokens(), olmo_own.total_tokens());
   EXPECT_NO_THROW(olmo->verify());
   EXPECT_EQ(olmo->manifest().total_documents(), 50u);  // a document split over two files counts once
-  for (size_t i = 0; i < olmo_own.shards.size(); ++i) EXPECT_EQ(olmo->manifest().shards[i].sha256, olmo_own.shards[i].sha256);
+  for (size_t i = 0; i < olmo_own.shards.size(); ++i)
+    EXPECT_EQ(olmo->manifest().shards[i].sha256, olmo_own.shards[i].sha256);
   // Without the metadata the documents are the EOS tokens.
   for (const auto& e : fs::directory_iterator(dir / "o"))
     if (e.path().string().ends_with(".csv.gz")) fs::remove(e.path());
@@ -241,7 +242,7 @@ TEST(TokenFormats, MalformedMegatronIndexNamesFileAndOffset) {
   small_dataset(prefix);
   model.vocab_size = 9;
   expect_error([&] { open_token_source(prefix.string(), model)->verify(); },
-               {"d.bin", "token 6 (byte 12)", "id 9", "vocabulary size 9"});
+               {"d.bin", "token 6 is id 9 (byte 12)", "vocabulary size 9"});
   model.vocab_size = 100;
   model.eos_token_id = 7;
   expect_error([&] { open_token_source(prefix.string(), model)->verify(); },
@@ -275,7 +276,7 @@ TEST(TokenFormats, MalformedOlmoCoreFilesNameFileAndOffset) {
   model.vocab_size = 7;  // uint8 by OLMo-core's rule: the 10 bytes are 10 tokens, and the metadata says 5
   expect_error([&] { open_token_source(dir.string(), model); }, {"a.csv.gz", "end at token 5", "holds 10", "dtype"});
   model.dtype = TokenDtype::kUint16;
-  expect_error([&] { open_token_source(dir.string(), model)->verify(); }, {"a.npy", "token 3 (byte 6)", "id 7"});
+  expect_error([&] { open_token_source(dir.string(), model)->verify(); }, {"a.npy", "token 3 is id 7 (byte 6)"});
   write_bytes(dir / "a.npy", std::string(reinterpret_cast<const char*>(tokens.data()), 9));
   expect_error([&] { open_token_source(dir.string(), model); }, {"a.npy", "size 9 bytes", "not a multiple of 2"});
   expect_error([&] { open_token_source((dir / "nothing").string(), model); }, {"nothing", "not a token source"});

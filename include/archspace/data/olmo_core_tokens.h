@@ -29,8 +29,8 @@ void read_olmo_core_metadata(const std::string& csv_gz, uint64_t tokens,
 // A directory (every *.npy below it, in sorted order) or one .npy file. DIR/manifest.json, when
 // archspace wrote the files, gives the files, dtype, tokenizer and checksums; otherwise `dtype` (or the
 // vocabulary's) and the model's `vocab_size` and `eos_token_id` stand in.
-std::shared_ptr<TokenShards> open_olmo_core_tokens(const std::string& path, int64_t vocab_size,
-                                                   int64_t eos_token_id, std::optional<TokenDtype> dtype);
+std::shared_ptr<TokenShards> open_olmo_core_tokens(const std::string& path, int64_t vocab_size, int64_t eos_token_id,
+                                                   std::optional<TokenDtype> dtype);
 
 // DIR/part-00000.npy, ... rolling over at max_file_tokens exactly as ShardWriter does (so the same
 // tokens make the same windows), each with its part-NNNNN.csv.gz; a document that spans two files has a

@@ -23,8 +23,8 @@ TokenFormat parse_token_format(const std::string& text, const std::string& where
 // What stands in for a manifest when the files carry none (the model's vocabulary and EOS).
 struct TokenSourceOptions {
   int64_t vocab_size = 0;
-  int64_t eos_token_id = -1;          // -1: unknown (the EOS checks are skipped)
-  std::optional<TokenDtype> dtype;    // OLMo-core files without a manifest; default: from vocab_size
+  int64_t eos_token_id = -1;        // -1: unknown (the EOS checks are skipped)
+  std::optional<TokenDtype> dtype;  // OLMo-core files without a manifest; default: from vocab_size
 };
 
 // Which format `path` is in, or nothing when it names none of them (a text file, a missing path).
