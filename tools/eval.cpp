@@ -10,7 +10,7 @@
 #include <iostream>
 #include <optional>
 
-#include "archspace/data/token_shards.h"
+#include "archspace/data/token_source.h"
 #include "archspace/eval/code_sandbox.h"
 #include "archspace/eval/downstream.h"
 #include "archspace/eval/generation_metrics.h"
@@ -32,7 +32,7 @@ namespace archspace::cli {
 namespace {
 
 struct PplArgs {
-  std::string model, data, tokenizer, out, dtype = "fp32", device = "cpu", profile;
+  std::string model, data, tokenizer, out, dtype = "fp32", device = "cpu", token_dtype, profile;
   int64_t max_tokens = 0;
   PerplexityOptions options;
 };
@@ -413,10 +413,23 @@ int run_ppl(const PplArgs& a) {
       model_dir, {scalar_type(parse_dtype(a.dtype, "--dtype")), parse_device(a.device, "--device").device()});
   std::vector<int64_t> tokens;
   std::string tokenizer_name;
-  if (fs::exists(fs::path(a.data) / "manifest.json")) {
-    auto shards = TokenShards::open(a.data);
+  if (detect_token_format(a.data)) {
+    // Token shards, a Megatron prefix or OLMo-core files; without a manifest the model's vocabulary stands in.
+    TokenSourceOptions source;
+    source.vocab_size = model.config().vocab_size;
+    source.eos_token_id = model.config().eos_token_id.value_or(-1);
+    if (!a.token_dtype.empty()) source.dtype = parse_token_dtype(a.token_dtype);
+    auto shards = open_token_source(a.data, source);
     tokenizer_name = shards->manifest().tokenizer_name;
-    tokens = shards->read_all();
+    const uint64_t want = a.max_tokens > 0 ? static_cast<uint64_t>(a.max_tokens) : UINT64_MAX;
+    std::vector<uint32_t> buf;
+    for (size_t s = 0; s < shards->num_shards() && tokens.size() < want; ++s) {
+      buf.resize(std::min<uint64_t>(shards->shard_tokens(s), want - tokens.size()));
+      shards->read(s, 0, buf.size(), buf.data());
+      tokens.insert(tokens.end(), buf.begin(), buf.end());
+    }
+  } else if (fs::is_directory(a.data)) {
+    throw Error(a.data + ": --data is a directory without token files (manifest.json, .npy) or a text file");
   } else {
     auto tokenizer = model_tokenizer(model_dir, a.tokenizer, model.config().vocab_size);
     tokenizer_name = tokenizer->name();
@@ -475,8 +488,14 @@ Command add(CLI::App& parent) {
   eval->require_subcommand(1);
   auto* ppl = eval->add_subcommand("ppl", "Perplexity on token shards or a text file (JSON result)");
   add_model_option(ppl, a->model, "model directory, or a checkpoint or finished run directory holding one");
-  ppl->add_option("--data", a->data, "token shard directory, or a text file (tokenized with the model's tokenizer)")
+  ppl->add_option("--data", a->data,
+                  "token shards, a Megatron prefix DIR/NAME, OLMo-core .npy file(s), or a text file (tokenized with "
+                  "the model's tokenizer)")
       ->required();
+  ppl->add_option("--token-dtype", a->token_dtype,
+                  "element type of OLMo-core .npy files without a manifest (default: the smallest holding the "
+                  "model's vocabulary)")
+      ->check(CLI::IsMember({"uint8", "uint16", "uint32", "uint64"}));
   ppl->add_option("--context", a->options.context,
                   "window length (default: the length the model was trained at, when its checkpoint records it; "
                   "else min(max_position_embeddings, 4096))");

@@ -199,6 +199,7 @@ ChoiceTexts read_keys(const toml::table& root, TrainConfig& c, const std::string
   Section data(data_t, "data", path, schema);
   data.get("train", c.train_data);
   data.get("valid", c.valid_data);
+  data.get("token_dtype", c.token_dtype);
   data.get("format", choices.format);
   data.get("tokenizer", c.tokenizer);
   data.get("shuffle", c.shuffle);
@@ -475,8 +476,13 @@ void validate(TrainConfig& c, const ChoiceTexts& choices, const std::string& pat
   const int sources = !c.preset.empty() + !c.model_config.empty();
   require(sources <= 1, "model.preset", "and model.config are exclusive");
   require(sources == 1 || !c.init_from.empty(), "model.preset", "(or model.config, or model.init_from) is required");
-  if (!fs::exists(c.train_data)) throw Error(key("data.train") + ": '" + c.train_data + "' does not exist");
-  if (!c.valid_data.empty() && !fs::exists(c.valid_data))
+  require(c.token_dtype.empty() || c.token_dtype == "uint8" || c.token_dtype == "uint16" || c.token_dtype == "uint32" ||
+              c.token_dtype == "uint64",
+          "data.token_dtype", "must be \"uint8\", \"uint16\", \"uint32\" or \"uint64\"");
+  // A Megatron prefix DIR/NAME names NAME.bin and NAME.idx, not a file of its own.
+  auto exists = [](const std::string& p) { return fs::exists(p) || fs::exists(p + ".idx") || fs::exists(p + ".bin"); };
+  if (!exists(c.train_data)) throw Error(key("data.train") + ": '" + c.train_data + "' does not exist");
+  if (!c.valid_data.empty() && !exists(c.valid_data))
     throw Error(key("data.valid") + ": '" + c.valid_data + "' does not exist");
 }
 

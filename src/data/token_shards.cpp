@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <type_traits>
 
 #include "archspace/util/error.h"
 #include "archspace/util/files.h"
@@ -19,7 +20,76 @@ namespace archspace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "shards are little-endian uint32; this host is not");
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "token files are little-endian; this host is not");
+
+// ---- element types --------------------------------------------------------------------------------
+
+namespace {
+struct DtypeInfo {
+  TokenDtype dtype;
+  const char* name;
+  int bytes;
+};
+constexpr DtypeInfo kDtypes[] = {{TokenDtype::kUint8, "uint8", 1},   {TokenDtype::kInt8, "int8", 1},
+                                 {TokenDtype::kUint16, "uint16", 2}, {TokenDtype::kInt16, "int16", 2},
+                                 {TokenDtype::kUint32, "uint32", 4}, {TokenDtype::kInt32, "int32", 4},
+                                 {TokenDtype::kUint64, "uint64", 8}, {TokenDtype::kInt64, "int64", 8}};
+const DtypeInfo& info(TokenDtype d) {
+  for (const auto& i : kDtypes)
+    if (i.dtype == d) return i;
+  throw Error("unknown token dtype");
+}
+
+// Element i of a little-endian array of `d` (unaligned: a Megatron .bin's sequences need not be).
+int64_t element(const uint8_t* p, TokenDtype d, uint64_t i, bool* negative_or_huge) {
+  switch (d) {
+    case TokenDtype::kUint8:
+      return p[i];
+    case TokenDtype::kInt8:
+      return static_cast<int8_t>(p[i]);
+    case TokenDtype::kUint16: {
+      uint16_t v;
+      std::memcpy(&v, p + 2 * i, 2);
+      return v;
+    }
+    case TokenDtype::kInt16: {
+      int16_t v;
+      std::memcpy(&v, p + 2 * i, 2);
+      return v;
+    }
+    case TokenDtype::kUint32: {
+      uint32_t v;
+      std::memcpy(&v, p + 4 * i, 4);
+      return v;
+    }
+    case TokenDtype::kInt32: {
+      int32_t v;
+      std::memcpy(&v, p + 4 * i, 4);
+      return v;
+    }
+    case TokenDtype::kUint64: {
+      uint64_t v;
+      std::memcpy(&v, p + 8 * i, 8);
+      if (v > uint64_t(INT64_MAX)) *negative_or_huge = true;
+      return static_cast<int64_t>(v & uint64_t(INT64_MAX));
+    }
+    case TokenDtype::kInt64: {
+      int64_t v;
+      std::memcpy(&v, p + 8 * i, 8);
+      return v;
+    }
+  }
+  return 0;
+}
+}  // namespace
+
+int token_dtype_bytes(TokenDtype d) { return info(d).bytes; }
+const char* token_dtype_name(TokenDtype d) { return info(d).name; }
+std::optional<TokenDtype> parse_token_dtype(const std::string& name) {
+  for (const auto& i : kDtypes)
+    if (name == i.name) return i.dtype;
+  return std::nullopt;
+}
 
 // ---- manifest -------------------------------------------------------------------------------------
 
@@ -40,8 +110,8 @@ json ShardManifest::to_json() const {
   for (const auto& s : shards)
     shards_j.push_back({{"file", s.file}, {"tokens", s.tokens}, {"documents", s.documents}, {"sha256", s.sha256}});
   for (const auto& s : sources) sources_j.push_back({{"path", s.path}, {"bytes", s.bytes}, {"documents", s.documents}});
-  return {{"format", kFormat},
-          {"dtype", "uint32"},
+  return {{"format", format},
+          {"dtype", token_dtype_name(dtype)},
           {"byte_order", "little"},
           {"tokenizer",
            {{"name", tokenizer_name},
@@ -58,9 +128,15 @@ json ShardManifest::to_json() const {
 ShardManifest ShardManifest::from_json(const json& j, const std::string& source) {
   auto fail = [&](const std::string& what) { return Error(source + ": " + what); };
   try {
-    if (j.value("format", "") != kFormat) throw fail("field 'format' is not \"" + std::string(kFormat) + "\"");
-    if (j.value("dtype", "") != "uint32") throw fail("field 'dtype' must be \"uint32\"");
     ShardManifest m;
+    m.format = j.value("format", "");
+    if (m.format != kFormat && m.format != kMegatronFormat && m.format != kOlmoCoreFormat)
+      throw fail("field 'format' is not \"" + std::string(kFormat) + "\"");
+    const auto dtype = parse_token_dtype(j.value("dtype", ""));
+    if (!dtype || (m.format == kFormat && *dtype != TokenDtype::kUint32))
+      throw fail("field 'dtype' must be \"uint32\"" +
+                 std::string(m.format == kFormat ? "" : " or another integer type"));
+    m.dtype = *dtype;
     const json& t = j.at("tokenizer");
     m.tokenizer_name = t.at("name").get<std::string>();
     m.tokenizer_sha256 = t.at("sha256").get<std::string>();
@@ -163,6 +239,8 @@ void ShardWriter::add_document(const std::vector<uint32_t>& ids) {
   }
 }
 
+std::string ShardWriter::tokenizer_file() const { return (fs::path(dir_) / "tokenizer.json").string(); }
+
 ShardManifest ShardWriter::finish(ShardManifest manifest) {
   close_current();
   manifest.shards = done_;
@@ -174,21 +252,47 @@ ShardManifest ShardWriter::finish(ShardManifest manifest) {
 
 std::shared_ptr<TokenShards> TokenShards::open(const std::string& dir) {
   std::shared_ptr<TokenShards> s(new TokenShards());
-  s->dir_ = dir;
+  s->dir_ = s->name_ = dir;
   s->manifest_ = ShardManifest::load(dir);
   const std::string manifest_path = (fs::path(dir) / "manifest.json").string();
-  if (s->manifest_.shards.empty()) throw Error(manifest_path + ": lists no shards");
-  for (const auto& entry : s->manifest_.shards) {
-    const fs::path path = fs::path(dir) / entry.file;
-    if (!fs::exists(path)) throw Error(manifest_path + ": shard '" + entry.file + "' is missing");
+  if (s->manifest_.format != ShardManifest::kFormat) {
+    throw Error(manifest_path + ": describes " + s->manifest_.format +
+                " files, not token shards (open the directory as a token source)");
+  }
+  s->tokenizer_file_ = (fs::path(dir) / "tokenizer.json").string();
+  s->stamp_ = (fs::path(dir) / ".verified.json").string();
+  s->map_shards(manifest_path);
+  return s;
+}
+
+std::shared_ptr<TokenShards> TokenShards::over_files(Derived d) {
+  std::shared_ptr<TokenShards> s(new TokenShards());
+  s->dir_ = d.dir;
+  s->name_ = d.name;
+  s->manifest_ = std::move(d.manifest);
+  s->check_documents_ = std::move(d.check_documents);
+  s->depends_ = std::move(d.depends);
+  s->stamp_ = d.stamp;
+  s->tokenizer_file_ = d.tokenizer_file;
+  s->map_shards(d.name);
+  return s;
+}
+
+void TokenShards::map_shards(const std::string& manifest_name) {
+  if (manifest_.shards.empty()) throw Error(manifest_name + ": lists no shards");
+  const int width = token_dtype_bytes(manifest_.dtype);
+  for (const auto& entry : manifest_.shards) {
+    const fs::path path = fs::path(dir_) / entry.file;
+    if (!fs::exists(path)) throw Error(manifest_name + ": shard '" + entry.file + "' is missing");
     const uint64_t bytes = fs::file_size(path);
-    if (bytes % 4 != 0) {
-      throw Error(path.string() + ": size " + std::to_string(bytes) +
-                  " bytes is not a multiple of 4 (uint32 tokens): truncated or not a token shard");
+    if (bytes % width != 0) {
+      throw Error(path.string() + ": size " + std::to_string(bytes) + " bytes is not a multiple of " +
+                  std::to_string(width) + " (" + token_dtype_name(manifest_.dtype) +
+                  " tokens): truncated or not a token file of that type");
     }
-    if (bytes / 4 != entry.tokens) {
-      throw Error(path.string() + ": holds " + std::to_string(bytes / 4) + " tokens but manifest.json says " +
-                  std::to_string(entry.tokens) + " (the manifest does not match its shards)");
+    if (bytes / width != entry.tokens) {
+      throw Error(path.string() + ": holds " + std::to_string(bytes / width) + " tokens but " + manifest_name +
+                  " says " + std::to_string(entry.tokens) + " (the manifest does not match its shards)");
     }
     Map m;
     m.bytes = bytes;
@@ -198,60 +302,136 @@ std::shared_ptr<TokenShards> TokenShards::open(const std::string& dir) {
       void* p = ::mmap(nullptr, bytes, PROT_READ, MAP_SHARED, fd, 0);
       ::close(fd);
       if (p == MAP_FAILED) throw Error(path.string() + ": mmap failed: " + std::strerror(errno));
-      m.data = static_cast<const uint32_t*>(p);
+      m.data = static_cast<const uint8_t*>(p);
     }
-    s->maps_.push_back(m);
+    maps_.push_back(m);
   }
-  return s;
 }
 
 TokenShards::~TokenShards() {
   for (auto& m : maps_)
-    if (m.data) ::munmap(const_cast<uint32_t*>(m.data), m.bytes);
+    if (m.data) ::munmap(const_cast<uint8_t*>(m.data), m.bytes);
 }
+
+std::string TokenShards::shard_path(size_t shard) const {
+  return (fs::path(dir_) / manifest_.shards.at(shard).file).string();
+}
+
+uint64_t TokenShards::raw_token(size_t shard, uint64_t index) const {
+  bool huge = false;
+  const int64_t v = element(maps_.at(shard).data, manifest_.dtype, index, &huge);
+  return huge || v < 0 ? UINT64_MAX : static_cast<uint64_t>(v);
+}
+
+namespace {
+// Copies n elements of type T from `src` (possibly unaligned) to `out`, returning the index of the first id
+// outside [0, vocab), or n. One loop per type, so the engine's uint32 shards read as fast as before.
+template <typename T>
+uint64_t convert(const uint8_t* src, uint64_t n, int64_t vocab, uint32_t* out) {
+  for (uint64_t i = 0; i < n; ++i) {
+    T v;
+    std::memcpy(&v, src + i * sizeof(T), sizeof(T));
+    if constexpr (std::is_signed_v<T>) {
+      if (v < 0 || static_cast<int64_t>(v) >= vocab) return i;
+    } else {
+      if (static_cast<uint64_t>(v) >= static_cast<uint64_t>(vocab)) return i;
+    }
+    out[i] = static_cast<uint32_t>(v);
+  }
+  return n;
+}
+}  // namespace
 
 void TokenShards::read(size_t shard, uint64_t offset, uint64_t n, uint32_t* out) const {
   const ShardEntry& entry = manifest_.shards.at(shard);
-  if (offset + n > entry.tokens) {
-    throw Error(dir_ + "/" + entry.file + ": read of [" + std::to_string(offset) + ", " + std::to_string(offset + n) +
+  if (offset > entry.tokens || n > entry.tokens - offset) {
+    throw Error(shard_path(shard) + ": read of [" + std::to_string(offset) + ", " + std::to_string(offset + n) +
                 ") past its " + std::to_string(entry.tokens) + " tokens");
   }
-  const uint32_t* src = maps_[shard].data + offset;
-  const uint32_t vocab = static_cast<uint32_t>(manifest_.vocab_size);
-  for (uint64_t i = 0; i < n; ++i) {
-    if (src[i] >= vocab) {
-      throw Error(dir_ + "/" + entry.file + ": token " + std::to_string(offset + i) + " is id " +
-                  std::to_string(src[i]) + ", not below the vocabulary size " + std::to_string(vocab));
-    }
+  const TokenDtype dtype = manifest_.dtype;
+  const int width = token_dtype_bytes(dtype);
+  const uint8_t* src = maps_[shard].data + offset * width;
+  const int64_t vocab = manifest_.vocab_size;
+  if (vocab <= 0) throw Error(dir() + ": vocabulary size " + std::to_string(vocab) + " (its manifest) admits no id");
+  uint64_t bad = n;
+  switch (dtype) {
+    case TokenDtype::kUint8:
+      bad = convert<uint8_t>(src, n, vocab, out);
+      break;
+    case TokenDtype::kInt8:
+      bad = convert<int8_t>(src, n, vocab, out);
+      break;
+    case TokenDtype::kUint16:
+      bad = convert<uint16_t>(src, n, vocab, out);
+      break;
+    case TokenDtype::kInt16:
+      bad = convert<int16_t>(src, n, vocab, out);
+      break;
+    case TokenDtype::kUint32:
+      bad = convert<uint32_t>(src, n, vocab, out);
+      break;
+    case TokenDtype::kInt32:
+      bad = convert<int32_t>(src, n, vocab, out);
+      break;
+    case TokenDtype::kUint64:
+      bad = convert<uint64_t>(src, n, vocab, out);
+      break;
+    case TokenDtype::kInt64:
+      bad = convert<int64_t>(src, n, vocab, out);
+      break;
   }
-  std::memcpy(out, src, n * sizeof(uint32_t));
+  if (bad < n) {
+    const uint64_t at = offset + bad;
+    bool huge = false;
+    const int64_t id = element(maps_[shard].data, dtype, at, &huge);
+    throw Error(shard_path(shard) + ": token " + std::to_string(at) + " is id " +
+                (huge ? std::string("above 2^63") : std::to_string(id)) + " (byte " + std::to_string(at * width) +
+                "), not below the vocabulary size " + std::to_string(vocab));
+  }
 }
 
 void TokenShards::verify() const {
   for (size_t i = 0; i < maps_.size(); ++i) {
-    const ShardEntry& entry = manifest_.shards[i];
+    ShardEntry& entry = manifest_.shards[i];
     const std::string digest = sha256_bytes(maps_[i].data, maps_[i].bytes);
-    if (digest != entry.sha256) {
-      throw Error(dir_ + "/" + entry.file + ": SHA-256 " + digest + " does not match manifest.json (" + entry.sha256 +
-                  ")");
+    if (entry.sha256.empty() && check_documents_) {
+      entry.sha256 = digest;  // a manifest derived from the files records what it read
+    } else if (digest != entry.sha256) {
+      throw Error(shard_path(i) + ": SHA-256 " + digest + " does not match " +
+                  (check_documents_ ? "its manifest" : "manifest.json") + " (" + entry.sha256 + ")");
     }
     std::vector<uint32_t> buf(std::min<uint64_t>(entry.tokens, 1 << 20));
     for (uint64_t off = 0; off < entry.tokens; off += buf.size()) {
       read(i, off, std::min<uint64_t>(buf.size(), entry.tokens - off), buf.data());
     }
   }
+  if (check_documents_) {
+    const std::vector<uint64_t> documents = check_documents_(*this);
+    for (size_t i = 0; i < documents.size() && i < manifest_.shards.size(); ++i)
+      manifest_.shards[i].documents = documents[i];
+  }
 }
 
 bool TokenShards::verify_cached() const {
-  const fs::path stamp = fs::path(dir_) / ".verified.json";
-  json state = {{"manifest_sha256", sha256_file((fs::path(dir_) / "manifest.json").string())},
-                {"shards", json::array()}};
-  for (const auto& entry : manifest_.shards) {
-    const fs::path path = fs::path(dir_) / entry.file;
-    state["shards"].push_back({{"file", entry.file},
-                               {"bytes", fs::file_size(path)},
-                               {"mtime", fs::last_write_time(path).time_since_epoch().count()}});
+  const fs::path stamp = stamp_;
+  auto file_state = [](const fs::path& path, const std::string& name) {
+    return json{{"file", name},
+                {"bytes", fs::file_size(path)},
+                {"mtime", fs::last_write_time(path).time_since_epoch().count()}};
+  };
+  json state = {{"shards", json::array()}};
+  if (!check_documents_) {
+    state["manifest_sha256"] = sha256_file((fs::path(dir_) / "manifest.json").string());
+  } else {
+    // A derived manifest is its files: their sizes and times, and what the manifest says of them.
+    ShardManifest m = manifest_;
+    for (auto& e : m.shards) e.sha256.clear();
+    state["manifest"] = m.to_json();
+    state["depends"] = json::array();
+    for (const auto& d : depends_) state["depends"].push_back(file_state(d, d));
   }
+  for (const auto& entry : manifest_.shards)
+    state["shards"].push_back(file_state(fs::path(dir_) / entry.file, entry.file));
   std::error_code ec;
   if (fs::exists(stamp, ec)) {
     // A stamp that does not parse (or nests too deep) is stale: verify again.
@@ -260,9 +440,29 @@ bool TokenShards::verify_cached() const {
       recorded = parse_json_text(read_text_file(stamp.string()), stamp.string());
     } catch (const Error&) {
     }
-    if (recorded == state) return false;
+    // What verify() derived (checksums, counted documents) comes back from the stamp.
+    json derived = recorded.is_object() && recorded.contains("derived") ? recorded["derived"] : json();
+    if (recorded.is_object()) recorded.erase("derived");
+    if (recorded == state) {
+      if (check_documents_ && derived.is_array() && derived.size() == manifest_.shards.size()) {
+        for (size_t i = 0; i < derived.size(); ++i) {
+          const json& e = derived[i];
+          if (!e.is_object() || !e.contains("sha256") || !e["sha256"].is_string() || !e.contains("documents") ||
+              !e["documents"].is_number_unsigned())
+            break;
+          manifest_.shards[i].sha256 = e["sha256"].get<std::string>();
+          manifest_.shards[i].documents = e["documents"].get<uint64_t>();
+        }
+      }
+      return false;
+    }
   }
   verify();
+  if (check_documents_) {
+    state["derived"] = json::array();
+    for (const auto& e : manifest_.shards)
+      state["derived"].push_back({{"sha256", e.sha256}, {"documents", e.documents}});
+  }
   std::ofstream out(stamp.string() + ".tmp");
   out << state.dump() << "\n";
   out.close();

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "archspace/data/token_source.h"
 #include "archspace/tokenizer/tokenizer.h"
 #include "archspace/util/error.h"
 #include "archspace/util/json_lines.h"
@@ -129,7 +130,8 @@ ShardManifest tokenize_to_shards(const TokenizeOptions& o) {
 
   DocumentReader reader(files, o.text_field);
   const uint64_t total_bytes = reader.total_bytes();
-  ShardWriter writer(o.out_dir, o.shard_tokens);
+  const std::unique_ptr<TokenWriter> writer =
+      make_token_writer(o.format, o.out_dir, o.shard_tokens, tokenizer->vocab_size());
   std::atomic<uint64_t> replacements{0};
   uint64_t documents = 0, tokens = 0, skipped_empty = 0;
   ProgressLine progress("tokenize", o.progress);
@@ -183,7 +185,7 @@ ShardManifest tokenize_to_shards(const TokenizeOptions& o) {
         continue;
       }
       ids.push_back(*eos);
-      writer.add_document(ids);
+      writer->add_document(ids);
       ++documents;
       tokens += ids.size();
     }
@@ -208,8 +210,8 @@ ShardManifest tokenize_to_shards(const TokenizeOptions& o) {
   m.invalid_utf8_replacements = replacements;
   // The tokenizer travels with its shards (before the manifest, which marks the directory complete), so
   // that training can hand it on to its checkpoints; readers go by the manifest and ignore the file.
-  fs::copy_file(tokenizer->path(), fs::path(o.out_dir) / "tokenizer.json", fs::copy_options::overwrite_existing);
-  m = writer.finish(m);
+  fs::copy_file(tokenizer->path(), writer->tokenizer_file(), fs::copy_options::overwrite_existing);
+  m = writer->finish(m);
   if (skipped_empty) progress.note("skipped " + std::to_string(skipped_empty) + " empty documents");
   return m;
 }

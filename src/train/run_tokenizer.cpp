@@ -10,18 +10,19 @@ namespace archspace {
 
 namespace fs = std::filesystem;
 
-RunTokenizer shard_tokenizer(const std::string& shard_dir, const ShardManifest& manifest) {
-  const std::string file = (fs::path(shard_dir) / "tokenizer.json").string();
+namespace {
+RunTokenizer tokenizer_of(const std::string& where, const std::string& manifest_name, const std::string& file,
+                          const ShardManifest& manifest) {
   if (fs::exists(file)) {
     const std::string digest = sha256_file(file);
     if (digest != manifest.tokenizer_sha256) {
-      throw Error(file + ": SHA-256 " + digest + " does not match the tokenizer_sha256 of " + shard_dir +
-                  "/manifest.json (" + manifest.tokenizer_sha256 +
-                  "): the shards were tokenized with another tokenizer");
+      throw Error(file + ": SHA-256 " + digest + " does not match the tokenizer_sha256 of " + manifest_name + " (" +
+                  manifest.tokenizer_sha256 + "): the shards were tokenized with another tokenizer");
     }
     return {file, ""};
   }
-  const std::string none = "checkpoints will carry no tokenizer: " + shard_dir + " has no tokenizer.json";
+  const std::string none =
+      "checkpoints will carry no tokenizer: " + where + " has no " + fs::path(file).filename().string();
   if (manifest.tokenizer_name != "allenai/dolma2")
     return {"", none + " (tokenized with " + manifest.tokenizer_name + ")"};
   std::shared_ptr<const Tokenizer> dolma2;
@@ -35,6 +36,16 @@ RunTokenizer shard_tokenizer(const std::string& shard_dir, const ShardManifest& 
                     ") differs from the one the shards were tokenized with"};
   }
   return {dolma2->path(), ""};
+}
+}  // namespace
+
+RunTokenizer shard_tokenizer(const std::string& shard_dir, const ShardManifest& manifest) {
+  return tokenizer_of(shard_dir, shard_dir + "/manifest.json", (fs::path(shard_dir) / "tokenizer.json").string(),
+                      manifest);
+}
+
+RunTokenizer source_tokenizer(const TokenShards& source) {
+  return tokenizer_of(source.dir(), "the manifest of " + source.dir(), source.tokenizer_file(), source.manifest());
 }
 
 }  // namespace archspace

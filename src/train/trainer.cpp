@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <numeric>
 
+#include "archspace/data/token_source.h"
 #include "archspace/eval/tasks.h"
 #include "archspace/io/run_dir.h"
 #include "archspace/model/model_io.h"
@@ -187,7 +188,12 @@ void Trainer::setup_run_dir() {
 void Trainer::setup_data() {
   const ModelConfig& mc = model_->config();
   if (cfg_.format == DataFormat::kTokens) {
-    auto shards = TokenShards::open(cfg_.train_data);
+    // The model's vocabulary and EOS stand in for a tokenizer where the files carry no manifest.
+    TokenSourceOptions source;
+    source.vocab_size = mc.vocab_size;
+    source.eos_token_id = mc.eos_token_id.value_or(-1);
+    if (!cfg_.token_dtype.empty()) source.dtype = parse_token_dtype(cfg_.token_dtype);
+    auto shards = open_token_source(cfg_.train_data, source);
     const ShardManifest& m = shards->manifest();
     if (m.vocab_size > mc.vocab_size) {
       throw Error(cfg_.source + ": tokenizer/model vocabulary mismatch: " + cfg_.train_data + " was tokenized with " +
@@ -200,14 +206,16 @@ void Trainer::setup_data() {
     train_batches_ = std::make_unique<WindowBatches>(
         std::make_shared<InstanceLoader>(shards, cfg_.sequence_length, cfg_.seed, cfg_.shuffle));
     if (!cfg_.valid_data.empty()) {
-      auto vshards = TokenShards::open(cfg_.valid_data);
+      auto vshards = open_token_source(cfg_.valid_data, source);
       if (rank_ == 0) vshards->verify_cached();
-      if (vshards->manifest().tokenizer_sha256 != m.tokenizer_sha256) {
+      // (Files without a manifest name no tokenizer; their vocabulary is checked against the model's.)
+      const std::string& vsha = vshards->manifest().tokenizer_sha256;
+      if (!vsha.empty() && !m.tokenizer_sha256.empty() && vsha != m.tokenizer_sha256) {
         throw Error(cfg_.source + ": data.valid and data.train were tokenized with different tokenizers");
       }
       valid_loader_ = std::make_shared<InstanceLoader>(vshards, cfg_.sequence_length, 0, false);
     }
-    const RunTokenizer tokenizer = shard_tokenizer(cfg_.train_data, m);
+    const RunTokenizer tokenizer = source_tokenizer(*shards);
     tokenizer_file_ = tokenizer.file;
     if (!tokenizer.note.empty()) progress_->note(tokenizer.note);
   } else {

@@ -34,6 +34,9 @@ struct TrainConfig {
   // [data]
   std::string train_data;  // token shard directory, or chat JSONL when format = chat
   std::string valid_data;  // optional
+  // Element type of OLMo-core .npy token files that carry no manifest ("uint8", "uint16", "uint32",
+  // "uint64"); empty: the smallest that holds the model's vocabulary, as OLMo-core picks it.
+  std::string token_dtype;
   DataFormat format = DataFormat::kTokens;
   std::string tokenizer = "dolma2";  // for chat data
   bool shuffle = true;

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "archspace/data/token_shards.h"
+#include "archspace/data/token_source.h"
 
 namespace archspace {
 
@@ -16,10 +16,11 @@ enum class InvalidUtf8Policy {
 
 struct TokenizeOptions {
   std::string tokenizer = "dolma2";
-  std::string out_dir;
+  std::string out_dir;  // a directory; for TokenFormat::kMegatron the prefix DIR/NAME
+  TokenFormat format = TokenFormat::kShards;
   std::vector<std::string> inputs;     // files or directories (recursively, sorted); *.jsonl is JSONL
   int threads = 0;                     // 0: all cores
-  uint64_t shard_tokens = 1ull << 28;  // 1 GiB of uint32 per shard
+  uint64_t shard_tokens = 1ull << 28;  // 1 GiB of uint32 per shard (per OLMo-core file; Megatron: one .bin)
   InvalidUtf8Policy invalid_utf8 = InvalidUtf8Policy::kError;
   std::string text_field = "text";
   bool verify_roundtrip = false;  // check decode(encode(doc)) == doc for every document

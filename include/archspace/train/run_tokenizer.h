@@ -18,5 +18,7 @@ struct RunTokenizer {
 // Error naming both); else, for shard directories written before tokenize copied it, the built-in dolma2
 // file when the manifest names allenai/dolma2 with the same SHA-256; else none.
 RunTokenizer shard_tokenizer(const std::string& shard_dir, const ShardManifest& manifest);
+// The same for any token source: its tokenizer_file() (PREFIX.tokenizer.json for a Megatron dataset).
+RunTokenizer source_tokenizer(const TokenShards& source);
 
 }  // namespace archspace
