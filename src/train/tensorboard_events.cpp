@@ -97,7 +97,8 @@ TensorBoardWriter::TensorBoardWriter(const std::string& dir, int64_t resumed_at_
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec || !fs::is_directory(dir)) {
-    throw Error(dir + ": cannot create the TensorBoard directory" + (ec ? " (" + ec.message() + ")" : ": not a directory"));
+    throw Error(dir + ": cannot create the TensorBoard directory" +
+                (ec ? " (" + ec.message() + ")" : ": not a directory"));
   }
   // Readers take a directory's files in name order, and a resumed run's START must come after the files it
   // supersedes, even when both started within the same second.

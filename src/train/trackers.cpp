@@ -6,15 +6,15 @@
 #include <spawn.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
-#include <unistd.h>
-
 #include <toml++/toml.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <thread>
 
@@ -57,14 +57,20 @@ class TensorBoardTracker : public Tracker {
     const double wall = now_seconds();
     const json flat = flatten_record(record);
     for (const auto& [tag, v] : flat.items()) {
-      // Scalars only: strings (batch_hash, a task's metric name) have no place on a TensorBoard chart.
-      if (v.is_number() || v.is_boolean()) writer_.scalar(tag, v.is_boolean() ? float(v.get<bool>()) : v.get<float>(), step, wall);
+      // Scalars only: strings (batch_hash, a task's metric name) have no place on a TensorBoard chart. A key that
+      // two lines of a step share ("tokens" of the step and of its validation line) is one point.
+      if (!(v.is_number() || v.is_boolean())) continue;
+      auto [last, fresh] = last_step_.try_emplace(tag, step);
+      if (!fresh && last->second >= step) continue;
+      last->second = step;
+      writer_.scalar(tag, v.is_boolean() ? float(v.get<bool>()) : v.get<float>(), step, wall);
     }
     writer_.flush();
   }
 
  private:
   TensorBoardWriter writer_;
+  std::map<std::string, int64_t> last_step_;  // per tag, the last step written
 };
 
 // ---- Weights & Biases, through a Python sidecar ---------------------------------------------------------
@@ -118,7 +124,8 @@ class WandbTracker : public Tracker {
       ::kill(pid_, SIGKILL);
       wait_exit(std::chrono::seconds(5));
       throw Error("the sidecar did not finish within " + std::to_string(kFinishSeconds) +
-                  " s and was stopped; `wandb sync " + run_dir_ + "/wandb` uploads what it wrote (log: " + log_path_ + ")");
+                  " s and was stopped; `wandb sync " + run_dir_ + "/wandb` uploads what it wrote (log: " + log_path_ +
+                  ")");
     }
     ::close(fd_);
     fd_ = -1;
@@ -140,7 +147,8 @@ class WandbTracker : public Tracker {
   }
 
   void spawn(const std::string& script) {
-    if (!fs::exists(script)) throw Error("the sidecar script " + script + " does not exist (ARCHSPACE_WANDB_SIDECAR names another)");
+    if (!fs::exists(script))
+      throw Error("the sidecar script " + script + " does not exist (ARCHSPACE_WANDB_SIDECAR names another)");
     int sv[2];
     if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0)
       throw Error(std::string("socketpair: ") + std::strerror(errno));
@@ -169,7 +177,8 @@ class WandbTracker : public Tracker {
     if (err != 0) {
       ::close(sv[0]);
       pid_ = 0;
-      throw Error("cannot run " + py + " " + script + ": " + std::strerror(err) + " (ARCHSPACE_PYTHON names a python with wandb)");
+      throw Error("cannot run " + py + " " + script + ": " + std::strerror(err) +
+                  " (ARCHSPACE_PYTHON names a python with wandb)");
     }
     fd_ = sv[0];
     ::fcntl(fd_, F_SETFL, ::fcntl(fd_, F_GETFL) | O_NONBLOCK);
@@ -179,7 +188,8 @@ class WandbTracker : public Tracker {
     pending_ += message.dump() + "\n";
     drain(std::chrono::seconds(0));
     if (pending_.size() > kMaxPending)
-      throw Error("the sidecar has not read " + std::to_string(pending_.size() >> 20) + " MiB of records (hung?) (log: " + log_path_ + ")");
+      throw Error("the sidecar has not read " + std::to_string(pending_.size() >> 20) +
+                  " MiB of records (hung?) (log: " + log_path_ + ")");
   }
 
   // Sends what the socket takes, waiting up to `patience` for it to take all.
@@ -193,7 +203,8 @@ class WandbTracker : public Tracker {
       }
       if (n < 0 && errno == EINTR) continue;
       if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+        const auto left =
+            std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
         if (left.count() <= 0) return;
         pollfd p{fd_, POLLOUT, 0};
         ::poll(&p, 1, static_cast<int>(left.count()));

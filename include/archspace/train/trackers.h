@@ -29,7 +29,7 @@ class Tracker {
 // What a tracker knows of the run besides its records.
 struct TrackingContext {
   std::string run_dir;
-  int64_t start_step = 0;  // >0: a resumed run, whose records start after this step
+  int64_t start_step = 0;   // >0: a resumed run, whose records start after this step
   std::string config_text;  // the configuration as run (TOML)
   nlohmann::json run_info;  // derived facts worth seeing next to the config (world size, global batch, ...)
 };
