@@ -83,6 +83,14 @@ if [ ! -f "$eval_stamp" ]; then
   "$venv/bin/pip" install --quiet -r requirements-eval.txt -c requirements.txt
   touch "$eval_stamp"
 fi
+# Experiment trackers for [log] (docs/training.md, "Tracking"): the W&B SDK the sidecar drives and TensorBoard, whose
+# readers the tests read the engine's event files with; pinned by requirements-tracking.txt, constrained likewise.
+tracking_stamp="$venv/.tracking-$(sha256sum requirements-tracking.txt | cut -c1-16)"
+if [ ! -f "$tracking_stamp" ]; then
+  say "installing experiment trackers: $(grep -v '^#' requirements-tracking.txt | tr '\n' ' ')"
+  "$venv/bin/pip" install --quiet -r requirements-tracking.txt -c requirements.txt
+  touch "$tracking_stamp"
+fi
 # Downstream task files the wheel lacks (basic_arithmetic and MMLU, rendered from its arrow data into
 # $venv/archspace-eval-tasks, which the build knows). Offline; does nothing when they are up to date.
 "$venv/bin/python" scripts/render_tasks.py

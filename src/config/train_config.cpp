@@ -161,7 +161,7 @@ ChoiceTexts read_keys(const toml::table& root, TrainConfig& c, const std::string
   Section top(&root, "", path, schema);
   const toml::table *model_t = top.table("model"), *data_t = top.table("data"), *train_t = top.table("train"),
                     *optim_t = top.table("optim"), *ckpt_t = top.table("checkpoint"), *eval_t = top.table("eval"),
-                    *debug_t = top.table("debug");
+                    *debug_t = top.table("debug"), *log_t = top.table("log");
   top.check_unknown();
 
   Section model(model_t, "model", path, schema);
@@ -256,6 +256,22 @@ ChoiceTexts read_keys(const toml::table& root, TrainConfig& c, const std::string
   eval.get("downstream_shots", c.downstream_shots);
   eval.get("downstream_limit", c.downstream_limit);
   eval.check_unknown();
+
+  Section log(log_t, "log", path, schema);
+  log.get("tensorboard", c.log.tensorboard);
+  if (const toml::table* w = log.table("wandb")) {
+    Section wandb(w, "log.wandb", path, nullptr);  // set in the file, not by --set (a table)
+    c.log.wandb.enabled = true;
+    wandb.get("project", c.log.wandb.project);
+    wandb.get("name", c.log.wandb.name);
+    wandb.get("mode", c.log.wandb.mode);
+    wandb.check_unknown();
+    const std::string& mode = c.log.wandb.mode;
+    if (mode != "offline" && mode != "online" && mode != "disabled")
+      wandb.fail("mode", "must be \"offline\", \"online\" or \"disabled\", not \"" + mode + "\"");
+    if (c.log.wandb.project.empty()) wandb.fail("project", "must not be empty");
+  }
+  log.check_unknown();
 
   Section debug(debug_t, "debug", path, schema);
   debug.get("dump_gradients_steps", c.dump_gradients_steps);

@@ -397,8 +397,16 @@ void Trainer::sync_ranks() {
 TrainResult Trainer::run() {
   resume();
   sync_ranks();
-  if (rank_ == 0)
-    metrics_ = std::make_unique<MetricsLog>((fs::path(cfg_.run_dir) / "metrics.jsonl").string(), start_step_);
+  if (rank_ == 0) {
+    const auto warn = [this](const std::string& m) {
+      progress_->finish();
+      std::fprintf(stderr, "warning: %s\n", m.c_str());
+    };
+    std::vector<std::unique_ptr<Tracker>> trackers;  // none for a run that is already finished
+    if (start_step_ < cfg_.max_steps) trackers = make_trackers(cfg_.log, tracking_context(), warn);
+    metrics_ = std::make_unique<MetricsLog>((fs::path(cfg_.run_dir) / "metrics.jsonl").string(), start_step_,
+                                            std::move(trackers), warn);
+  }
   progress_ = make_progress();  // elapsed and ETA from the first step
   started_ = std::chrono::steady_clock::now();
   TrainResult result;
@@ -440,9 +448,25 @@ TrainResult Trainer::run() {
     if (options_.stop_after_step > 0 && step + 1 == options_.stop_after_step) break;
   }
   if (start_step_ >= cfg_.max_steps) progress_->note("already finished (step " + std::to_string(start_step_) + ")");
+  if (metrics_) metrics_->finish();  // the trackers' plots and closing (a failure there is a warning)
   progress_->finish();
   result.final_checkpoint = last_checkpoint_.empty() ? latest_checkpoint(cfg_.run_dir) : last_checkpoint_;
   return result;
+}
+
+// What the trackers show beside the config file: facts the engine derived from it.
+TrackingContext Trainer::tracking_context() const {
+  int64_t parameters = 0;
+  for (const auto& g : params_) parameters += g.param.numel();
+  return {cfg_.run_dir,
+          start_step_,
+          cfg_.text,
+          {{"world_size", world_},
+           {"global_batch", global_batch()},
+           {"tokens_per_step", global_batch() * cfg_.sequence_length},
+           {"parameters", parameters},
+           {"variant", variant_name(model_->config().variant)},
+           {"device", device_.str()}}};
 }
 
 // Rank 0 speaks for all; with train.log_all_ranks every rank reports, labelled (torchrun --log-dir with

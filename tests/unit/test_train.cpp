@@ -1,11 +1,13 @@
 // The pieces of training, each alone: TrainConfig (typed choices, --set overrides, the {variant}
 // placeholder), batches and their labels, the loss, clipping, the lr schedule, the autocast guard, the
-// metrics log on resume, and the tokenizer a run's checkpoints carry.
+// metrics log on resume and its trackers (the fan-out, TensorBoard framing), and the tokenizer a run's checkpoints
+// carry.
 #include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
 #include <torch/nn/utils/clip_grad.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -19,6 +21,8 @@
 #include "archspace/train/optimizer.h"
 #include "archspace/train/run_tokenizer.h"
 #include "archspace/train/sweep.h"
+#include "archspace/train/tensorboard_events.h"
+#include "archspace/train/trackers.h"
 #include "archspace/util/error.h"
 #include "archspace/util/sha256.h"
 #include "test_support.h"
@@ -331,6 +335,86 @@ TEST(MetricsLog, ResumeKeepsEachStepOnce) {
   EXPECT_EQ(read_file(path), "");
   MetricsLog missing((dir / "new.jsonl").string(), 0);
   EXPECT_TRUE(fs::exists(dir / "new.jsonl"));
+}
+
+// ---- trackers --------------------------------------------------------------------------------------
+
+namespace {
+
+// Fails at its `fail_at`-th write (or finish, for 0), recording what it got before.
+class FailingTracker : public Tracker {
+ public:
+  FailingTracker(int fail_at, std::vector<json>* got) : fail_at_(fail_at), got_(got) {}
+  std::string name() const override { return "Failing"; }
+  void write(const json& record) override {
+    if (++writes_ == fail_at_) throw Error("disk full");
+    got_->push_back(record);
+  }
+  void finish() override {
+    if (fail_at_ == 0) throw Error("could not close");
+  }
+
+ private:
+  int fail_at_, writes_ = 0;
+  std::vector<json>* got_;
+};
+
+}  // namespace
+
+TEST(Trackers, AFailingTrackerIsWarnedAboutOnceAndTheLogGoesOn) {
+  const fs::path dir = archspace::testing::fresh_dir("trackers");
+  std::vector<json> failing, healthy;
+  std::vector<std::unique_ptr<Tracker>> sinks;
+  sinks.push_back(std::make_unique<FailingTracker>(2, &failing));
+  sinks.push_back(std::make_unique<FailingTracker>(-1, &healthy));
+  std::vector<std::string> warnings;
+  {
+    MetricsLog log((dir / "metrics.jsonl").string(), 0, std::move(sinks),
+                   [&](const std::string& m) { warnings.push_back(m); });
+    for (int step = 1; step <= 4; ++step) log.write({{"step", step}, {"loss", 1.0 / step}});
+    log.finish();
+  }
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find("Failing tracking stopped: disk full"), std::string::npos) << warnings[0];
+  EXPECT_EQ(failing.size(), 1u);  // dropped at its failure: no more writes
+  EXPECT_EQ(healthy.size(), 4u);  // the others go on
+  const std::string lines = read_file(dir / "metrics.jsonl");
+  EXPECT_EQ(std::count(lines.begin(), lines.end(), '\n'), 4);  // metrics.jsonl has every line
+}
+
+TEST(Trackers, AFinishThatFailsIsAWarning) {
+  const fs::path dir = archspace::testing::fresh_dir("trackers_finish");
+  std::vector<json> got;
+  std::vector<std::unique_ptr<Tracker>> sinks;
+  sinks.push_back(std::make_unique<FailingTracker>(0, &got));
+  std::vector<std::string> warnings;
+  MetricsLog log((dir / "metrics.jsonl").string(), 0, std::move(sinks),
+                 [&](const std::string& m) { warnings.push_back(m); });
+  log.write({{"step", 1}, {"loss", 2.0}});
+  log.finish();
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find("could not close"), std::string::npos);
+}
+
+TEST(Trackers, FlattenRecordJoinsNestedKeys) {
+  const json record = json::parse(
+      R"({"step": 3, "loss": 2.5, "downstream": {"arc": {"value": 0.5, "stderr": null, "metric": "acc"}},
+          "grad_norms": {"layers.0": 0.1}, "list": [4, 5]})");
+  EXPECT_EQ(flatten_record(record),
+            json::parse(R"({"loss": 2.5, "downstream/arc/value": 0.5, "downstream/arc/metric": "acc",
+                            "grad_norms/layers.0": 0.1, "list/0": 4, "list/1": 5})"));
+}
+
+TEST(TensorBoardEvents, Crc32cOfTheCheckString) {
+  // The CRC catalogue's check value of CRC-32C (iSCSI, RFC 3720): the CRC of the ASCII digits 1 to 9.
+  EXPECT_EQ(crc32c("123456789", 9), 0xE3069283u);
+  EXPECT_EQ(crc32c("", 0), 0u);
+}
+
+TEST(TensorBoardEvents, ADirectoryThatIsAFileIsAnErrorNamingIt) {
+  const fs::path dir = archspace::testing::fresh_dir("tb_file");
+  write_file(dir / "tb", "x");
+  expect_error([&] { TensorBoardWriter w((dir / "tb").string(), 0); }, {(dir / "tb").string()});
 }
 
 // ---- the tokenizer checkpoints carry ---------------------------------------------------------------

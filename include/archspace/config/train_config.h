@@ -16,6 +16,18 @@ namespace archspace {
 // is still large enough to run at full speed on a GPU.
 inline constexpr int64_t kDefaultLossChunkTokens = 1024;
 
+// [log]: experiment trackers fed from the metrics record (docs/training.md, "Tracking").
+struct WandbConfig {
+  bool enabled = false;  // the table [log.wandb] (or log.wandb = {...}) is present
+  std::string project = "archspace";
+  std::string name;              // "" : the run directory's name
+  std::string mode = "offline";  // offline | online | disabled
+};
+struct LogConfig {
+  std::string tensorboard;  // a directory for TensorBoard event files; "" : none
+  WandbConfig wandb;
+};
+
 struct TrainConfig {
   std::string source;  // the TOML file, for messages
   // The configuration as run, as TOML text: the file's own bytes, or (after --set overrides or a
@@ -100,6 +112,9 @@ struct TrainConfig {
   std::string downstream_format = "rc";
   std::optional<int64_t> downstream_shots;
   int64_t downstream_limit = 0;
+
+  // [log]
+  LogConfig log;
 
   // [debug]
   int64_t dump_gradients_steps = 0;  // write the gradients of the first N steps (tests)

@@ -61,6 +61,7 @@ class Trainer {
  private:
   int stop_signal_received(int64_t step);
   std::unique_ptr<ProgressLine> make_progress() const;
+  TrackingContext tracking_context() const;
   void setup_device();
   void setup_dist();
   void setup_run_dir();
