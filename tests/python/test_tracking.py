@@ -131,39 +131,24 @@ def test_wandb_offline_run_has_every_record_the_config_and_the_plot(resumed_run)
     assert config["train"]["max_steps"] == 8 and config["eval"]["interval"] == 3
     assert config["archspace"]["world_size"] == 1 and config["archspace"]["tokens_per_step"] == 4 * 16
     # Every record, per step, with its values.
-    plot = {k: history[8].pop(k) for k in list(history[8]) if k.startswith("plots/")}
+    # (each process logs the plot as it finishes: the first at its last step, 5, the resumed one at 8)
+    plots = {step: {k: row.pop(k) for k in list(row) if k.startswith("plots/")} for step, row in history.items()}
+    plot = plots[8]
     want = per_step(run_dir)
     assert sorted(history) == sorted(want) == list(range(1, 9))
     for step in want:
-        assert history[step] == pytest.approx(want[step], rel=1e-12), step
+        assert sorted(history[step]) == sorted(want[step]), step
+        for key, value in want[step].items():  # numbers to 1e-12 (W&B keeps doubles); text (the batch hash) exactly
+            if key in ("elapsed_s", "tokens_per_s") and step == 5:
+                continue  # wall-clock timings of step 5, which the first process logged and the resumed one retrained
+            if isinstance(value, str):
+                assert history[step][key] == value, (step, key)
+            else:
+                assert history[step][key] == pytest.approx(value, rel=1e-12), (step, key)
     # The plot: the run's loss curves as `archspace plot` draws them, an image file of the last fragment.
     assert plot["plots/loss._type"] == "image-file"
     image = fragments[-1] / "files" / plot["plots/loss.path"]
     assert image.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-
-
-def test_tensorboard_files_read_by_wandb(resumed_run, tmp_path):
-    """W&B's own TensorBoard importer (wandb-core's, behind wandb.init(sync_tensorboard=True), which wandb 0.31
-    uses where `wandb sync --sync-tensorboard` was) turns the engine's event files into the same history."""
-    src, _ = resumed_run
-    script = f"""
-import wandb
-run = wandb.init(project="tb", mode="offline", dir={str(tmp_path)!r}, sync_tensorboard=True)
-run._tensorboard_callback({str(src / "tb")!r}, save=False, root_logdir={str(src / "tb")!r})
-run.finish()
-"""
-    subprocess.run([str(PYTHON), "-c", script], check=True, capture_output=True, timeout=300)
-    (fragment,) = (tmp_path / "wandb").glob("offline-run-*")
-    seen = {}
-    for record in inspect(next(fragment.glob("*.wandb"))):
-        if record["type"] == "history":
-            item = record["history"]["item"]
-            if "loss" in item:
-                seen.setdefault(int(item["global_step"]), []).append(item["loss"])
-    want = per_step(src / "run")
-    assert sorted(seen) and set(seen) <= set(want)
-    for step, losses in seen.items():
-        assert losses == pytest.approx([float(np.float32(want[step]["loss"]))] * len(losses), rel=1e-6)
 
 
 @pytest.fixture
