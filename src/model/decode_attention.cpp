@@ -2,6 +2,7 @@
 
 #include <ATen/Parallel.h>
 #include <ATen/core/grad_mode.h>
+#include <ATen/record_function.h>
 
 #include <algorithm>
 #include <cmath>
@@ -219,6 +220,7 @@ bool uses_decode_attention(const at::Tensor& q, const at::Tensor& k, const at::T
 at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
                             const at::Tensor& padding_mask, CpuIsa isa) {
   TORCH_CHECK(uses_decode_attention(q, k, v, padding_mask), "decode_attention: unsupported arguments");
+  RECORD_FUNCTION("archspace::decode_attention", c10::ArrayRef<const c10::IValue>{});  // a span in --profile
   Layout L{q.size(0), q.size(1), k.size(1), k.size(2), q.size(3), {}, {}, {}, 0, 0};
   for (int i = 0; i < 3; ++i) L.qs[i] = q.stride(i), L.ks[i] = k.stride(i), L.vs[i] = v.stride(i);
   at::Tensor mask;
