@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "archspace/model/decode_attention.h"
 #include "archspace/model/fused_norm_rope.h"
 #include "archspace/model/linear.h"
 
@@ -128,6 +129,7 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
       // is_causal lets the kernels skip masked blocks instead of reading a mask.
       return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, 0.0, /*is_causal=*/true, scale, gqa);
     case AttentionPath::kSdpaNoMask:  // decoding: no mask to build or read
+      if (uses_decode_attention(q, k, v)) return decode_attention(q, k, v, scale);  // inference on the CPU
       return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, 0.0, /*is_causal=*/false, scale, gqa);
     case AttentionPath::kSdpaBlocked:
     case AttentionPath::kSdpaMasked:
@@ -151,6 +153,8 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
   // Decoding a padded batch (one query at the last slot, every key within its window): the causal mask is all
   // true, so the padding mask is the whole mask.
   const bool decoding = tq == 1 && q_offset == tk - 1 && (window == 0 || window >= tk);
+  if (decoding && padding_mask.defined() && uses_decode_attention(q, k, v, padding_mask))
+    return decode_attention(q, k, v, scale, padding_mask);
   at::Tensor mask =
       decoding && padding_mask.defined() ? padding_mask : full_mask(tq, tk, window, q_offset, padding_mask, q.device());
   return at::scaled_dot_product_attention(q, k, v, mask, 0.0, /*is_causal=*/false, scale, gqa);

@@ -1,0 +1,253 @@
+#include "archspace/model/decode_attention.h"
+
+#include <ATen/Parallel.h>
+#include <ATen/core/grad_mode.h>
+#include <ATen/record_function.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+namespace archspace {
+
+namespace {
+
+bool wants_grad(const at::Tensor& t) { return at::GradMode::is_enabled() && t.requires_grad(); }
+
+inline float load(const float* p, int64_t i) { return p[i]; }
+inline float load(const at::BFloat16* p, int64_t i) { return static_cast<float>(p[i]); }
+inline void store(float* p, int64_t i, float v) { p[i] = v; }
+inline void store(at::BFloat16* p, int64_t i, float v) { p[i] = at::BFloat16(v); }
+
+// Below this exp's result is under FLT_MIN (subnormal); the AVX2 exp gives 0 there.
+constexpr float kExpLow = -87.33f;
+constexpr float kExpHigh = 88.3f;
+
+template <typename T>
+float dot_scalar(const float* q, const T* k, int64_t D) {
+  float s = 0;
+  for (int64_t i = 0; i < D; ++i) s += q[i] * load(k, i);
+  return s;
+}
+
+template <typename T>
+void axpy_scalar(float p, const T* v, float* acc, int64_t D) {
+  for (int64_t i = 0; i < D; ++i) acc[i] += p * load(v, i);
+}
+
+void exp_scalar(float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] = std::exp(x[i]);
+}
+
+#if defined(__x86_64__)
+__attribute__((target("avx2,fma"))) inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+__attribute__((target("avx2,fma"))) inline __m256 load8(const at::BFloat16* p) {
+  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
+
+template <typename T>
+__attribute__((target("avx2,fma"))) inline float dot_avx2(const float* q, const T* k, int64_t D) {
+  __m256 acc = _mm256_mul_ps(_mm256_loadu_ps(q), load8(k));
+  for (int64_t i = 8; i < D; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), load8(k + i), acc);
+  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+  return _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));
+}
+
+// exp(x) = 2^n exp(r), n = round(x / ln 2), r = x - n ln 2 in [-ln2 / 2, ln2 / 2] (ln 2 split in two so that
+// n * hi is exact), exp(r) by its Taylor series to r^7 / 7! (truncation below 3e-9 relative, a tenth of fp32's
+// unit roundoff), 2^n built in the exponent bits.
+__attribute__((target("avx2,fma"))) inline __m256 exp8(__m256 x) {
+  const __m256 below = _mm256_cmp_ps(x, _mm256_set1_ps(kExpLow), _CMP_LT_OQ);
+  // NaN stays NaN: max_ps and min_ps return their second operand when either is NaN.
+  x = _mm256_min_ps(_mm256_set1_ps(kExpHigh), _mm256_max_ps(_mm256_set1_ps(kExpLow), x));
+  constexpr double kLn2 = 0.693147180559945309417232121458;
+  constexpr float kLn2Hi = 0.693359375f;  // 9 significant bits: n * kLn2Hi is exact for |n| <= 2^15
+  const float ln2_lo = static_cast<float>(kLn2 - 0.693359375);
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(static_cast<float>(1.0 / kLn2))),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Hi), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(ln2_lo), r);
+  __m256 y = _mm256_set1_ps(1.0f / 5040);
+  for (float c : {1.0f / 720, 1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f})
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(c));
+  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_andnot_ps(below, _mm256_mul_ps(y, _mm256_castsi256_ps(bits)));
+}
+
+__attribute__((target("avx2,fma"))) inline void exp_avx2(float* x, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, exp8(_mm256_loadu_ps(x + i)));
+  if (i < n) {  // the tail through a padded lane buffer: the same function for every key
+    alignas(32) float t[8] = {kExpLow - 1, kExpLow - 1, kExpLow - 1, kExpLow - 1,
+                              kExpLow - 1, kExpLow - 1, kExpLow - 1, kExpLow - 1};
+    for (int64_t j = i; j < n; ++j) t[j - i] = x[j];
+    _mm256_store_ps(t, exp8(_mm256_load_ps(t)));
+    for (int64_t j = i; j < n; ++j) x[j] = t[j - i];
+  }
+}
+#endif
+
+struct Layout {
+  int64_t B, H, G, Tk, D;
+  int64_t qs[3], ks[3], vs[3];  // strides of dims 0..2 (the last is contiguous)
+  int64_t mask_b, mask_t;       // the mask's strides over b and keys (0 where broadcast)
+};
+
+struct Row {
+  int64_t Tk, D, k_stride, v_stride, mask_stride;
+  float scale;
+  float* scores;  // Tk floats of scratch
+  float* qf;      // D
+  float* acc;     // D
+};
+
+// One (b, h): scores of the allowed keys (masked ones at -inf), max subtracted (all masked: -inf - -inf = NaN,
+// as softmax gives), exp, then the weighted sum of the allowed keys' values (masked keys skipped: exactly 0,
+// whatever a padding slot holds) over the sum of weights. The AVX2 form is the same loop with the vector
+// helpers inlined into it.
+template <typename T>
+void row_scalar(const T* q, const T* k, const T* v, const bool* mask, T* out, const Row& R) {
+  for (int64_t i = 0; i < R.D; ++i) R.qf[i] = load(q, i);
+  float max = -std::numeric_limits<float>::infinity();
+  for (int64_t j = 0; j < R.Tk; ++j) {
+    const bool allowed = !mask || mask[j * R.mask_stride];
+    R.scores[j] = allowed ? R.scale * dot_scalar(R.qf, k + j * R.k_stride, R.D) : -INFINITY;
+    max = std::max(max, R.scores[j]);
+  }
+  for (int64_t j = 0; j < R.Tk; ++j) R.scores[j] -= max;
+  exp_scalar(R.scores, R.Tk);
+  float sum = 0;
+  std::fill(R.acc, R.acc + R.D, 0.0f);
+  for (int64_t j = 0; j < R.Tk; ++j) {
+    if (mask && !mask[j * R.mask_stride]) continue;
+    sum += R.scores[j];
+    axpy_scalar(R.scores[j], v + j * R.v_stride, R.acc, R.D);
+  }
+  for (int64_t i = 0; i < R.D; ++i) store(out, i, R.acc[i] / sum);
+}
+
+#if defined(__x86_64__)
+template <typename T>
+__attribute__((target("avx2,fma"))) void row_avx2(const T* q, const T* k, const T* v, const bool* mask, T* out,
+                                                  const Row& R) {
+  for (int64_t i = 0; i < R.D; ++i) R.qf[i] = load(q, i);
+  float max = -std::numeric_limits<float>::infinity();
+  for (int64_t j = 0; j < R.Tk; ++j) {
+    const bool allowed = !mask || mask[j * R.mask_stride];
+    R.scores[j] = allowed ? R.scale * dot_avx2(R.qf, k + j * R.k_stride, R.D) : -INFINITY;
+    max = std::max(max, R.scores[j]);
+  }
+  for (int64_t j = 0; j < R.Tk; ++j) R.scores[j] -= max;
+  exp_avx2(R.scores, R.Tk);
+  float sum = 0;
+  for (int64_t j = 0; j < R.Tk; ++j)
+    if (!mask || mask[j * R.mask_stride]) sum += R.scores[j];
+  // The weighted sum 16 columns at a time in registers (an accumulator in memory would chain every key's
+  // update through a store and a load); each column still sums its keys in order.
+  for (int64_t i0 = 0; i0 < R.D; i0 += 16) {
+    const bool two = i0 + 16 <= R.D;
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    for (int64_t j = 0; j < R.Tk; ++j) {
+      if (mask && !mask[j * R.mask_stride]) continue;
+      const __m256 p = _mm256_set1_ps(R.scores[j]);
+      const T* vj = v + j * R.v_stride + i0;
+      a0 = _mm256_fmadd_ps(p, load8(vj), a0);
+      if (two) a1 = _mm256_fmadd_ps(p, load8(vj + 8), a1);
+    }
+    _mm256_storeu_ps(R.acc + i0, a0);
+    if (two) _mm256_storeu_ps(R.acc + i0 + 8, a1);
+  }
+  for (int64_t i = 0; i < R.D; ++i) store(out, i, R.acc[i] / sum);
+}
+#endif
+
+template <typename T>
+void attend(const T* q, const T* k, const T* v, const bool* mask, T* out, float scale, const Layout& L, bool avx2) {
+  const int64_t rows = L.B * L.H, per_group = L.H / L.G, D = L.D, Tk = L.Tk;
+  // A decode step is B * H rows of Tk * D work each: one thread unless there is enough to share (an OpenMP
+  // region costs more than a small step, and far more on a loaded machine).
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 20) / std::max<int64_t>(1, Tk * D));
+  at::parallel_for(0, rows, grain, [&](int64_t r0, int64_t r1) {
+    std::vector<float> scratch(Tk + 2 * D);  // per thread, reused for every row it takes
+    const Row R{Tk, D, L.ks[2], L.vs[2], L.mask_t, scale, scratch.data(), scratch.data() + Tk, scratch.data() + Tk + D};
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t b = r / L.H, h = r % L.H, g = h / per_group;
+      const T* qr = q + b * L.qs[0] + h * L.qs[1];
+      const T* kr = k + b * L.ks[0] + g * L.ks[1];
+      const T* vr = v + b * L.vs[0] + g * L.vs[1];
+      const bool* mr = mask ? mask + b * L.mask_b : nullptr;
+#if defined(__x86_64__)
+      if (avx2) {
+        row_avx2(qr, kr, vr, mr, out + r * D, R);
+        continue;
+      }
+#endif
+      row_scalar(qr, kr, vr, mr, out + r * D, R);
+    }
+  });
+}
+
+}  // namespace
+
+bool uses_decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                           const at::Tensor& padding_mask) {
+  for (const at::Tensor* t : {&q, &k, &v}) {
+    if (!t->defined() || !t->device().is_cpu() || t->dim() != 4 || wants_grad(*t)) return false;
+    if (t->scalar_type() != q.scalar_type() || t->stride(3) != 1) return false;
+  }
+  if (q.scalar_type() != at::kFloat && q.scalar_type() != at::kBFloat16) return false;
+  const int64_t B = q.size(0), H = q.size(1), G = k.size(1), Tk = k.size(2), D = q.size(3);
+  if (q.size(2) != 1 || B < 1 || H < 1 || G < 1 || Tk < 1 || D < 1 || H % G != 0) return false;
+  if (k.size(0) != B || k.size(3) != D || v.sizes() != k.sizes()) return false;
+  if (!padding_mask.defined()) return true;
+  if (!padding_mask.device().is_cpu() || padding_mask.scalar_type() != at::kBool || padding_mask.dim() > 4)
+    return false;
+  const int64_t target[4] = {B, 1, 1, Tk};
+  for (int64_t i = 1; i <= padding_mask.dim(); ++i) {
+    const int64_t n = padding_mask.size(-i);
+    if (n != 1 && n != target[4 - i]) return false;
+  }
+  return true;
+}
+
+at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
+                            const at::Tensor& padding_mask, CpuIsa isa) {
+  TORCH_CHECK(uses_decode_attention(q, k, v, padding_mask), "decode_attention: unsupported arguments");
+  RECORD_FUNCTION("archspace::decode_attention", c10::ArrayRef<const c10::IValue>{});  // a span in --profile
+  Layout L{q.size(0), q.size(1), k.size(1), k.size(2), q.size(3), {}, {}, {}, 0, 0};
+  for (int i = 0; i < 3; ++i) L.qs[i] = q.stride(i), L.ks[i] = k.stride(i), L.vs[i] = v.stride(i);
+  at::Tensor mask;
+  if (padding_mask.defined()) {
+    mask = padding_mask.expand({L.B, 1, 1, L.Tk});  // a view: broadcast dims get stride 0
+    L.mask_b = mask.stride(0);
+    L.mask_t = mask.stride(3);
+  }
+  const bool* mp = mask.defined() ? mask.const_data_ptr<bool>() : nullptr;
+  const bool avx2 = std::min(isa, detected_cpu_isa()) >= CpuIsa::kAvx2 && L.D % 8 == 0;
+  at::Tensor out = at::empty({L.B, L.H, 1, L.D}, q.options().memory_format(at::MemoryFormat::Contiguous));
+  const float s = static_cast<float>(scale);
+  if (q.scalar_type() == at::kFloat)
+    attend(q.const_data_ptr<float>(), k.const_data_ptr<float>(), v.const_data_ptr<float>(), mp,
+           out.mutable_data_ptr<float>(), s, L, avx2);
+  else
+    attend(q.const_data_ptr<at::BFloat16>(), k.const_data_ptr<at::BFloat16>(), v.const_data_ptr<at::BFloat16>(), mp,
+           out.mutable_data_ptr<at::BFloat16>(), s, L, avx2);
+  return out;
+}
+
+void decode_attention_exp(float* x, int64_t n, CpuIsa isa) {
+#if defined(__x86_64__)
+  if (std::min(isa, detected_cpu_isa()) >= CpuIsa::kAvx2) return exp_avx2(x, n);
+#endif
+  (void)isa;
+  exp_scalar(x, n);
+}
+
+}  // namespace archspace
