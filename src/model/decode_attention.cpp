@@ -9,6 +9,8 @@
 #include <limits>
 #include <vector>
 
+#include "cpu_elements.h"
+
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -17,12 +19,13 @@ namespace archspace {
 
 namespace {
 
-bool wants_grad(const at::Tensor& t) { return at::GradMode::is_enabled() && t.requires_grad(); }
+using cpu_elements::load;
+using cpu_elements::store;
+#if defined(__x86_64__)
+using cpu_elements::load8;
+#endif
 
-inline float load(const float* p, int64_t i) { return p[i]; }
-inline float load(const at::BFloat16* p, int64_t i) { return static_cast<float>(p[i]); }
-inline void store(float* p, int64_t i, float v) { p[i] = v; }
-inline void store(at::BFloat16* p, int64_t i, float v) { p[i] = at::BFloat16(v); }
+bool wants_grad(const at::Tensor& t) { return at::GradMode::is_enabled() && t.requires_grad(); }
 
 // Below this exp's result is under FLT_MIN (subnormal); the AVX2 exp gives 0 there.
 constexpr float kExpLow = -87.33f;
@@ -45,11 +48,6 @@ void exp_scalar(float* x, int64_t n) {
 }
 
 #if defined(__x86_64__)
-__attribute__((target("avx2,fma"))) inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-__attribute__((target("avx2,fma"))) inline __m256 load8(const at::BFloat16* p) {
-  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
-}
 
 template <typename T>
 __attribute__((target("avx2,fma"))) inline float dot_avx2(const float* q, const T* k, int64_t D) {

@@ -6,6 +6,8 @@
 #include <cmath>
 #include <cstring>
 
+#include "cpu_elements.h"
+
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -17,15 +19,16 @@ namespace archspace {
 
 namespace {
 
+using cpu_elements::load;
+using cpu_elements::store;
+#if defined(__x86_64__)
+using cpu_elements::load8;
+#endif
+
 bool wants_grad(const at::Tensor& t) { return at::GradMode::is_enabled() && t.requires_grad(); }
 
 bool float_or_bf16(const at::Tensor& t) { return t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16; }
 
-// Element i of a row as fp32.
-inline float load(const float* p, int64_t i) { return p[i]; }
-inline float load(const at::BFloat16* p, int64_t i) { return static_cast<float>(p[i]); }
-inline void store(float* p, int64_t i, float v) { p[i] = v; }
-inline void store(at::BFloat16* p, int64_t i, float v) { p[i] = at::BFloat16(v); }
 
 template <typename T>
 float sum_of_squares_scalar(const T* x, int64_t D) {
@@ -45,11 +48,6 @@ float sum_of_squares_scalar(const T* x, int64_t D) {
 }
 
 #if defined(__x86_64__)
-__attribute__((target("avx2,fma"))) inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-__attribute__((target("avx2,fma"))) inline __m256 load8(const at::BFloat16* p) {
-  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
-}
 
 template <typename T>
 __attribute__((target("avx2,fma"))) float sum_of_squares_avx2(const T* x, int64_t D) {
