@@ -29,7 +29,6 @@ bool wants_grad(const at::Tensor& t) { return at::GradMode::is_enabled() && t.re
 
 bool float_or_bf16(const at::Tensor& t) { return t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16; }
 
-
 template <typename T>
 float sum_of_squares_scalar(const T* x, int64_t D) {
   float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};  // the AVX2 path's lane order, so both paths sum alike
