@@ -1,0 +1,173 @@
+"""A training step against the roofline (issue 25 items 2 and 4): `archspace train` against the same step in PyTorch
+eager (transformers' Olmo3ForCausalLM, torch.optim.AdamW(fused=True), the z-loss and clipping the engine applies),
+fp32 and bf16 autocast, on one preset at one sequence length and micro-batch 1, with the same threads; and the limits
+measured in the same run: the fp32 and bf16 GEMM peaks (torch.mm of 4096 x 4096, median of several) and the memory read
+bandwidth. Each side's step is also shown as achieved FLOP/s (6 x parameters in matmuls x tokens plus the attention
+scores, forward and backward) and as a percentage of its dtype's GEMM peak.
+
+The sides run in alternating rounds (engine fp32, PyTorch fp32, engine bf16, PyTorch bf16, then again), so a busy
+neighbour slows both sides of a ratio alike; each ratio is reported as the median over rounds with its range.
+
+    .venv/bin/python bench/bench_train_step.py [--preset 190M] [--seq 512] [--steps 6] [--rounds 3] [--threads N]
+
+Goal (issue 25): bf16 >= 1.5x PyTorch eager with fused AdamW and >= 40% of the bf16 GEMM peak on CPUs with
+AVX512-BF16 or AMX; fp32 >= 1.1x. Results: bench/results/train-step-<time>.json and a table on stdout.
+"""
+import argparse
+import json
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+import torch
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests" / "python"))
+sys.path.insert(0, str(REPO / "bench"))
+from bench_decode_dtype import read_bandwidth  # noqa: E402
+from bench_threads import cpu_flags  # noqa: E402
+from test_train import metrics, write_shards, write_toml  # noqa: E402
+
+BINARY = REPO / "build" / "archspace"
+WARMUP = 2  # steps not counted on either side (allocator and kernel caches)
+
+
+def gemm_peak(dtype, threads, n=4096, repeat=5):
+    """GFLOP/s of torch.mm on n x n operands in `dtype` (median of `repeat` after one warm-up)."""
+    torch.set_num_threads(threads)
+    a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
+    torch.mm(a, b)
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        torch.mm(a, b)
+        times.append(time.perf_counter() - t0)
+    return 2 * n**3 / statistics.median(times) / 1e9
+
+
+def step_flops(config, seq):
+    """Model FLOPs of one training step of one sequence: 6 x (the matmul parameters: every linear layer and the
+    head, not the embedding, which is gathered) per token, plus the attention scores and weighted sums (QK^T and
+    PV: 2 x 2 x T^2/2 x width per layer forward, causal, counted for full attention as is usual), times 3 for
+    forward + backward."""
+    D, I, L, V = config["hidden_size"], config["intermediate_size"], config["num_hidden_layers"], config["vocab_size"]
+    h = config.get("head_dim") or D // config["num_attention_heads"]
+    q, kv = config["num_attention_heads"] * h, config["num_key_value_heads"] * h
+    matmul_params = L * (D * q + 2 * D * kv + q * D + 3 * D * I) + V * D
+    attention = L * 2 * 2 * (seq * seq / 2) * q
+    return 6 * matmul_params * seq + 3 * attention
+
+
+def engine_step_seconds(tmp, model_dir, seq, steps, threads, dtype, tag):
+    run = tmp / f"run-{dtype}-{tag}"
+    toml = write_toml(tmp / f"{dtype}-{tag}.toml", {
+        "model": {"init_from": str(model_dir)},
+        "data": {"train": str(tmp / "shards"), "shuffle": False},
+        "train": {"run_dir": str(run), "sequence_length": seq, "micro_batch": 1, "grad_accum": 1, "max_steps": steps,
+                  "threads": threads, "dtype": dtype},
+        "optim": {"lr": 1e-4, "warmup_steps": 0, "weight_decay": 0.1, "clip_grad_norm": 1.0, "z_loss": 1e-4,
+                  "fused": True},
+    })
+    subprocess.run([str(BINARY), "train", "--config", str(toml)], check=True, capture_output=True)
+    return [seq / m["tokens_per_s"] for m in metrics(run)[WARMUP:]]
+
+
+def torch_step_seconds(model_dir, tokens, seq, steps, threads, dtype):
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(threads)
+    model = AutoModelForCausalLM.from_pretrained(model_dir).train()
+    decay = [p for n, p in model.named_parameters() if "norm" not in n]
+    no_decay = [p for n, p in model.named_parameters() if "norm" in n]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=1e-4, betas=(0.9, 0.95), eps=1e-8, fused=True)
+    windows = torch.tensor(np.asarray(tokens[: (len(tokens) // seq) * seq], dtype=np.int64)).view(-1, seq)
+    times = []
+    for step in range(steps):
+        t0 = time.perf_counter()
+        ids = windows[step:step + 1]
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bf16"):
+            logits = model(ids).logits[:, :-1].float()
+        lse = torch.logsumexp(logits, -1)
+        ce = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1),
+                                               reduction="sum")
+        ((ce + 1e-4 * (lse**2).sum()) / (seq - 1)).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        times.append(time.perf_counter() - t0)
+    return times[WARMUP:]
+
+
+def spread(values):
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "values": values}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", default="190M")
+    parser.add_argument("--seq", type=int, default=512)
+    parser.add_argument("--steps", type=int, default=6, help="steps per run (the first 2 are not counted)")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=os.cpu_count())
+    args = parser.parse_args()
+    load_before = pathlib.Path("/proc/loadavg").read_text().strip()
+    print(f"CPU flags: {' '.join(cpu_flags())}; load before: {load_before}")
+    result = {"benchmark": "train_step_roofline", "preset": args.preset, "sequence_length": args.seq, "micro_batch": 1,
+              "threads": args.threads, "cpu_flags": cpu_flags(), "loadavg_before": load_before}
+    with tempfile.TemporaryDirectory() as t:
+        tmp = pathlib.Path(t)
+        model_dir = tmp / "model"
+        subprocess.run([str(BINARY), "init", "--preset", args.preset, "--out", str(model_dir)], check=True,
+                       capture_output=True)
+        config = json.loads((model_dir / "config.json").read_text())
+        tokens = np.random.default_rng(0).integers(2, config["vocab_size"], args.seq * (args.steps + 1))
+        write_shards(tmp / "shards", tokens, vocab=config["vocab_size"])
+        flops = step_flops(config, args.seq)
+        rounds = {k: [] for k in ("engine_fp32", "torch_fp32", "engine_bf16", "torch_bf16")}
+        limits = {"gemm_fp32_gflops": [], "gemm_bf16_gflops": [], "read_gb_s": []}
+        for r in range(args.rounds):
+            limits["gemm_fp32_gflops"].append(gemm_peak(torch.float32, args.threads))
+            limits["gemm_bf16_gflops"].append(gemm_peak(torch.bfloat16, args.threads))
+            limits["read_gb_s"].append(read_bandwidth(args.threads))
+            for dtype in ("fp32", "bf16"):
+                rounds[f"engine_{dtype}"].append(
+                    statistics.median(engine_step_seconds(tmp, model_dir, args.seq, args.steps, args.threads, dtype, r)))
+                rounds[f"torch_{dtype}"].append(
+                    statistics.median(torch_step_seconds(model_dir, tokens, args.seq, args.steps, args.threads, dtype)))
+            print(f"round {r + 1}: " + ", ".join(f"{k} {v[-1]:.3f} s" for k, v in rounds.items()), flush=True)
+    result["step_seconds"] = {k: spread(v) for k, v in rounds.items()}
+    result["limits"] = {k: spread(v) for k, v in limits.items()}
+    result["model_flops_per_step"] = flops
+    for dtype in ("fp32", "bf16"):
+        ratios = [t / e for t, e in zip(rounds[f"torch_{dtype}"], rounds[f"engine_{dtype}"])]
+        result[f"engine_vs_torch_{dtype}"] = spread(ratios)
+        peak = statistics.median(limits[f"gemm_{dtype}_gflops"])
+        for side in ("engine", "torch"):
+            gflops = flops / statistics.median(rounds[f"{side}_{dtype}"]) / 1e9
+            result[f"{side}_{dtype}_gflops"] = gflops
+            result[f"{side}_{dtype}_percent_of_gemm_peak"] = 100 * gflops / peak
+    result["loadavg_after"] = pathlib.Path("/proc/loadavg").read_text().strip()
+    out = REPO / "bench" / "results" / f"train-step-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    lim = result["limits"]
+    print(f"\n{args.preset}, sequence {args.seq}, micro-batch 1, {args.threads} threads, {args.rounds} rounds; "
+          f"GEMM peak fp32 {lim['gemm_fp32_gflops']['median']:.0f}, bf16 {lim['gemm_bf16_gflops']['median']:.0f} "
+          f"GFLOP/s; read {lim['read_gb_s']['median']:.1f} GB/s; {flops / 1e9:.0f} GFLOP a step")
+    print(f"  {'':6}{'engine s':>10}{'PyTorch s':>11}{'ratio (range)':>22}{'engine % peak':>15}{'PyTorch % peak':>16}")
+    for dtype in ("fp32", "bf16"):
+        s, ratio = result["step_seconds"], result[f"engine_vs_torch_{dtype}"]
+        print(f"  {dtype:6}{s[f'engine_{dtype}']['median']:10.3f}{s[f'torch_{dtype}']['median']:11.3f}"
+              f"{ratio['median']:9.2f}x ({ratio['min']:.2f}-{ratio['max']:.2f})"
+              f"{result[f'engine_{dtype}_percent_of_gemm_peak']:14.1f}%{result[f'torch_{dtype}_percent_of_gemm_peak']:15.1f}%")
+    print(f"  load after: {result['loadavg_after']}; wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
