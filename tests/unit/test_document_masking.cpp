@@ -194,15 +194,19 @@ TEST(DocumentAttention, StandInChecksTheKernelsArguments) {
 TEST(DocumentAttention, NotWithACacheOrPadding) {
   using testing::expect_error;
   const Case c = attention_case(at::kFloat, 3);
-  expect_error([&] { causal_attention(c.q, c.k, c.v, 0, 0, AttentionImpl::kSdpa, at::ones({2, 1, 30, 30}, at::kBool),
-                                      &c.documents); },
+  expect_error(
+      [&] {
+        causal_attention(c.q, c.k, c.v, 0, 0, AttentionImpl::kSdpa, at::ones({2, 1, 30, 30}, at::kBool), &c.documents);
+      },
+      {"whole training sequences"});
+  expect_error([&] { causal_attention(c.q.narrow(2, 29, 1), c.k, c.v, 0, 29, AttentionImpl::kSdpa, {}, &c.documents); },
                {"whole training sequences"});
-  expect_error([&] { causal_attention(c.q.narrow(2, 29, 1), c.k, c.v, 0, 29, AttentionImpl::kSdpa, {},
-                                      &c.documents); },
-               {"whole training sequences"});
-  expect_error([&] { causal_attention(c.q.narrow(0, 0, 1), c.k.narrow(0, 0, 1), c.v.narrow(0, 0, 1), 0, 0,
-                                      AttentionImpl::kSdpa, {}, &c.documents); },
-               {"documents of a [2, 30] batch"});
+  expect_error(
+      [&] {
+        causal_attention(c.q.narrow(0, 0, 1), c.k.narrow(0, 0, 1), c.v.narrow(0, 0, 1), 0, 0, AttentionImpl::kSdpa, {},
+                         &c.documents);
+      },
+      {"documents of a [2, 30] batch"});
 }
 
 namespace {
