@@ -10,7 +10,8 @@ Checks (each a "pass" in the JSON; the script exits 1 if any fails):
   logits_fp32       engine fp32 logits on the device vs transformers fp32 on the CPU: <= 1e-4
   logits_bf16       engine --dtype bf16 vs transformers fp32: error <= 1.5x transformers' own bf16 error
                     (the model cast to bf16 on the same device), the rule of tests/python/test_cli.py
-  flash_attention   build/check_attention: flash path vs reference attention, forward and backward
+  flash_attention   build/check_attention: flash path vs reference attention, forward and backward; with
+                    document masking, the variable-length kernel (cu_seqlens) vs the block-diagonal reference
   cache_decode      greedy decode with the KV cache (fp32) == argmax of one full forward at every step
   train_bf16        3 training steps, bf16 autocast vs fp32 (same init, data): first-step loss difference
                     <= max(1.5x that of transformers under torch.autocast, 2e-3); every step within 1%;

@@ -17,7 +17,7 @@ struct PlanArgs {
   std::string preset, config, variant = "base", dtype = "bf16";
   int64_t world = 1, sequence_length = 0, micro_batch = 1, grad_accum = 1;
   int64_t loss_chunk_tokens = kDefaultLossChunkTokens;
-  bool shard_optimizer = false, activation_checkpointing = false, json = false;
+  bool shard_optimizer = false, activation_checkpointing = false, document_masking = false, json = false;
   std::string device = "cuda";
   std::string gpu_memory;  // "80GiB": say whether the plan fits
 };
@@ -50,7 +50,7 @@ void print_plan(const ModelConfig& c, const PlanOptions& o, const MemoryPlan& p)
             << o.micro_batch << ", grad-accum " << o.grad_accum << ", " << dtype_name(o.dtype)
             << (o.dtype == DType::kBf16 ? " autocast" : "") << (o.cuda ? ", CUDA" : ", CPU")
             << (o.shard_optimizer ? ", ZeRO-1" : "") << (o.activation_checkpointing ? ", activation checkpointing" : "")
-            << "\n"
+            << (o.document_masking ? ", document masking" : "") << "\n"
             << "tokens per step:    " << p.tokens_per_step << " (" << human_count(p.tokens_per_step) << ")\n"
             << "memory per rank:\n";
   row("parameters", p.parameters, "fp32 master weights");
@@ -63,7 +63,8 @@ void print_plan(const ModelConfig& c, const PlanOptions& o, const MemoryPlan& p)
       o.activation_checkpointing
           ? "block inputs, Depth-Attention " + human_bytes(p.depth_attention) + ", one block recomputed in backward " +
                 human_bytes(p.recompute)
-          : "of which masks " + human_bytes(p.attention_masks) + ", Depth-Attention " + human_bytes(p.depth_attention));
+          : "of which masks " + human_bytes(p.attention_masks) + ", Depth-Attention " + human_bytes(p.depth_attention) +
+                (o.document_masking ? ", document masking " + human_bytes(p.document_masking) : ""));
   row("  head and loss", p.head_and_loss,
       p.loss_chunk > 0 ? "final norm, head input, one chunk of " + std::to_string(o.loss_chunk_tokens) +
                              " tokens' logits " + human_bytes(p.loss_chunk)
@@ -85,6 +86,7 @@ int run(const PlanArgs& a) {
   o.shard_optimizer = a.shard_optimizer;
   o.activation_checkpointing = a.activation_checkpointing;
   o.loss_chunk_tokens = a.loss_chunk_tokens;
+  o.document_masking = a.document_masking;
   if (a.device != "cuda" && a.device != "cpu")
     throw Error("--device: unknown device '" + a.device + "' (valid: cuda, cpu)");
   o.cuda = a.device == "cuda";
@@ -102,6 +104,7 @@ int run(const PlanArgs& a) {
                     {"shard_optimizer", o.shard_optimizer},
                     {"activation_checkpointing", o.activation_checkpointing},
                     {"loss_chunk_tokens", o.loss_chunk_tokens},
+                    {"document_masking", o.document_masking},
                     {"device", a.device}};
     if (fit) {
       j["fit"] = {{"gpu_memory", fit->capacity}, {"fits", fit->fits()}, {"margin", fit->margin}};
@@ -139,6 +142,9 @@ Command add(CLI::App& parent) {
   app->add_option("--loss-chunk-tokens", a->loss_chunk_tokens,
                   "train.loss_chunk_tokens: the head and loss this many tokens at a time (0: all logits at once)")
       ->capture_default_str();
+  app->add_flag("--document-masking", a->document_masking,
+                "train.document_masking: attention within each document (masks at their worst case over document "
+                "lengths)");
   app->add_option("--device", a->device,
                   "cuda (bf16 attention through the flash kernel: sliding layers keep no masks) or cpu")
       ->check(CLI::IsMember({"cuda", "cpu"}))

@@ -224,6 +224,7 @@ ChoiceTexts read_keys(const toml::table& root, TrainConfig& c, const std::string
   train.get("spike_window", c.spike_window);
   train.get("spike", c.spike_policy);
   train.get("activation_checkpointing", c.activation_checkpointing);
+  train.get("document_masking", c.document_masking);
   train.get("profile_steps", c.profile_steps);
   train.get("loss_chunk_tokens", c.loss_chunk_tokens);
   train.check_unknown();
@@ -447,6 +448,9 @@ void validate(TrainConfig& c, const ChoiceTexts& choices, const std::string& pat
   require(c.profile_steps.empty() ||
               (c.profile_steps.size() == 2 && c.profile_steps[0] >= 1 && c.profile_steps[0] <= c.profile_steps[1]),
           "train.profile_steps", "must be [first, last] with 1 <= first <= last (steps counted from 1), or []");
+  // Chat examples are one per instance (padded, never packed): there are no documents to keep apart.
+  require(!c.document_masking || c.format == DataFormat::kTokens, "train.document_masking",
+          "applies to packed token data (data.format = \"tokens\"); chat examples are one per instance already");
   require(!c.run_dir.empty(), "train.run_dir", "is required");
   require(!c.train_data.empty(), "data.train", "is required");
   require(c.sequence_length >= 2, "train.sequence_length", "is required and must be >= 2");

@@ -162,7 +162,8 @@ at::Tensor CausalLM::attention(const BlockWeights& layer, const at::Tensor& x, c
     q_offset = view.q_offset;
     padding_mask = view.padding_mask;
   }
-  at::Tensor o = causal_attention(q_BHTD, k_BGTD, v_BGTD, ctx.window, q_offset, ctx.options.attention, padding_mask);
+  at::Tensor o = causal_attention(q_BHTD, k_BGTD, v_BGTD, ctx.window, q_offset, ctx.options.attention, padding_mask,
+                                  ctx.documents);
   at::Tensor out = archspace::linear(o.transpose(1, 2).reshape({B, T, -1}), layer.o_proj);
   ctx.record("attn_output", out);
   return out;
@@ -174,7 +175,8 @@ at::Tensor CausalLM::mlp(const LayerWeights& layer, const at::Tensor& x, const L
   return out;
 }
 
-CausalLM::Streams CausalLM::checkpointed_block(const LayerContext& ctx, const Streams& streams) const {
+CausalLM::Streams CausalLM::checkpointed_block(const LayerContext& ctx, const Streams& streams,
+                                               const std::shared_ptr<const Documents>& documents) const {
   const int64_t l = ctx.index;
   // The streams (x; X and Y; x and ResiDual's dual) go in and come out as one list. ResiDual's dual stream
   // starts undefined (d = 0) and the first block creates it, so it enters as zeros (0 + o == o exactly).
@@ -203,14 +205,14 @@ CausalLM::Streams CausalLM::checkpointed_block(const LayerContext& ctx, const St
   options.attention = ctx.options.attention;
   const int64_t window = ctx.window;
   const at::Tensor cos = ctx.cos, sin = ctx.sin;
-  BlockFunction fn = [this, l, n, window, cos, sin, options, sources, has_depth, keeps, has_y,
-                      has_dual](const std::vector<at::Tensor>& in) {
+  BlockFunction fn = [this, l, n, window, cos, sin, options, sources, has_depth, keeps, has_y, has_dual,
+                      documents](const std::vector<at::Tensor>& in) {
     std::optional<DepthAttentionState> depth;
     if (has_depth) {
       depth.emplace(config_.num_hidden_layers, config_.depth_attention_stride, config_.depth_attention_recent_window);
       for (size_t s = 0; s < sources.size(); ++s) depth->record(sources[s], in[n + 2 * s], in[n + 2 * s + 1]);
     }
-    const LayerContext block_ctx{l, window, cos, sin, options, depth ? &*depth : nullptr};
+    const LayerContext block_ctx{l, window, cos, sin, options, depth ? &*depth : nullptr, documents.get()};
     Streams s;
     size_t i = 0;
     s.x = in[i++];
@@ -241,16 +243,27 @@ at::Tensor CausalLM::forward(const at::Tensor& input_ids, const ForwardOptions& 
   if (input_ids.dim() != 2)
     throw Error("forward: input_ids must be [batch, time], got " + shape_string(input_ids.sizes().vec()));
   const int64_t T = input_ids.size(1);
+  if (options.cache && (options.first_position != 0 || options.document_eos_id >= 0))
+    throw Error("forward: first_position and document masking are for forwards without a KV cache");
+  if (options.first_position < 0)
+    throw Error("forward: first_position must be >= 0, got " + std::to_string(options.first_position));
   // Positions past max_position_embeddings were never trained (and YaRN is defined up to it).
-  const int64_t end = (options.cache ? options.cache->length() : 0) + T;
+  const int64_t end = (options.cache ? options.cache->length() : options.first_position) + T;
   if (end > config_.max_position_embeddings) {
     throw Error("forward: " + std::to_string(end) + " positions, more than the model's max_position_embeddings " +
                 std::to_string(config_.max_position_embeddings));
   }
   at::Tensor ids = input_ids.to(device(), at::kLong);
   // [T], or [B, T] for a left-padded batch (each row counts positions from its first real token).
-  at::Tensor positions = options.cache ? options.cache->positions(T, device())
-                                       : at::arange(T, at::TensorOptions().dtype(at::kLong).device(device()));
+  at::Tensor positions =
+      options.cache ? options.cache->positions(T, device())
+                    : at::arange(options.first_position, end, at::TensorOptions().dtype(at::kLong).device(device()));
+  // Documents found once per forward; a batch whose rows are each one document needs no masking.
+  std::shared_ptr<const Documents> documents;
+  if (options.document_eos_id >= 0) {
+    auto found = std::make_shared<Documents>(find_documents(ids, options.document_eos_id));
+    if (!found->whole_rows()) documents = std::move(found);
+  }
   // With a cache (decoding, prefill into it) positions run late and repeat across calls: look the tables up.
   const int64_t max_pos = config_.max_position_embeddings;
   auto [sliding_cos, sliding_sin] =
@@ -272,7 +285,8 @@ at::Tensor CausalLM::forward(const at::Tensor& input_ids, const ForwardOptions& 
                         sliding ? sliding_cos : full_cos,
                         sliding ? sliding_sin : full_sin,
                         options,
-                        depth ? &*depth : nullptr};
+                        depth ? &*depth : nullptr,
+                        documents.get()};
   };
 
   if (options.skip_layer >= config_.num_hidden_layers || (options.skip_layer >= 0 && options.cache)) {
@@ -297,7 +311,7 @@ at::Tensor CausalLM::forward(const at::Tensor& input_ids, const ForwardOptions& 
     if (skipped(l)) continue;
     const LayerContext ctx = context(l);
     if (checkpoint) {
-      streams = checkpointed_block(ctx, streams);
+      streams = checkpointed_block(ctx, streams, documents);
     } else {
       block(layers_[l], streams, ctx);
     }

@@ -28,6 +28,14 @@ namespace archspace {
 //   that SDPA turns into an additive mask in the query's dtype and keeps: [T, T] when T <= 2 window, else one [window,
 //   <= 2 window] mask per query block (layers.cpp). The reference attention path (tests only) keeps [B, H, T, T] scores
 //   and is not planned for.
+// - Document masking (PlanOptions::document_masking). Off the flash kernel each document of each row runs alone
+//   through the paths above, by its own length: a sliding layer's masks are then per row and per document,
+//   L^2 for a document of W < L <= 2 window tokens, per block beyond, none up to the window. Over any split of
+//   a row into documents that is at most T^2 (T <= 2 window) or 2 window x T (documents of exactly 2 window
+//   tokens reach it), times the rows: the plan counts that worst case. The documents' outputs are
+//   concatenated into the [B, T, H, h] tensor o_proj reads and keeps, beside the pieces SDPA keeps: one more
+//   [N, H h] activation per layer (the blocked path's own copy is that copy). The flash kernel takes every
+//   document in one call: no masks, no copy, the int32 offsets (at most N + 1) kept once.
 namespace {
 
 struct Widths {
@@ -54,6 +62,7 @@ bool depth(const ModelConfig& c) { return c.variant == Variant::kSiameseDepth &&
 struct Bytes {
   bool bf16;
   bool flash = false;                           // CUDA bf16: the flash kernel keeps what SDPA's does, without masks
+  bool documents = false;                       // document masking (see above)
   int64_t act() const { return bf16 ? 2 : 4; }  // a linear's output, SDPA's tensors
   // An fp32 tensor read by `readers` linears: itself in fp32, a bf16 copy per reader under autocast.
   int64_t linear_input(int64_t readers) const { return bf16 ? 2 * readers : 4; }
@@ -88,9 +97,11 @@ int64_t depth_saved(const Widths& w, const Bytes& b, int64_t sources) {
   return b.act() * w.kw * (1 + 2 * n) + 4 * n * w.kv_heads + (b.bf16 ? 2 * n * w.kv_heads : 0);
 }
 
-// The additive masks a sliding layer keeps (bytes, not per token): see causal_attention in layers.cpp.
-int64_t mask_bytes(int64_t T, int64_t window, const Bytes& b) {
+// The additive masks a sliding layer keeps (bytes, not per token): see causal_attention in layers.cpp. With
+// documents, the worst case over the documents of `rows` rows (see above).
+int64_t mask_bytes(int64_t T, int64_t window, const Bytes& b, int64_t rows) {
   if (b.flash || window <= 0 || window >= T) return 0;  // flash, or plain causal: no mask
+  if (b.documents) return rows * b.act() * T * std::min(T, 2 * window);
   if (T <= 2 * window) return b.act() * T * T;
   int64_t bytes = 0;
   for (int64_t s = 0; s < T; s += window) {
@@ -102,9 +113,10 @@ int64_t mask_bytes(int64_t T, int64_t window, const Bytes& b) {
 }
 
 // Sliding layers attended block by block (T > 2 window) concatenate the blocks' outputs in [B, H, T, h]
-// order, so o_proj's input is a copy of its own.
+// order, so o_proj's input is a copy of its own; so do the documents of document masking on any layer.
 int64_t blocked_copy_bytes(int64_t T, int64_t window, int64_t N, const Widths& w, const Bytes& b) {
-  return !b.flash && window > 0 && T > 2 * window ? b.act() * w.qw * N : 0;
+  if (b.flash) return 0;
+  return (window > 0 && T > 2 * window) || b.documents ? b.act() * w.qw * N : 0;
 }
 
 int64_t sources_of(const ModelConfig& c, int64_t layer) {
@@ -143,19 +155,19 @@ void PlanOptions::validate() const {
 }
 
 int64_t layer_activation_bytes(const ModelConfig& c, const PlanOptions& o, int64_t layer) {
-  const Bytes b{o.dtype == DType::kBf16, o.cuda && o.dtype == DType::kBf16};
+  const Bytes b{o.dtype == DType::kBf16, o.cuda && o.dtype == DType::kBf16, o.document_masking};
   const int64_t N = o.micro_batch * o.sequence_length;
   int64_t bytes = layer_per_token(c, b, layer) * N;
   if (depth(c)) bytes += depth_saved(widths(c), b, sources_of(c, layer)) * N;
   const int64_t window = c.layer_types[layer] == LayerType::kSliding ? c.sliding_window : 0;
-  return bytes + mask_bytes(o.sequence_length, window, b) +
+  return bytes + mask_bytes(o.sequence_length, window, b, o.micro_batch) +
          blocked_copy_bytes(o.sequence_length, window, N, widths(c), b);
 }
 
 MemoryPlan plan_memory(const ModelConfig& c, const PlanOptions& o) {
   o.validate();
   c.validate("plan");
-  const Bytes b{o.dtype == DType::kBf16, o.cuda && o.dtype == DType::kBf16};
+  const Bytes b{o.dtype == DType::kBf16, o.cuda && o.dtype == DType::kBf16, o.document_masking};
   const Widths w = widths(c);
   const int64_t T = o.sequence_length, N = o.micro_batch * T, L = c.num_hidden_layers;
 
@@ -177,9 +189,13 @@ MemoryPlan plan_memory(const ModelConfig& c, const PlanOptions& o) {
 
   for (int64_t l = 0; l < L; ++l) {
     const int64_t window = c.layer_types[l] == LayerType::kSliding ? c.sliding_window : 0;
-    p.attention_masks += mask_bytes(T, window, b);
+    p.attention_masks += mask_bytes(T, window, b, o.micro_batch);
     if (depth(c)) p.depth_attention += depth_saved(w, b, sources_of(c, l)) * N;
+    // The documents' concatenated output (the blocked path's copy is already part of the per-layer account).
+    if (b.documents && !b.flash && !(window > 0 && T > 2 * window)) p.document_masking += b.act() * w.qw * N;
   }
+  const int64_t offsets = b.documents && b.flash ? 4 * (N + 1) : 0;  // the flash kernels' cu_seqlens, one tensor
+  p.document_masking += offsets;
   if (o.activation_checkpointing) {
     // Each block's fp32 input(s) are kept (the checkpoint node saves them; the last block's output is
     // the final norm's input, in head_and_loss); one block's internals exist at a time (its
@@ -199,11 +215,13 @@ MemoryPlan plan_memory(const ModelConfig& c, const PlanOptions& o) {
         if (is_source[l]) crossing += (b.act() + 4) * w.kw * N;  // its key and mixed value
     }
     p.recompute = largest;
-    p.layer_activations = inputs + largest + crossing;
+    p.layer_activations = inputs + largest + crossing + offsets;
     p.attention_masks = 0;  // inside the one block's internals
     p.depth_attention = crossing;
+    p.document_masking = offsets;
   } else {
     for (int64_t l = 0; l < L; ++l) p.layer_activations += layer_activation_bytes(c, o, l);
+    p.layer_activations += offsets;
   }
 
   // Final norm(s), the LM head's input, the logits, the loss (model/loss.cpp). Unchunked: logits in fp32
@@ -242,6 +260,7 @@ nlohmann::json MemoryPlan::to_json() const {
           {"activation_bytes",
            {{"layers", layer_activations},
             {"attention_masks", attention_masks},
+            {"document_masking", document_masking},
             {"depth_attention", depth_attention},
             {"recompute", recompute},
             {"head_and_loss", head_and_loss},

@@ -83,6 +83,16 @@ CausalLM build_stage_model(const TrainConfig& cfg, at::Device device) {
 
 bool every(int64_t interval, int64_t step) { return interval > 0 && step % interval == 0; }
 
+// train.document_masking: the EOS id that ends the documents of token data (its manifest's, or for files
+// without one the model's, as the data reader takes it).
+int64_t document_masking_eos(const TrainConfig& cfg, const ShardManifest& m) {
+  if (m.eos_token_id < 0) {
+    throw Error(cfg.source + ": key 'train.document_masking' needs the EOS id that ends each document, and neither " +
+                cfg.train_data + " nor the model's config.json (eos_token_id) names one");
+  }
+  return m.eos_token_id;
+}
+
 // SIGTERM/SIGINT (how clusters preempt jobs): the first asks the loop to save the step it is in and stop;
 // a second one ends the process at once.
 std::atomic<int> g_stop_signal{0};
@@ -205,6 +215,7 @@ void Trainer::setup_data() {
       progress_->note("verified " + cfg_.train_data + " (SHA-256 of every shard)");
     train_batches_ = std::make_unique<WindowBatches>(
         std::make_shared<InstanceLoader>(shards, cfg_.sequence_length, cfg_.seed, cfg_.shuffle));
+    if (cfg_.document_masking) document_eos_ = document_masking_eos(cfg_, m);
     if (!cfg_.valid_data.empty()) {
       auto vshards = open_token_source(cfg_.valid_data, source);
       if (rank_ == 0) vshards->verify_cached();
@@ -214,6 +225,11 @@ void Trainer::setup_data() {
         throw Error(cfg_.source + ": data.valid and data.train were tokenized with different tokenizers");
       }
       valid_loader_ = std::make_shared<InstanceLoader>(vshards, cfg_.sequence_length, 0, false);
+      if (cfg_.document_masking && document_masking_eos(cfg_, vshards->manifest()) != document_eos_) {
+        throw Error(cfg_.source + ": key 'train.document_masking': data.valid ends its documents with EOS id " +
+                    std::to_string(vshards->manifest().eos_token_id) + ", data.train with " +
+                    std::to_string(document_eos_));
+      }
     }
     const RunTokenizer tokenizer = source_tokenizer(*shards);
     tokenizer_file_ = tokenizer.file;
@@ -526,6 +542,7 @@ StepStats Trainer::train_step(int64_t step) {
       ForwardOptions forward;
       forward.activation_checkpointing = cfg_.activation_checkpointing;
       forward.final_hidden_only = true;
+      forward.document_eos_id = document_eos_;
       sums = head_loss(model_->forward(b.input_ids.to(device_), forward), model_->head_weight(), b.labels.to(device_),
                        cfg_.z_loss, cfg_.loss_chunk_tokens);
     }
@@ -639,6 +656,7 @@ double Trainer::evaluate() {
     const Batch batch = window_batch(*valid_loader_, b * B, std::min<int64_t>(B, instances));
     ForwardOptions forward;
     forward.final_hidden_only = true;
+    forward.document_eos_id = document_eos_;  // validation sees the instances as training does
     const LossSums s = head_loss(model_->forward(batch.input_ids.to(device_), forward), model_->head_weight(),
                                  batch.labels.to(device_), 0, cfg_.loss_chunk_tokens);
     loss += s.ce_sum.item<double>();

@@ -1,7 +1,9 @@
 // check_attention: the flash attention path against the reference attention, forward and backward, as
 // one JSON line on stdout (scripts/device_check.py runs it). On CUDA it runs LibTorch's flash kernel
 // with the window this engine passes; with --device cpu the kernel's CPU stand-in takes its place, so
-// the dry run in CI runs this same program over the same layouts and arguments.
+// the dry run in CI runs this same program over the same layouts and arguments. Cases with "documents"
+// run document masking (train.document_masking): the kernel's variable-length form over the documents'
+// cu_seqlens against the reference's block-diagonal mask.
 //
 // Inputs are bf16 (as under autocast); the reference is the fp32 attention of the same bf16 values, and
 // its gradients are taken in fp32 too. Tolerances, relative to the largest entry of the reference (bf16
@@ -15,6 +17,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "archspace/model/documents.h"
 #include "archspace/model/layers.h"
 
 using namespace archspace;
@@ -30,7 +33,23 @@ double relative(const at::Tensor& a, const at::Tensor& b) {
          std::max(b.abs().max().item<double>(), 1e-30);
 }
 
-Result check(at::Device device, int64_t B, int64_t H, int64_t G, int64_t T, int64_t h, int64_t window) {
+// The documents of rows of the given lengths (each but a row's last ended by EOS id 0), found as training
+// finds them, on `device`.
+Documents documents_of(const std::vector<std::vector<int64_t>>& rows, at::Device device) {
+  std::vector<at::Tensor> out;
+  for (const auto& lengths : rows) {
+    int64_t T = 0;
+    for (int64_t n : lengths) T += n;
+    at::Tensor row = at::ones({T}, at::kLong);
+    int64_t end = 0;
+    for (size_t i = 0; i + 1 < lengths.size(); ++i) row[(end += lengths[i]) - 1] = 0;
+    out.push_back(row);
+  }
+  return find_documents(at::stack(out).to(device), 0);
+}
+
+Result check(at::Device device, int64_t B, int64_t H, int64_t G, int64_t T, int64_t h, int64_t window,
+             const Documents* documents = nullptr) {
   const bool stand_in = !device.is_cuda();
   auto opts = at::TensorOptions().device(device);
   at::Tensor q = at::randn({B, H, T, h}, opts).to(at::kBFloat16), k = at::randn({B, G, T, h}, opts).to(at::kBFloat16),
@@ -43,8 +62,8 @@ Result check(at::Device device, int64_t B, int64_t H, int64_t G, int64_t T, int6
     at::Tensor qq = (which == 0 ? q : q.to(at::kFloat)).detach().requires_grad_(true);
     at::Tensor kk = (which == 0 ? k : k.to(at::kFloat)).detach().requires_grad_(true);
     at::Tensor vv = (which == 0 ? v : v.to(at::kFloat)).detach().requires_grad_(true);
-    at::Tensor out = which == 0 ? flash_causal_attention(qq, kk, vv, window, stand_in)
-                                : causal_attention(qq, kk, vv, window, 0, AttentionImpl::kReference);
+    at::Tensor out = which == 0 ? flash_causal_attention(qq, kk, vv, window, stand_in, documents)
+                                : causal_attention(qq, kk, vv, window, 0, AttentionImpl::kReference, {}, documents);
     (out.to(at::kFloat) * upstream).sum().backward();
     (which == 0 ? out_flash : out_ref) = out.detach();
     (which == 0 ? g_flash : g_ref) = {qq.grad(), kk.grad(), vv.grad()};
@@ -73,17 +92,30 @@ int main(int argc, char** argv) {
   const double tol_forward = 1e-2, tol_grad = 2e-2;  // relative to the reference's largest entry
   nlohmann::json rows = nlohmann::json::array();
   bool ok = true;
-  for (auto [T, window] : cases) {
-    const Result r = check(device, 2, 8, 2, T, 64, window);
+  auto record = [&](int64_t T, int64_t window, const Result& r, const nlohmann::json& documents) {
     const bool pass = r.forward <= tol_forward && r.dq <= tol_grad && r.dk <= tol_grad && r.dv <= tol_grad;
     ok = ok && pass;
-    rows.push_back({{"T", T},
-                    {"window", window},
-                    {"forward_rel", r.forward},
-                    {"dq_rel", r.dq},
-                    {"dk_rel", r.dk},
-                    {"dv_rel", r.dv},
-                    {"pass", pass}});
+    nlohmann::json row = {{"T", T},         {"window", window}, {"forward_rel", r.forward},
+                          {"dq_rel", r.dq}, {"dk_rel", r.dk},   {"dv_rel", r.dv},
+                          {"pass", pass}};
+    if (!documents.is_null()) row["documents"] = documents;
+    rows.push_back(row);
+  };
+  for (auto [T, window] : cases) record(T, window, check(device, 2, 8, 2, T, 64, window), nullptr);
+  // Document masking: per row, the document lengths (a one-token document, documents shorter and longer than
+  // the window, a row that is one document), with a sliding window and a full layer.
+  struct DocumentCase {
+    int64_t window;
+    std::vector<std::vector<int64_t>> rows;
+  };
+  const std::vector<DocumentCase> document_cases =
+      small ? std::vector<DocumentCase>{{8, {{5, 20, 15}, {40}}}, {0, {{1, 16, 23}, {30, 10}}}}
+            : std::vector<DocumentCase>{{1024, {{700, 2500, 896}, {4096}}},
+                                        {0, {{1, 1000, 3095}, {2048, 2048}}},
+                                        {4096, {{3000, 1096}, {17, 4079}}}};
+  for (const auto& dc : document_cases) {
+    const Documents documents = documents_of(dc.rows, device);
+    record(documents.length, dc.window, check(device, 2, 8, 2, documents.length, 64, dc.window, &documents), dc.rows);
   }
   nlohmann::json j = {{"device", device.str()},
                       {"kernel", device.is_cuda() ? "at::_flash_attention_forward" : "cpu stand-in"},

@@ -22,6 +22,7 @@ def test_dry_run_passes_every_check_and_measures_every_figure(tmp_path):
     assert not failed, json.dumps(failed, indent=1)
     assert checks["flash_attention"]["kernel"] == "cpu stand-in"
     assert {c["window"] for c in checks["flash_attention"]["cases"]} >= {0, 8}
+    assert len([c for c in checks["flash_attention"]["cases"] if "documents" in c]) == 2  # variable-length form
     assert len(checks["train_bf16"]["losses"]["bf16"]) == 3
     m = summary["measurements"]
     assert m["training_1b"]["tokens_per_s_median"] > 0 and m["training_1b"]["model_flops_per_token"] > 0

@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <cstdio>
+#include <numeric>
 
 #include "archspace/model/causal_lm.h"
 #include "archspace/model/loss.h"
@@ -130,11 +131,12 @@ CountingAllocator& counter() {
 
 // Bytes alive after one training forward and the loss (what the trainer holds until backward), minus
 // what was alive before: the activations autograd keeps, plus the logits (unless the loss is chunked).
+// `batch` (optional) replaces the random ids; `document_eos` >= 0 switches document masking on.
 int64_t measured_activations(const ModelConfig& c, int64_t B, int64_t T, bool checkpointing = false,
-                             int64_t loss_chunk = 0) {
+                             int64_t loss_chunk = 0, const at::Tensor& batch = {}, int64_t document_eos = -1) {
   CausalLM model = CausalLM::random_init(c, 1);
   for (const auto& [name, p] : model.parameters()) p.requires_grad_(true);
-  at::Tensor ids = at::randint(c.vocab_size, {B, T}, at::kLong);
+  at::Tensor ids = batch.defined() ? batch : at::randint(c.vocab_size, {B, T}, at::kLong);
   at::Tensor labels = at::randint(c.vocab_size, {B, T}, at::kLong);
   c10::Allocator* previous = c10::GetCPUAllocator();
   c10::SetCPUAllocator(&counter(), /*priority=*/255);
@@ -145,6 +147,7 @@ int64_t measured_activations(const ModelConfig& c, int64_t B, int64_t T, bool ch
     ForwardOptions options;
     options.activation_checkpointing = checkpointing;
     options.final_hidden_only = true;
+    options.document_eos_id = document_eos;
     LossSums sums =
         head_loss(model.forward(ids, options), model.head_weight(), labels, c.vocab_z_loss_coeff, loss_chunk);
     at::Tensor loss = sums.ce_sum + sums.z_sum;
@@ -259,4 +262,70 @@ TEST(Plan, CheckpointedActivationsMatchWhatAutogradKeeps) {
 }
 
 }  // namespace
+}  // namespace archspace
+
+namespace archspace {
+namespace {
+
+// Rows of documents of the given lengths (EOS = 0 ends each but the row's last; other ids from 2 up).
+at::Tensor document_rows(const std::vector<std::vector<int64_t>>& rows, int64_t vocab) {
+  std::vector<at::Tensor> out;
+  for (const auto& lengths : rows) {
+    at::Tensor row = at::randint(2, vocab, {std::accumulate(lengths.begin(), lengths.end(), int64_t{0})}, at::kLong);
+    int64_t end = 0;
+    for (size_t i = 0; i + 1 < lengths.size(); ++i) row[(end += lengths[i]) - 1] = 0;
+    out.push_back(row);
+  }
+  return at::stack(out);
+}
+
+}  // namespace
+
+// Document masking off the flash kernel (the CPU): each document's own masks, per row, and the documents'
+// concatenated output o_proj keeps. Documents of exactly 2 window tokens reach the plan's worst case, so the
+// plan agrees with what autograd keeps there (the 1% band of ActivationEstimateMatchesWhatAutogradKeeps);
+// any other split keeps less. Also with activation checkpointing (its one recomputed block apart).
+TEST(Plan, DocumentMaskingCountsItsWorstCase) {
+  for (Variant v : {Variant::kBase, Variant::kSiameseDepth}) {
+    ModelConfig c = small_mha(v);  // window 8
+    c.eos_token_id = 0;
+    const int64_t B = 2, T = 32;
+    for (bool checkpointing : {false, true}) {
+      PlanOptions o = options(1, T, B, DType::kFp32);
+      o.loss_chunk_tokens = 0;
+      o.activation_checkpointing = checkpointing;
+      const MemoryPlan plain = plan_memory(c, o);
+      o.document_masking = true;
+      const MemoryPlan p = plan_memory(c, o);
+      const int64_t kept = p.activations - p.recompute;
+      at::manual_seed(3);
+      const int64_t worst =
+          measured_activations(c, B, T, checkpointing, 0, document_rows({{16, 16}, {16, 16}}, 512), 0);
+      std::printf("%s%s document masking: estimated %ld measured %ld (%+.2f%%); without masking %ld\n", variant_name(v),
+                  checkpointing ? " checkpointed" : "", long(kept), long(worst), 100.0 * (kept - worst) / worst,
+                  long(plain.activations - plain.recompute));
+      EXPECT_NEAR(static_cast<double>(kept) / worst, 1.0, 0.01) << variant_name(v) << " " << checkpointing;
+      for (const auto& split : std::vector<std::vector<std::vector<int64_t>>>{
+               {{5, 17, 10}, {32}}, {{1, 1, 30}, {12, 20}}, {{8, 8, 8, 8}, {31, 1}}}) {
+        const int64_t measured = measured_activations(c, B, T, checkpointing, 0, document_rows(split, 512), 0);
+        EXPECT_LE(measured, kept * 1.01) << variant_name(v) << " " << checkpointing;
+      }
+      if (!checkpointing) {
+        EXPECT_GT(p.attention_masks, plain.attention_masks);  // per row and per document
+        // The full layer's copy; the sliding layers (T > 2 window) had the blocked path's copy already.
+        EXPECT_EQ(p.document_masking, 4 * c.num_attention_heads * c.head_dim * B * T);
+      }
+    }
+  }
+  // CUDA bf16: the variable-length flash kernel, no masks and no copy, the offsets once.
+  PlanOptions o = options(1, 8192, 2);
+  o.cuda = true;
+  const MemoryPlan plain = plan_memory(preset("1B"), o);
+  o.document_masking = true;
+  const MemoryPlan flash = plan_memory(preset("1B"), o);
+  EXPECT_EQ(flash.attention_masks, 0);
+  EXPECT_EQ(flash.document_masking, 4 * (2 * 8192 + 1));
+  EXPECT_EQ(flash.activations - plain.activations, flash.document_masking);
+}
+
 }  // namespace archspace

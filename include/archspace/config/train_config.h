@@ -65,6 +65,9 @@ struct TrainConfig {
   int threads = 0;
   // Keep only each block's inputs in forward and recompute the block in backward (model/activation_checkpoint.h).
   bool activation_checkpointing = false;
+  // Intra-document masking: attention stays within the documents (each ending with the data's EOS) of each
+  // packed instance (model/documents.h); token data only.
+  bool document_masking = false;
   // A Kineto trace of steps [first, last] (1-based) per rank (train/step_profiler.h); empty: off.
   std::vector<int64_t> profile_steps;
   // The head and loss a chunk of this many labelled tokens at a time, when a micro-batch has more tokens

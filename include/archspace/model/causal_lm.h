@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -40,6 +41,13 @@ struct ForwardOptions {
   // Training: autograd keeps each block's inputs only and backward recomputes the block
   // (model/activation_checkpoint.h). Applies only when grad mode is on, without cache or recorder.
   bool activation_checkpointing = false;
+  // Intra-document masking (train.document_masking; model/documents.h): attention stays within the documents
+  // that this EOS id ends in each row, as if each ran alone; positions still run across the row, as in
+  // OLMo-core when OLMo 3 was trained. -1: off. Not with a cache.
+  int64_t document_eos_id = -1;
+  // The position of the first input token when there is no cache (0: the start). A document of a packed
+  // instance runs alone at the positions it had there (tests of document masking).
+  int64_t first_position = 0;
 };
 
 class CausalLM {
@@ -81,6 +89,7 @@ class CausalLM {
     const at::Tensor& sin;
     const ForwardOptions& options;
     DepthAttentionState* depth;  // null: no Depth-Attention
+    const Documents* documents;  // null: attention across the whole row
     // Records `name` under this layer's prefix when the forward has a recorder.
     void record(const char* name, const at::Tensor& t) const;
   };
@@ -103,7 +112,8 @@ class CausalLM {
   // One block through activation checkpointing: its residual streams in and out. The Depth-Attention values
   // it reads are inputs of the checkpoint and the pair it records an output, so gradients flow between
   // blocks through them as through the streams.
-  Streams checkpointed_block(const LayerContext& ctx, const Streams& streams) const;
+  Streams checkpointed_block(const LayerContext& ctx, const Streams& streams,
+                             const std::shared_ptr<const Documents>& documents) const;
 
   ModelConfig config_;
   NamedTensors params_;

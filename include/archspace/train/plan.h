@@ -36,6 +36,11 @@ struct PlanOptions {
   // train.loss_chunk_tokens: the head and loss a chunk of this many tokens at a time when a micro-batch has
   // more (model/loss.h head_loss); 0: the whole micro-batch's logits at once.
   int64_t loss_chunk_tokens = kDefaultLossChunkTokens;
+  // train.document_masking: attention within each document. Off the flash kernel each document runs alone
+  // (model/layers.h kSdpaDocuments), so the masks of sliding layers are per row and per document, counted at
+  // their worst case (the document lengths are the data's), and o_proj reads a concatenated copy of the
+  // documents' outputs; the flash kernel takes the documents as offsets (one int32 per document boundary).
+  bool document_masking = false;
 
   // Throws archspace::Error naming the flag (`--world`, ...) of the first value out of range.
   void validate() const;
@@ -57,6 +62,9 @@ struct MemoryPlan {
   // part of layer_activations; what autograd keeps after the forward is activations - recompute.
   int64_t recompute = 0;
   int64_t attention_masks = 0;  // sliding-window masks built when T > window (O(T^2) for T <= 2 window)
+  // Document masking: the per-document outputs' concatenation (all layers, off the flash kernel) and the
+  // documents' offsets (flash: at most one per token, kept once), part of layer_activations.
+  int64_t document_masking = 0;
   int64_t depth_attention = 0;  // Depth-Attention's stacked keys/values and weights (in layer_activations)
   int64_t head_and_loss = 0;    // final norm(s), LM-head input, logits [B, T, V] and the loss's tensors
   // Chunked loss: one chunk's logits working set, part of head_and_loss; it exists only while the loss's

@@ -100,6 +100,7 @@ class Trainer {
   std::unique_ptr<BatchSource> train_batches_;
   std::shared_ptr<InstanceLoader> valid_loader_;
   std::string tokenizer_file_;            // carried by checkpoints; "" for none
+  int64_t document_eos_ = -1;             // train.document_masking: the data's EOS id (ForwardOptions); -1: off
   std::vector<PreparedTask> downstream_;  // eval.downstream, tokenized
   std::vector<AdamW::Group> params_;
   std::unique_ptr<AdamW> optimizer_;
