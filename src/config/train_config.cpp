@@ -107,6 +107,23 @@ class Section {
     if (n && !n->is_table()) fail(key, "must be a table");
     return n ? n->as_table() : nullptr;
   }
+  // An array of tables ([[section.key]]), each read by `read(section, index)`.
+  template <typename Read>
+  void tables(const char* key, Read read) {
+    note(key, KeyType::kTable);  // --set refuses it: tables are set in the file
+    if (!t_) return;
+    const toml::node* n = t_->get(key);
+    if (!n) return;
+    const toml::array* a = n->as_array();
+    if (!a) fail(key, "must be an array of tables ([[" + full(key) + "]])");
+    for (size_t i = 0; i < a->size(); ++i) {
+      const std::string name = full(key) + "[" + std::to_string(i) + "]";
+      if (!(*a)[i].is_table()) throw Error(source_ + ": key '" + name + "' must be a table");
+      Section item((*a)[i].as_table(), name, source_, nullptr);
+      read(item, i);
+      item.check_unknown();
+    }
+  }
   [[noreturn]] void fail(const std::string& key, const std::string& what) const {
     throw Error(source_ + ": key '" + full(key) + "' " + what);
   }
@@ -203,6 +220,23 @@ ChoiceTexts read_keys(const toml::table& root, TrainConfig& c, const std::string
   data.get("format", choices.format);
   data.get("tokenizer", c.tokenizer);
   data.get("shuffle", c.shuffle);
+  data.get("mix_tokens", c.mix_tokens);
+  data.tables("sources", [&](Section& item, size_t) {
+    DataSourceConfig src;
+    std::optional<std::string> one;
+    std::optional<std::vector<std::string>> many;
+    item.get("name", src.name);
+    item.get("path", one);
+    item.get("paths", many);
+    item.get("ratio", src.ratio);
+    item.get("max_repetition", src.max_repetition);
+    if (one && many) item.fail("path", "and 'paths' are exclusive (one path, or a list of them)");
+    if (!one && !many) item.fail("path", "is required (or 'paths', a list)");
+    if (one && one->empty()) item.fail("path", "must not be empty");
+    if (many && many->empty()) item.fail("paths", "must list at least one path");
+    src.paths = one ? std::vector<std::string>{*one} : *many;
+    c.sources.push_back(std::move(src));
+  });
   data.check_unknown();
 
   Section train(train_t, "train", path, schema);
@@ -256,6 +290,13 @@ ChoiceTexts read_keys(const toml::table& root, TrainConfig& c, const std::string
   eval.get("downstream_format", c.downstream_format);
   eval.get("downstream_shots", c.downstream_shots);
   eval.get("downstream_limit", c.downstream_limit);
+  eval.tables("sources", [&](Section& item, size_t) {
+    EvalSourceConfig src;
+    item.get("name", src.name);
+    item.get("path", src.path);
+    if (src.path.empty()) item.fail("path", "is required");
+    c.eval_sources.push_back(std::move(src));
+  });
   eval.check_unknown();
 
   Section log(log_t, "log", path, schema);
@@ -367,21 +408,21 @@ void apply_override(toml::table& root, const std::string& text, const std::strin
   }
 }
 
-// Replaces "{variant}" in every string value (run_dir, init_from, ...) so that one stage file serves both
-// variants. Returns whether anything changed.
-bool substitute_variant(toml::table& t, const std::string& variant) {
+// Replaces "{variant}" in every string value (run_dir, init_from, [[data.sources]] paths, ...) so that one
+// stage file serves both variants. Returns whether anything changed.
+bool substitute_variant(toml::node& node, const std::string& variant) {
   static const std::string placeholder = "{variant}";
   bool changed = false;
-  for (auto&& [k, node] : t) {
-    if (auto* s = node.as_string()) {
-      std::string& v = s->get();
-      for (size_t at = v.find(placeholder); at != std::string::npos; at = v.find(placeholder, at + variant.size())) {
-        v.replace(at, placeholder.size(), variant);
-        changed = true;
-      }
-    } else if (auto* sub = node.as_table()) {
-      changed = substitute_variant(*sub, variant) || changed;
+  if (auto* s = node.as_string()) {
+    std::string& v = s->get();
+    for (size_t at = v.find(placeholder); at != std::string::npos; at = v.find(placeholder, at + variant.size())) {
+      v.replace(at, placeholder.size(), variant);
+      changed = true;
     }
+  } else if (auto* table = node.as_table()) {
+    for (auto&& [k, child] : *table) changed = substitute_variant(child, variant) || changed;
+  } else if (auto* items = node.as_array()) {
+    for (auto& child : *items) changed = substitute_variant(child, variant) || changed;
   }
   return changed;
 }
@@ -418,6 +459,78 @@ std::string number_text(double v) {
   throw Error(first + " conflicts with " + second + ": " + a + " " + rule + " (" + values + "); " + fix);
 }
 
+// Source names become metric keys (valid/NAME/loss, source_tokens.NAME) and tracker tags: plain words only.
+bool plain_name(const std::string& name) {
+  if (name.empty() || name.size() > 64) return false;
+  for (unsigned char ch : name)
+    if (!std::isalnum(ch) && ch != '_' && ch != '-' && ch != '.') return false;
+  return true;
+}
+
+// [[data.sources]], data.mix_tokens and [[eval.sources]].
+template <typename Key, typename Exists>
+void validate_mixture(const TrainConfig& c, const std::string& path, const Key& key, const Exists& exists) {
+  auto item_key = [&](const char* table, size_t i, const char* field) {
+    return path + ": key '" + table + "[" + std::to_string(i) + "]." + field + "'";
+  };
+  auto check_names = [&](const char* table, const std::vector<std::string>& names) {
+    std::set<std::string> seen;
+    for (size_t i = 0; i < names.size(); ++i) {
+      if (!plain_name(names[i])) {
+        throw Error(item_key(table, i, "name") + " must be 1 to 64 letters, digits, '_', '-' or '.', not \"" +
+                    names[i] + "\"");
+      }
+      if (!seen.insert(names[i]).second)
+        throw Error(item_key(table, i, "name") + ": \"" + names[i] + "\" names two sources; names must be unique");
+    }
+  };
+  if (c.mix_tokens < 0) throw Error(key("data.mix_tokens") + " must be >= 1 (or 0: the run's tokens)");
+  if (c.mix_tokens > 0 && c.sources.empty())
+    throw Error(key("data.mix_tokens") + " is the token budget of a mixture, and there is no [[data.sources]]");
+  if (!c.sources.empty()) {
+    if (c.format != DataFormat::kTokens)
+      throw Error(key("data.format") + " must be \"tokens\" for a mixture ([[data.sources]])");
+    std::vector<std::string> names;
+    for (const auto& s : c.sources) names.push_back(s.name);
+    check_names("data.sources", names);
+    double sum = 0;
+    std::string terms;
+    for (size_t i = 0; i < c.sources.size(); ++i) {
+      const DataSourceConfig& s = c.sources[i];
+      if (!std::isfinite(s.ratio) || s.ratio <= 0 || s.ratio > 1)
+        throw Error(item_key("data.sources", i, "ratio") + " must be in (0, 1], got " + number_text(s.ratio));
+      if (!std::isfinite(s.max_repetition) || s.max_repetition < 1) {
+        throw Error(item_key("data.sources", i, "max_repetition") + " must be a finite number >= 1, got " +
+                    number_text(s.max_repetition));
+      }
+      for (const std::string& p : s.paths) {
+        if (!exists(p)) {
+          throw Error(item_key("data.sources", i, s.paths.size() == 1 ? "path" : "paths") + ": '" + p +
+                      "' does not exist");
+        }
+      }
+      sum += s.ratio;
+      terms += (terms.empty() ? "" : " + ") + number_text(s.ratio);
+    }
+    if (std::abs(sum - 1) > 1e-6) {
+      std::ostringstream total;
+      total.precision(9);
+      total << sum;
+      throw Error(path + ": key 'data.sources': the ratios sum to " + total.str() + " (" + terms +
+                  "), not 1 (within 1e-6)");
+    }
+  }
+  std::vector<std::string> names;
+  for (size_t i = 0; i < c.eval_sources.size(); ++i) {
+    names.push_back(c.eval_sources[i].name);
+    if (!exists(c.eval_sources[i].path))
+      throw Error(item_key("eval.sources", i, "path") + ": '" + c.eval_sources[i].path + "' does not exist");
+  }
+  check_names("eval.sources", names);
+  if (!c.eval_sources.empty() && c.format != DataFormat::kTokens)
+    throw Error(key("data.format") + " must be \"tokens\" for [[eval.sources]]");
+}
+
 void validate(TrainConfig& c, const ChoiceTexts& choices, const std::string& path, const Overrides& set) {
   // A key given by --set is blamed on the override, not on the file.
   auto key = [&](const char* k) {
@@ -452,7 +565,9 @@ void validate(TrainConfig& c, const ChoiceTexts& choices, const std::string& pat
   require(!c.document_masking || c.format == DataFormat::kTokens, "train.document_masking",
           "applies to packed token data (data.format = \"tokens\"); chat examples are one per instance already");
   require(!c.run_dir.empty(), "train.run_dir", "is required");
-  require(!c.train_data.empty(), "data.train", "is required");
+  require(!c.train_data.empty() || !c.sources.empty(), "data.train", "is required (or a mixture, [[data.sources]])");
+  require(c.train_data.empty() || c.sources.empty(), "data.train",
+          "and [[data.sources]] are exclusive (a mixture names its sources' paths)");
   require(c.sequence_length >= 2, "train.sequence_length", "is required and must be >= 2");
   require(c.micro_batch >= 1, "train.micro_batch", "must be >= 1");
   require(c.grad_accum >= 1, "train.grad_accum", "must be >= 1");
@@ -501,9 +616,11 @@ void validate(TrainConfig& c, const ChoiceTexts& choices, const std::string& pat
           "data.token_dtype", "must be \"uint8\", \"uint16\", \"uint32\" or \"uint64\"");
   // A Megatron prefix DIR/NAME names NAME.bin and NAME.idx, not a file of its own.
   auto exists = [](const std::string& p) { return fs::exists(p) || fs::exists(p + ".idx") || fs::exists(p + ".bin"); };
-  if (!exists(c.train_data)) throw Error(key("data.train") + ": '" + c.train_data + "' does not exist");
+  if (c.sources.empty() && !exists(c.train_data))
+    throw Error(key("data.train") + ": '" + c.train_data + "' does not exist");
   if (!c.valid_data.empty() && !exists(c.valid_data))
     throw Error(key("data.valid") + ": '" + c.valid_data + "' does not exist");
+  validate_mixture(c, path, key, exists);
 }
 
 }  // namespace

@@ -68,17 +68,18 @@ std::vector<uint32_t> InstanceLoader::instance(uint64_t index) const {
   return ids;
 }
 
-at::Tensor InstanceLoader::batch(uint64_t first, int64_t count) const {
-  at::Tensor out = at::empty({count, sequence_length_}, at::kLong);
+at::Tensor Instances::batch(uint64_t first, int64_t count) const {
+  const int64_t length = sequence_length();
+  at::Tensor out = at::empty({count, length}, at::kLong);
   int64_t* dst = out.data_ptr<int64_t>();
   for (int64_t b = 0; b < count; ++b) {
     const std::vector<uint32_t> ids = instance(first + b);
-    std::copy(ids.begin(), ids.end(), dst + b * sequence_length_);
+    std::copy(ids.begin(), ids.end(), dst + b * length);
   }
   return out;
 }
 
-at::Tensor InstanceLoader::rank_batch(uint64_t step, int64_t global_batch, int rank, int world) const {
+at::Tensor Instances::rank_batch(uint64_t step, int64_t global_batch, int rank, int world) const {
   if (world <= 0 || rank < 0 || rank >= world || global_batch % world != 0) {
     throw Error("rank_batch: global batch " + std::to_string(global_batch) + " must split evenly over " +
                 std::to_string(world) + " ranks");

@@ -2,6 +2,7 @@
 
 #include <cstdio>
 
+#include "archspace/data/instance_loader.h"  // IndexPermutation
 #include "archspace/util/error.h"
 
 namespace archspace {
@@ -18,8 +19,8 @@ std::string batch_hash(const at::Tensor& ids) {
   return buf;
 }
 
-Batch window_batch(const InstanceLoader& loader, uint64_t first, int64_t count) {
-  at::Tensor ids = loader.batch(first, count);
+Batch window_batch(const Instances& instances, uint64_t first, int64_t count) {
+  at::Tensor ids = instances.batch(first, count);
   at::Tensor labels = at::full_like(ids, kIgnoreIndex);
   labels.narrow(1, 0, ids.size(1) - 1).copy_(ids.narrow(1, 1, ids.size(1) - 1));
   return {ids, labels};

@@ -23,6 +23,7 @@
 #include "archspace/train/run_tokenizer.h"
 #include "archspace/train/step_profiler.h"
 #include "archspace/util/error.h"
+#include "archspace/util/files.h"
 
 namespace archspace {
 
@@ -82,16 +83,6 @@ CausalLM build_stage_model(const TrainConfig& cfg, at::Device device) {
 }
 
 bool every(int64_t interval, int64_t step) { return interval > 0 && step % interval == 0; }
-
-// train.document_masking: the EOS id that ends the documents of token data (its manifest's, or for files
-// without one the model's, as the data reader takes it).
-int64_t document_masking_eos(const TrainConfig& cfg, const ShardManifest& m) {
-  if (m.eos_token_id < 0) {
-    throw Error(cfg.source + ": key 'train.document_masking' needs the EOS id that ends each document, and neither " +
-                cfg.train_data + " nor the model's config.json (eos_token_id) names one");
-  }
-  return m.eos_token_id;
-}
 
 // SIGTERM/SIGINT (how clusters preempt jobs): the first asks the loop to save the step it is in and stop;
 // a second one ends the process at once.
@@ -198,42 +189,14 @@ void Trainer::setup_run_dir() {
 void Trainer::setup_data() {
   const ModelConfig& mc = model_->config();
   if (cfg_.format == DataFormat::kTokens) {
-    // The model's vocabulary and EOS stand in for a tokenizer where the files carry no manifest.
-    TokenSourceOptions source;
-    source.vocab_size = mc.vocab_size;
-    source.eos_token_id = mc.eos_token_id.value_or(-1);
-    if (!cfg_.token_dtype.empty()) source.dtype = parse_token_dtype(cfg_.token_dtype);
-    auto shards = open_token_source(cfg_.train_data, source);
-    const ShardManifest& m = shards->manifest();
-    if (m.vocab_size > mc.vocab_size) {
-      throw Error(cfg_.source + ": tokenizer/model vocabulary mismatch: " + cfg_.train_data + " was tokenized with " +
-                  m.tokenizer_name + " (" + std::to_string(m.vocab_size) + " ids) but the model has vocab_size " +
-                  std::to_string(mc.vocab_size));
-    }
-    // Damaged or edited shards must not train silently: the full check runs once per content (cached).
-    if (rank_ == 0 && shards->verify_cached())
-      progress_->note("verified " + cfg_.train_data + " (SHA-256 of every shard)");
-    train_batches_ = std::make_unique<WindowBatches>(
-        std::make_shared<InstanceLoader>(shards, cfg_.sequence_length, cfg_.seed, cfg_.shuffle));
-    if (cfg_.document_masking) document_eos_ = document_masking_eos(cfg_, m);
-    if (!cfg_.valid_data.empty()) {
-      auto vshards = open_token_source(cfg_.valid_data, source);
-      if (rank_ == 0) vshards->verify_cached();
-      // (Files without a manifest name no tokenizer; their vocabulary is checked against the model's.)
-      const std::string& vsha = vshards->manifest().tokenizer_sha256;
-      if (!vsha.empty() && !m.tokenizer_sha256.empty() && vsha != m.tokenizer_sha256) {
-        throw Error(cfg_.source + ": data.valid and data.train were tokenized with different tokenizers");
-      }
-      valid_loader_ = std::make_shared<InstanceLoader>(vshards, cfg_.sequence_length, 0, false);
-      if (cfg_.document_masking && document_masking_eos(cfg_, vshards->manifest()) != document_eos_) {
-        throw Error(cfg_.source + ": key 'train.document_masking': data.valid ends its documents with EOS id " +
-                    std::to_string(vshards->manifest().eos_token_id) + ", data.train with " +
-                    std::to_string(document_eos_));
-      }
-    }
-    const RunTokenizer tokenizer = source_tokenizer(*shards);
-    tokenizer_file_ = tokenizer.file;
-    if (!tokenizer.note.empty()) progress_->note(tokenizer.note);
+    TokenData data = open_token_data(cfg_, mc, global_batch(), rank_ == 0, *progress_);
+    train_batches_ = std::make_unique<WindowBatches>(data.train);
+    valid_ = std::move(data.valid);
+    tokenizer_file_ = data.tokenizer_file;
+    if (!data.tokenizer_note.empty()) progress_->note(data.tokenizer_note);
+    mixture_fingerprint_ = data.mixture_fingerprint;
+    mixture_record_ = data.mixture;
+    document_eos_ = data.document_eos;
   } else {
     auto tokenizer = Tokenizer::load(cfg_.tokenizer);
     if (tokenizer->vocab_size() > mc.vocab_size) {
@@ -254,7 +217,8 @@ void Trainer::setup_downstream() {
   if (cfg_.downstream.empty()) return;
   const std::string key = cfg_.source + ": key 'eval.downstream'";
   if (tokenizer_file_.empty()) {
-    throw Error(key + " needs the run's tokenizer, and " + cfg_.train_data +
+    throw Error(key + " needs the run's tokenizer, and " +
+                (cfg_.sources.empty() ? cfg_.train_data : cfg_.sources[0].paths[0] + " (the mixture's first source)") +
                 " carries none (tokenize the data with `archspace tokenize`, which stores it)");
   }
   const auto tokenizer = Tokenizer::load(tokenizer_file_);
@@ -361,6 +325,13 @@ void Trainer::resume() {
                   (std::string(key) == "global_batch" ? geometry : ""));
     }
   }
+  // Another mixture (sources, their instances per epoch) would read other instances from here on: refuse.
+  if (!mixture_fingerprint_.is_null() && state.contains("data_mixture") &&
+      state["data_mixture"] != mixture_fingerprint_) {
+    throw Error(cfg_.source + ": cannot resume " + resume_from_ + ": it was trained on the mixture " +
+                state["data_mixture"].dump() + ", this config gives " + mixture_fingerprint_.dump() +
+                " ([[data.sources]] or data.mix_tokens changed)");
+  }
   CausalLM saved = load_model((fs::path(resume_from_) / "model").string(), {at::kFloat, device_});
   // The TOML may have been edited since (another preset, variant or switches): say so, not a shape error.
   const auto have = parameter_specs(model_->config()), had = parameter_specs(saved.config());
@@ -413,6 +384,9 @@ void Trainer::sync_ranks() {
 TrainResult Trainer::run() {
   resume();
   sync_ranks();
+  // The shares the mixture realised, beside the run (each start of the same run writes the same file).
+  if (rank_ == 0 && !mixture_record_.is_null())
+    write_text_file_atomically((fs::path(cfg_.run_dir) / "data_mixture.json").string(), mixture_record_.dump(2) + "\n");
   if (rank_ == 0) {
     const auto warn = [this](const std::string& m) {
       progress_->finish();
@@ -444,13 +418,7 @@ TrainResult Trainer::run() {
     const bool last = step + 1 == cfg_.max_steps;
     const bool evaluation = every(cfg_.eval_interval, step + 1) || last;
     if (!downstream_.empty() && evaluation) evaluate_downstream(step);
-    if (valid_loader_ && evaluation) {
-      const double loss = evaluate();  // every rank evaluates the same batches: no rank waits on another
-      if (metrics_) metrics_->write({{"step", step + 1}, {"tokens", tokens_seen_}, {"valid_loss", loss}});
-      char line[96];
-      std::snprintf(line, sizeof(line), "step %lld | validation loss %.4f", static_cast<long long>(step + 1), loss);
-      progress_->note(line);
-    }
+    if (!valid_.empty() && evaluation) evaluate_validation(step);
     const bool saved = last || every(cfg_.checkpoint_interval, step + 1);
     if (saved) save(step + 1, last);
     if (const int sig = stop_signal_received(step)) {
@@ -586,6 +554,7 @@ StepStats Trainer::train_step(int64_t step) {
   stats.loss = ce / labelled;
   stats.z_loss = z / labelled;
   stats.batch_hash = hash;
+  stats.source_counts = train_batches_->source_counts(static_cast<uint64_t>(step) * G, G);  // the global batch's
   tokens_seen_ += G * cfg_.sequence_length;
   // Loss and gradient norm are global values here, so every rank takes the same decision.
   if (!std::isfinite(stats.loss) || !std::isfinite(stats.z_loss) || !std::isfinite(stats.grad_norm)) {
@@ -646,14 +615,14 @@ void Trainer::dump_gradients(int64_t step) const {
 }
 
 // Mean validation loss per labelled token over the first eval.batches batches (no z-loss).
-double Trainer::evaluate() {
+double Trainer::evaluate(const Instances& valid) {
   c10::NoGradGuard no_grad;
-  const int64_t B = cfg_.micro_batch, instances = static_cast<int64_t>(valid_loader_->instances_per_epoch());
+  const int64_t B = cfg_.micro_batch, instances = static_cast<int64_t>(valid.instances_per_epoch());
   const int64_t batches = std::max<int64_t>(std::min<int64_t>(cfg_.eval_batches, instances / B), 1);
   double loss = 0;
   int64_t count = 0;
   for (int64_t b = 0; b < batches; ++b) {
-    const Batch batch = window_batch(*valid_loader_, b * B, std::min<int64_t>(B, instances));
+    const Batch batch = window_batch(valid, b * B, std::min<int64_t>(B, instances));
     ForwardOptions forward;
     forward.final_hidden_only = true;
     forward.document_eos_id = document_eos_;  // validation sees the instances as training does
@@ -663,6 +632,25 @@ double Trainer::evaluate() {
     count += s.count;
   }
   return loss / std::max<int64_t>(count, 1);
+}
+
+// One metrics.jsonl line with every validation set's loss: "valid_loss" (data.valid) and "valid/NAME/loss"
+// ([[eval.sources]]). Every rank evaluates the same batches: no rank waits on another.
+void Trainer::evaluate_validation(int64_t step) {
+  json line = {{"step", step + 1}, {"tokens", tokens_seen_}};
+  std::string text = "step " + std::to_string(step + 1) + " | validation loss";
+  for (const ValidationSet& v : valid_) {
+    const double loss = evaluate(*v.instances);
+    line[v.metric] = loss;
+    char value[128];
+    if (v.metric == "valid_loss")
+      std::snprintf(value, sizeof(value), " %.4f", loss);
+    else  // valid/NAME/loss -> NAME
+      std::snprintf(value, sizeof(value), " | %s %.4f", v.metric.substr(6, v.metric.size() - 11).c_str(), loss);
+    text += value;
+  }
+  if (metrics_) metrics_->write(line);
+  progress_->note(text);
 }
 
 // The downstream tasks' metrics, one metrics.jsonl line: {"step", "tokens", "downstream": {task: {"metric" (the
@@ -695,20 +683,21 @@ void Trainer::evaluate_downstream(int64_t step) {
 void Trainer::save(int64_t step, bool is_final) {
   NamedTensors opt_state = optimizer_state();
   if (rank_ == 0) {
-    const json state = {{"step", step},
-                        {"tokens", tokens_seen_},
-                        {"optimizer_steps", optimizer_->steps_taken()},
-                        {"next_instance", static_cast<uint64_t>(step) * global_batch()},
-                        {"seed", cfg_.seed},
-                        {"variant", variant_name(model_->config().variant)},
-                        {"sequence_length", cfg_.sequence_length},
-                        {"global_batch", global_batch()},
-                        {"micro_batch", cfg_.micro_batch},
-                        {"grad_accum", cfg_.grad_accum},
-                        {"world_size", world_},
-                        {"shard_optimizer", !owner_.empty()},
-                        {"threads", at::get_num_threads()},
-                        {"recent_losses", spikes_.state()}};
+    json state = {{"step", step},
+                  {"tokens", tokens_seen_},
+                  {"optimizer_steps", optimizer_->steps_taken()},
+                  {"next_instance", static_cast<uint64_t>(step) * global_batch()},
+                  {"seed", cfg_.seed},
+                  {"variant", variant_name(model_->config().variant)},
+                  {"sequence_length", cfg_.sequence_length},
+                  {"global_batch", global_batch()},
+                  {"micro_batch", cfg_.micro_batch},
+                  {"grad_accum", cfg_.grad_accum},
+                  {"world_size", world_},
+                  {"shard_optimizer", !owner_.empty()},
+                  {"threads", at::get_num_threads()},
+                  {"recent_losses", spikes_.state()}};
+    if (!mixture_fingerprint_.is_null()) state["data_mixture"] = mixture_fingerprint_;
     std::string config_text = cfg_.text;
     if (world_ > 1 && !config_text.empty())
       config_text += "\n# trained on " + std::to_string(world_) + " data-parallel ranks (world_size " +
@@ -726,15 +715,21 @@ void Trainer::log_step(int64_t step, const StepStats& s, double step_seconds) {
   if (!metrics_) return;  // rank 0 logs for all
   const double step_tokens = static_cast<double>(global_batch() * cfg_.sequence_length);
   const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
-  metrics_->write({{"step", step + 1},
-                   {"tokens", tokens_seen_},
-                   {"loss", s.loss},
-                   {"z_loss", s.z_loss},
-                   {"lr", s.lr},
-                   {"grad_norm", s.grad_norm},
-                   {"tokens_per_s", step_tokens / step_seconds},
-                   {"elapsed_s", elapsed},
-                   {"batch_hash", s.batch_hash}});
+  json line = {{"step", step + 1},
+               {"tokens", tokens_seen_},
+               {"loss", s.loss},
+               {"z_loss", s.z_loss},
+               {"lr", s.lr},
+               {"grad_norm", s.grad_norm},
+               {"tokens_per_s", step_tokens / step_seconds},
+               {"elapsed_s", elapsed},
+               {"batch_hash", s.batch_hash}};
+  if (!s.source_counts.empty()) {  // a mixture: the tokens of each source in this step's global batch
+    json tokens = json::object();
+    for (const auto& [name, instances] : s.source_counts) tokens[name] = instances * cfg_.sequence_length;
+    line["source_tokens"] = tokens;
+  }
+  metrics_->write(line);
   if (s.spike_baseline) log_spike(step, s);
   if (s.skipped) metrics_->write({{"step", step + 1}, {"skipped", true}});
   // No "loss" key in these lines: readers take the lines with "loss" as the step lines.

@@ -14,6 +14,7 @@
 #include <functional>
 
 #include "archspace/config/train_config.h"
+#include "archspace/data/instance_loader.h"
 #include "archspace/model/loss.h"
 #include "archspace/train/autocast.h"
 #include "archspace/train/batches.h"

@@ -28,6 +28,20 @@ struct LogConfig {
   WandbConfig wandb;
 };
 
+// [[data.sources]]: one source of a weighted mixture (docs/data.md, "Mixtures").
+struct DataSourceConfig {
+  std::string name;
+  std::vector<std::string> paths;  // `path` or `paths`: token sources read one after the other
+  double ratio = 0;                // its share of the mixture's instances; the ratios sum to 1
+  double max_repetition = 1;       // how many times over its data one epoch of the mixture may read it
+};
+
+// [[eval.sources]]: a validation set of its own, logged as valid/NAME/loss.
+struct EvalSourceConfig {
+  std::string name;
+  std::string path;
+};
+
 struct TrainConfig {
   std::string source;  // the TOML file, for messages
   // The configuration as run, as TOML text: the file's own bytes, or (after --set overrides or a
@@ -46,6 +60,10 @@ struct TrainConfig {
   // [data]
   std::string train_data;  // token shard directory, or chat JSONL when format = chat
   std::string valid_data;  // optional
+  // A mixture instead of train_data: its sources and its token budget per epoch (0: the run's tokens,
+  // max_steps x global batch x sequence_length).
+  std::vector<DataSourceConfig> sources;
+  int64_t mix_tokens = 0;
   // Element type of OLMo-core .npy token files that carry no manifest ("uint8", "uint16", "uint32",
   // "uint64"); empty: the smallest that holds the model's vocabulary, as OLMo-core picks it.
   std::string token_dtype;
@@ -115,6 +133,7 @@ struct TrainConfig {
   std::string downstream_format = "rc";
   std::optional<int64_t> downstream_shots;
   int64_t downstream_limit = 0;
+  std::vector<EvalSourceConfig> eval_sources;
 
   // [log]
   LogConfig log;

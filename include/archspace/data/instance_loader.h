@@ -5,12 +5,11 @@
 // data-parallel ranks, reads exactly the instances an uninterrupted run would.
 #pragma once
 
-#include <ATen/ATen.h>
-
 #include <cstdint>
 #include <memory>
 #include <vector>
 
+#include "archspace/data/instances.h"
 #include "archspace/data/token_shards.h"
 
 namespace archspace {
@@ -27,25 +26,20 @@ class IndexPermutation {
   int half_bits_;
 };
 
-class InstanceLoader {
+class InstanceLoader : public Instances {
  public:
   // shuffle=false: windows in storage order (validation).
   InstanceLoader(std::shared_ptr<const TokenShards> shards, int64_t sequence_length, uint64_t seed,
                  bool shuffle = true);
 
-  uint64_t instances_per_epoch() const { return total_windows_; }
-  int64_t sequence_length() const { return sequence_length_; }
+  uint64_t instances_per_epoch() const override { return total_windows_; }
+  int64_t sequence_length() const override { return sequence_length_; }
 
   // Which stored window the run's global instance `index` is (epoch = index / instances_per_epoch).
   uint64_t window_of(uint64_t index) const;
-  std::vector<uint32_t> instance(uint64_t index) const;  // sequence_length ids
+  std::vector<uint32_t> instance(uint64_t index) const override;
 
-  // Instances [first, first + count) as an int64 tensor [count, sequence_length].
-  at::Tensor batch(uint64_t first, int64_t count) const;
-
-  // The slice of global step `step` that data-parallel `rank` of `world` reads: instances
-  // step * global_batch + rank * (global_batch / world) ... (global_batch must divide by world).
-  at::Tensor rank_batch(uint64_t step, int64_t global_batch, int rank, int world) const;
+  const TokenShards& shards() const { return *shards_; }
 
  private:
   std::shared_ptr<const TokenShards> shards_;

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "archspace/chat/chat.h"
-#include "archspace/data/instance_loader.h"
+#include "archspace/data/instances.h"
 #include "archspace/model/loss.h"  // kIgnoreIndex
 
 namespace archspace {
@@ -31,18 +31,29 @@ class BatchSource {
  public:
   virtual ~BatchSource() = default;
   virtual Batch batch(uint64_t first, int64_t count) const = 0;
+  // The named sources of instances [first, first + count) and their instance counts (a mixture's); empty
+  // for data of one source.
+  virtual std::vector<std::pair<std::string, int64_t>> source_counts(uint64_t first, int64_t count) const {
+    (void)first;
+    (void)count;
+    return {};
+  }
 };
 
 // Pretraining windows: inputs are the window, labels the window shifted left (last position unlabelled).
-Batch window_batch(const InstanceLoader& loader, uint64_t first, int64_t count);
+Batch window_batch(const Instances& instances, uint64_t first, int64_t count);
 
+// Windows of one shard set (InstanceLoader) or of a mixture of sources (SourceMixture).
 class WindowBatches : public BatchSource {
  public:
-  explicit WindowBatches(std::shared_ptr<const InstanceLoader> loader) : loader_(std::move(loader)) {}
-  Batch batch(uint64_t first, int64_t count) const override { return window_batch(*loader_, first, count); }
+  explicit WindowBatches(std::shared_ptr<const Instances> instances) : instances_(std::move(instances)) {}
+  Batch batch(uint64_t first, int64_t count) const override { return window_batch(*instances_, first, count); }
+  std::vector<std::pair<std::string, int64_t>> source_counts(uint64_t first, int64_t count) const override {
+    return instances_->source_counts(first, count);
+  }
 
  private:
-  std::shared_ptr<const InstanceLoader> loader_;
+  std::shared_ptr<const Instances> instances_;
 };
 
 // SFT examples, padded with `pad_id` or cut to `seq_len`; loss only where the example marks a trained

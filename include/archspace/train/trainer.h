@@ -23,6 +23,7 @@
 #include "archspace/train/metrics_log.h"
 #include "archspace/train/optimizer.h"
 #include "archspace/train/stability.h"
+#include "archspace/train/token_data.h"
 #include "archspace/util/progress.h"
 
 namespace archspace {
@@ -48,6 +49,7 @@ struct StepStats {
   bool skipped = false;  // not finite, and train.nonfinite = "skip"; or a spike under train.spike = "skip": no update
   std::optional<double> spike_baseline;  // a loss spike: the mean of the recent losses it exceeded
   nlohmann::json layer_grad_norms;       // null, or per-layer gradient norms (train.grad_norm_interval)
+  std::vector<std::pair<std::string, int64_t>> source_counts;  // a mixture's instances of each source this step
 };
 
 class Trainer {
@@ -76,7 +78,8 @@ class Trainer {
 
   StepStats train_step(int64_t step);
   void dump_gradients(int64_t step) const;
-  double evaluate();
+  double evaluate(const Instances& instances);
+  void evaluate_validation(int64_t step);
   void evaluate_downstream(int64_t step);
   void save(int64_t step, bool is_final);
   void log_step(int64_t step, const StepStats& stats, double step_seconds);
@@ -98,7 +101,9 @@ class Trainer {
 
   std::unique_ptr<CausalLM> model_;
   std::unique_ptr<BatchSource> train_batches_;
-  std::shared_ptr<InstanceLoader> valid_loader_;
+  std::vector<ValidationSet> valid_;      // data.valid, then [[eval.sources]]
+  nlohmann::json mixture_fingerprint_;    // [[data.sources]]: checked against the checkpoint's on resume
+  nlohmann::json mixture_record_;         // [[data.sources]]: RUN/data_mixture.json
   std::string tokenizer_file_;            // carried by checkpoints; "" for none
   int64_t document_eos_ = -1;             // train.document_masking: the data's EOS id (ForwardOptions); -1: off
   std::vector<PreparedTask> downstream_;  // eval.downstream, tokenized
