@@ -322,6 +322,15 @@ FitAdvice advise_fit(const ModelConfig& c, const PlanOptions& o, int64_t capacit
   // Candidates in the order of the header's comment; each keeps the global batch where it can.
   std::vector<std::pair<PlanOptions, std::string>> candidates;
   auto with = [&](PlanOptions p, const std::string& flags) { candidates.emplace_back(std::move(p), flags); };
+  // Each change below is tried with ZeRO-1 and then with FSDP over the ranks there are.
+  const bool can_fully_shard = o.world > 1 && o.sharding != Sharding::kFull;
+  auto with_sharding = [&](const PlanOptions& p, const std::string& plain, const std::string& zero1_flags) {
+    with(p, zero1_flags);
+    if (!can_fully_shard) return;
+    PlanOptions q = p;
+    q.sharding = Sharding::kFull;
+    with(q, "--sharding full " + plain);
+  };
   const bool can_shard = o.world > 1 && o.sharding == Sharding::kNone;
   auto sharded = [&](PlanOptions p, std::string& flags) {
     if (can_shard) {
@@ -335,7 +344,7 @@ FitAdvice advise_fit(const ModelConfig& c, const PlanOptions& o, int64_t capacit
     p.sharding = Sharding::kOptimizer;
     with(p, "--shard-optimizer");
   }
-  if (o.world > 1 && o.sharding != Sharding::kFull) {
+  if (can_fully_shard) {
     PlanOptions p = o;
     p.sharding = Sharding::kFull;
     with(p, "--sharding full");
@@ -344,7 +353,8 @@ FitAdvice advise_fit(const ModelConfig& c, const PlanOptions& o, int64_t capacit
     std::string flags = "--activation-checkpointing";
     PlanOptions p = o;
     p.activation_checkpointing = true;
-    with(sharded(p, flags), flags);
+    const std::string plain = flags;
+    with_sharding(sharded(p, flags), plain, flags);
   }
   for (const bool checkpointing : {false, true}) {
     if (checkpointing && o.activation_checkpointing) continue;  // already covered by the first pass
@@ -356,7 +366,8 @@ FitAdvice advise_fit(const ModelConfig& c, const PlanOptions& o, int64_t capacit
       p.activation_checkpointing = checkpointing || o.activation_checkpointing;
       std::string flags = std::string(checkpointing ? "--activation-checkpointing " : "") + "--micro-batch " +
                           std::to_string(mb) + " --grad-accum " + std::to_string(p.grad_accum);
-      with(sharded(p, flags), flags);
+      const std::string plain = flags;
+      with_sharding(sharded(p, flags), plain, flags);
     }
   }
   for (int64_t world = o.world * 2; world <= o.world * 64; world *= 2) {
