@@ -164,21 +164,23 @@ void Trainer::setup_dist() {
   rank_ = dist_env_.rank;
   world_ = dist_env_.world_size;
   progress_ = make_progress();
+  // Before joining: the same error on every rank.
+  std::optional<ShardLayout> layout;
+  if (cfg_.sharding == Sharding::kFull)
+    layout = ShardLayout::make(world_, static_cast<int>(cfg_.replicate_groups),
+                               cfg_.source + ": key 'train.replicate_groups'");
   dist_ = std::make_unique<DistGroup>(dist_env_, device_, std::chrono::seconds(cfg_.dist_timeout_s));
   progress_->note(std::to_string(world_) + " data-parallel ranks: global batch " + std::to_string(global_batch()) +
                   " = micro_batch " + std::to_string(cfg_.micro_batch) + " x grad_accum " +
                   std::to_string(cfg_.grad_accum) + " x " + std::to_string(world_) + " ranks");
   if (std::getenv("ARCHSPACE_TEST_FAULT"))
     progress_->note("ARCHSPACE_TEST_FAULT is set: this run breaks itself on purpose (tests only)");
-  if (cfg_.sharding != Sharding::kFull) return;
   // HSDP: shard within groups of consecutive ranks, replicate across them; FSDP: one group, the world.
-  const ShardLayout layout = ShardLayout::make(world_, static_cast<int>(cfg_.replicate_groups),
-                                               cfg_.source + ": key 'train.replicate_groups'");
-  if (layout.replicate_groups > 1) {
-    const int group = rank_ / layout.shard_size(), place = rank_ % layout.shard_size();
-    shard_group_ = dist_->subgroup(layout.shard_group_of(rank_), "HSDP shard group " + std::to_string(group));
+  if (layout && layout->replicate_groups > 1) {
+    const int group = rank_ / layout->shard_size(), place = rank_ % layout->shard_size();
+    shard_group_ = dist_->subgroup(layout->shard_group_of(rank_), "HSDP shard group " + std::to_string(group));
     replicate_group_ =
-        dist_->subgroup(layout.replicate_group_of(rank_), "HSDP replicate group " + std::to_string(place));
+        dist_->subgroup(layout->replicate_group_of(rank_), "HSDP replicate group " + std::to_string(place));
   }
 }
 
