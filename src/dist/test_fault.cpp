@@ -1,9 +1,10 @@
 #include "archspace/dist/test_fault.h"
 
+#include <unistd.h>
+
 #include <csignal>
 #include <cstdlib>
 #include <string>
-#include <unistd.h>
 
 #include "archspace/util/error.h"
 

@@ -54,10 +54,10 @@ struct FullyShardedModel::FlatGroup {
   std::vector<int64_t> offsets;  // where each starts in the group
   int64_t numel = 0;             // the parameters' elements; the rest up to S x shard_numel is padding
   int64_t shard_numel = 0;
-  bool autocasts = false;        // a block's matmul weights: gathered in autocast's dtype when it is on
-  at::Tensor shard;              // fp32 [shard_numel]: this rank's elements, the leaf the optimizer updates
-  at::Tensor grad;               // fp32 [shard_numel], summed over ranks and micro-batches; undefined: none yet
-  at::Tensor gathered;           // [S x shard_numel]; its storage holds no bytes while the unit is not gathered
+  bool autocasts = false;  // a block's matmul weights: gathered in autocast's dtype when it is on
+  at::Tensor shard;        // fp32 [shard_numel]: this rank's elements, the leaf the optimizer updates
+  at::Tensor grad;         // fp32 [shard_numel], summed over ranks and micro-batches; undefined: none yet
+  at::Tensor gathered;     // [S x shard_numel]; its storage holds no bytes while the unit is not gathered
   at::ScalarType gathered_dtype = at::kFloat;
 };
 
@@ -112,8 +112,8 @@ struct UnitHolder : torch::CustomClassHolder {
 // Backward: the parameters' gradients reduce-scattered (started, not waited for); the shards get theirs in
 // finish_backward(), so no gradient flows to them through autograd.
 struct GatherUnit : torch::autograd::Function<GatherUnit> {
-  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, c10::intrusive_ptr<UnitHolder> holder,
-                                                at::TensorList shards) {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
+                                                c10::intrusive_ptr<UnitHolder> holder, at::TensorList shards) {
     (void)shards;
     holder->owner->gather(*holder->unit);
     torch::autograd::variable_list views;
@@ -140,8 +140,8 @@ struct GatherUnit : torch::autograd::Function<GatherUnit> {
 // whose storage was freed after the forward. Every node of the block that reads a weight lies behind the
 // block's outputs, so this runs first.
 struct GatherBeforeBackward : torch::autograd::Function<GatherBeforeBackward> {
-  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, c10::intrusive_ptr<UnitHolder> holder,
-                                                at::TensorList outputs) {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
+                                                c10::intrusive_ptr<UnitHolder> holder, at::TensorList outputs) {
     ctx->saved_data["unit"] = c10::IValue::make_capsule(holder);
     return torch::autograd::variable_list(outputs.begin(), outputs.end());
   }
@@ -216,7 +216,8 @@ FullyShardedModel::FullyShardedModel(CausalLM& model, DistGroup& shard_group, Di
         const int64_t begin = std::max(lo, g.offsets[j]), end = std::min(hi, g.offsets[j] + numel_of(spec.shape));
         if (begin >= end) continue;
         pieces_.push_back({u, gi, g.params[j], begin - lo, begin - g.offsets[j], end - begin});
-        const bool decay = spec.kind == ParamKind::kLinear || (spec.kind == ParamKind::kEmbedding && decay_embeddings) ||
+        const bool decay = spec.kind == ParamKind::kLinear ||
+                           (spec.kind == ParamKind::kEmbedding && decay_embeddings) ||
                            (spec.kind == ParamKind::kNorm && decay_norms);
         groups_.push_back({spec.name, g.shard.narrow(0, begin - lo, end - begin), decay});
       }
@@ -398,8 +399,9 @@ void FullyShardedModel::wait_oldest() {
   Pending p = std::move(pending_.front());
   pending_.pop_front();
   p.work.wait();
-  if (replicate_group_) replicate_group_->all_reduce_sum(p.out, "the all-reduce over the replicas of " +
-                                                                  unit_what("the gradients", *p.unit));
+  if (replicate_group_)
+    replicate_group_->all_reduce_sum(p.out,
+                                     "the all-reduce over the replicas of " + unit_what("the gradients", *p.unit));
   FlatGroup& g = p.unit->groups[p.group];
   if (g.grad.defined()) {
     g.grad.add_(p.out);
@@ -458,16 +460,16 @@ nlohmann::json FullyShardedModel::layer_grad_norms(int64_t num_layers) {
   const std::vector<double> mine = layer_grad_squares(names, parts, num_layers);
   at::Tensor squares = at::tensor(mine, at::kDouble);
   shard_group_.all_reduce_sum(squares, "summing the per-layer gradient norms of step " + std::to_string(step_ + 1));
-  return layer_grad_norms_of_squares(std::vector<double>(squares.data_ptr<double>(),
-                                                         squares.data_ptr<double>() + squares.numel()));
+  return layer_grad_norms_of_squares(
+      std::vector<double>(squares.data_ptr<double>(), squares.data_ptr<double>() + squares.numel()));
 }
 
 // ---- whole tensors (checkpoints) -------------------------------------------------------------------
 
 at::Tensor FullyShardedModel::full_of_group(const FlatGroup& g, const at::Tensor& shard_values, at::Device device) {
   at::Tensor full = at::empty({shard_group_.world_size() * g.shard_numel}, shard_values.options());
-  shard_group_.all_gather_into(full, shard_values.contiguous(), "gathering the shards for a checkpoint (step " +
-                                                                    std::to_string(step_ + 1) + ")");
+  shard_group_.all_gather_into(full, shard_values.contiguous(),
+                               "gathering the shards for a checkpoint (step " + std::to_string(step_ + 1) + ")");
   return full.to(device);
 }
 
@@ -569,7 +571,8 @@ void FullyShardedModel::load_full_optimizer_state(AdamW& optimizer, const NamedT
   for (const Piece& piece : pieces_) {
     const std::string& name = specs_[piece.param].name;
     for (const std::string prefix : {"exp_avg.", "exp_avg_sq."})
-      mine.emplace_back(prefix + name, by_name.at(prefix + name).reshape({-1}).narrow(0, piece.param_offset, piece.numel));
+      mine.emplace_back(prefix + name,
+                        by_name.at(prefix + name).reshape({-1}).narrow(0, piece.param_offset, piece.numel));
   }
   optimizer.load_state(mine, steps_taken, source);
 }
