@@ -14,6 +14,7 @@
 #include <numeric>
 
 #include "archspace/data/token_source.h"
+#include "archspace/dist/test_fault.h"
 #include "archspace/eval/tasks.h"
 #include "archspace/io/run_dir.h"
 #include "archspace/model/model_io.h"
@@ -173,7 +174,7 @@ void Trainer::setup_dist() {
   progress_->note(std::to_string(world_) + " data-parallel ranks: global batch " + std::to_string(global_batch()) +
                   " = micro_batch " + std::to_string(cfg_.micro_batch) + " x grad_accum " +
                   std::to_string(cfg_.grad_accum) + " x " + std::to_string(world_) + " ranks");
-  if (std::getenv("ARCHSPACE_TEST_FAULT"))
+  if (test_fault().fault != TestFault::kNone)
     progress_->note("ARCHSPACE_TEST_FAULT is set: this run breaks itself on purpose (tests only)");
   // HSDP: shard within groups of consecutive ranks, replicate across them; FSDP: one group, the world.
   if (layout && layout->replicate_groups > 1) {
