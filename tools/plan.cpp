@@ -18,6 +18,8 @@ struct PlanArgs {
   int64_t world = 1, sequence_length = 0, micro_batch = 1, grad_accum = 1;
   int64_t loss_chunk_tokens = kDefaultLossChunkTokens;
   bool shard_optimizer = false, activation_checkpointing = false, document_masking = false, json = false;
+  std::string sharding;  // --sharding; empty: "optimizer" with --shard-optimizer, else "none"
+  int64_t replicate_groups = 1;
   std::string device = "cuda";
   std::string gpu_memory;  // "80GiB": say whether the plan fits
 };
@@ -32,7 +34,7 @@ void print_fit(const FitAdvice& f) {
       std::cout << "cheapest change that fits: " << f.change << " (total " << human_bytes(f.changed_total)
                 << ", margin " << human_bytes(f.capacity - f.changed_total) << ")\n";
     else
-      std::cout << "no change the plan models fits (ZeRO-1, activation checkpointing, micro-batch 1, up to 64x "
+      std::cout << "no change the plan models fits (ZeRO-1, FSDP, activation checkpointing, micro-batch 1, up to 64x "
                    "the ranks): a shorter --sequence-length or a smaller model\n";
   }
   std::cout << "(tensors only: leave a few GiB for the CUDA context and the allocator's fragmentation)\n";
@@ -49,15 +51,27 @@ void print_plan(const ModelConfig& c, const PlanOptions& o, const MemoryPlan& p)
             << "run:                world " << o.world << ", sequence " << o.sequence_length << ", micro-batch "
             << o.micro_batch << ", grad-accum " << o.grad_accum << ", " << dtype_name(o.dtype)
             << (o.dtype == DType::kBf16 ? " autocast" : "") << (o.cuda ? ", CUDA" : ", CPU")
-            << (o.shard_optimizer ? ", ZeRO-1" : "") << (o.activation_checkpointing ? ", activation checkpointing" : "")
+            << (o.sharding == Sharding::kOptimizer ? ", ZeRO-1" : "")
+            << (o.sharding == Sharding::kFull
+                    ? ", FSDP over " + std::to_string(o.shard_group()) + " ranks" +
+                          (o.replicate_groups > 1 ? " x " + std::to_string(o.replicate_groups) + " replicas (HSDP)"
+                                                  : "")
+                    : "")
+            << (o.activation_checkpointing ? ", activation checkpointing" : "")
             << (o.document_masking ? ", document masking" : "") << "\n"
             << "tokens per step:    " << p.tokens_per_step << " (" << human_count(p.tokens_per_step) << ")\n"
             << "memory per rank:\n";
-  row("parameters", p.parameters, "fp32 master weights");
-  row("gradients", p.gradients, "fp32");
+  const bool full = p.sharding_buffers > 0;
+  const std::string per = " / " + std::to_string(full ? o.shard_group() : o.world) + " ranks";
+  row("parameters", p.parameters, full ? "fp32 master weights" + per : "fp32 master weights");
+  row("gradients", p.gradients, full ? "fp32" + per : "fp32");
   row("optimizer state", p.optimizer_state,
-      o.shard_optimizer ? "AdamW, 2 fp32 moments / " + std::to_string(o.world) + " ranks" : "AdamW, 2 fp32 moments");
-  row("autocast weights", p.autocast_weights, "bf16 copies of the matmul weights");
+      o.sharding != Sharding::kNone && o.world > 1 ? "AdamW, 2 fp32 moments" + per : "AdamW, 2 fp32 moments");
+  if (full) {
+    row("sharding buffers", p.sharding_buffers, "one unit gathered, gradients being reduce-scattered");
+  } else {
+    row("autocast weights", p.autocast_weights, "bf16 copies of the matmul weights");
+  }
   row("activations", p.activations, "one micro-batch, kept for backward");
   row("  layers", p.layer_activations,
       o.activation_checkpointing
@@ -83,7 +97,11 @@ int run(const PlanArgs& a) {
   o.micro_batch = a.micro_batch;
   o.grad_accum = a.grad_accum;
   o.dtype = parse_dtype(a.dtype, "--dtype");
-  o.shard_optimizer = a.shard_optimizer;
+  if (!a.sharding.empty() && a.shard_optimizer && a.sharding != "optimizer")
+    throw Error("--shard-optimizer (ZeRO-1, --sharding optimizer) conflicts with --sharding " + a.sharding);
+  o.sharding = a.sharding.empty() ? (a.shard_optimizer ? Sharding::kOptimizer : Sharding::kNone)
+                                  : parse_sharding(a.sharding, "--sharding");
+  o.replicate_groups = a.replicate_groups;
   o.activation_checkpointing = a.activation_checkpointing;
   o.loss_chunk_tokens = a.loss_chunk_tokens;
   o.document_masking = a.document_masking;
@@ -101,7 +119,9 @@ int run(const PlanArgs& a) {
                     {"micro_batch", o.micro_batch},
                     {"grad_accum", o.grad_accum},
                     {"dtype", dtype_name(o.dtype)},
-                    {"shard_optimizer", o.shard_optimizer},
+                    {"shard_optimizer", o.sharding == Sharding::kOptimizer},
+                    {"sharding", sharding_name(o.sharding)},
+                    {"replicate_groups", o.replicate_groups},
                     {"activation_checkpointing", o.activation_checkpointing},
                     {"loss_chunk_tokens", o.loss_chunk_tokens},
                     {"document_masking", o.document_masking},
@@ -136,7 +156,14 @@ Command add(CLI::App& parent) {
   app->add_option("--micro-batch", a->micro_batch, "instances per micro-batch")->capture_default_str();
   app->add_option("--grad-accum", a->grad_accum, "micro-batches per optimizer step")->capture_default_str();
   add_dtype_option(app, a->dtype, "training precision: fp32, or bf16 autocast over fp32 master weights");
-  app->add_flag("--shard-optimizer", a->shard_optimizer, "ZeRO-1: AdamW state divided over the ranks");
+  app->add_flag("--shard-optimizer", a->shard_optimizer,
+                "ZeRO-1: AdamW state divided over the ranks (--sharding optimizer)");
+  app->add_option("--sharding", a->sharding,
+                  "train.sharding: none, optimizer (ZeRO-1), full (FSDP: weights, gradients and AdamW state divided)")
+      ->check(CLI::IsMember(sharding_choices()));
+  app->add_option("--replicate-groups", a->replicate_groups,
+                  "train.replicate_groups: HSDP with --sharding full, shard within world / N ranks, replicate N times")
+      ->capture_default_str();
   app->add_flag("--activation-checkpointing", a->activation_checkpointing,
                 "train.activation_checkpointing: keep block inputs, recompute one block at a time in backward");
   app->add_option("--loss-chunk-tokens", a->loss_chunk_tokens,

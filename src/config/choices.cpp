@@ -35,6 +35,10 @@ const std::vector<std::string>& data_format_choices() {
   static const std::vector<std::string> c = {"tokens", "chat"};
   return c;
 }
+const std::vector<std::string>& sharding_choices() {
+  static const std::vector<std::string> c = {"none", "optimizer", "full"};
+  return c;
+}
 
 const std::vector<std::string>& norm_topology_choices() {
   static const std::vector<std::string> c = [] {
@@ -74,6 +78,14 @@ DataFormat parse_data_format(const std::string& text, const std::string& where) 
   unknown(where, "data format", text, listed(data_format_choices()));
 }
 
+Sharding parse_sharding(const std::string& text, const std::string& where) {
+  const auto& names = sharding_choices();
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (text == names[i]) return static_cast<Sharding>(i);  // choices are listed in enum order
+  }
+  unknown(where, "sharding", text, listed(names));
+}
+
 DeviceSpec parse_device(const std::string& text, const std::string& where) {
   if (text == "cpu") return {DeviceKind::kCpu, -1};
   if (text == "cuda") return {DeviceKind::kCuda, -1};
@@ -98,6 +110,9 @@ std::string DeviceSpec::name() const {
 
 const char* dtype_name(DType d) { return d == DType::kFp32 ? "fp32" : "bf16"; }
 const char* data_format_name(DataFormat f) { return f == DataFormat::kTokens ? "tokens" : "chat"; }
+const char* sharding_name(Sharding s) {
+  return s == Sharding::kNone ? "none" : s == Sharding::kOptimizer ? "optimizer" : "full";
+}
 at::ScalarType scalar_type(DType d) { return d == DType::kFp32 ? at::kFloat : at::kBFloat16; }
 
 }  // namespace archspace

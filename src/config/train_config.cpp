@@ -169,7 +169,8 @@ class Section {
 // The keys whose text becomes an enum; parsed after reading, with the key named in errors.
 struct ChoiceTexts {
   std::string variant = "base", format = "tokens", device = "cpu", dtype = "fp32", nonfinite = "stop";
-  std::optional<std::string> norm_topology;
+  std::optional<std::string> norm_topology, sharding;
+  std::optional<bool> shard_optimizer;  // the older spelling of sharding = "optimizer"
 };
 
 // Reads every key of `root` into `c` (no cross-key validation). With `schema`, records the keys read.
@@ -250,7 +251,9 @@ ChoiceTexts read_keys(const toml::table& root, TrainConfig& c, const std::string
   train.get("dtype", choices.dtype);
   train.get("threads", c.threads);
   train.get("dist_timeout_s", c.dist_timeout_s);
-  train.get("shard_optimizer", c.shard_optimizer);
+  train.get("sharding", choices.sharding);
+  train.get("shard_optimizer", choices.shard_optimizer);
+  train.get("replicate_groups", c.replicate_groups);
   train.get("nonfinite", choices.nonfinite);
   train.get("log_all_ranks", c.log_all_ranks);
   train.get("grad_norm_interval", c.grad_norm_interval);
@@ -547,6 +550,15 @@ void validate(TrainConfig& c, const ChoiceTexts& choices, const std::string& pat
     throw Error(key("train.nonfinite") + ": unknown policy '" + choices.nonfinite + "' (valid: stop, skip)");
   }
   c.skip_nonfinite_steps = choices.nonfinite == "skip";
+  // train.shard_optimizer = true is the older spelling of train.sharding = "optimizer"; both may be given
+  // only when they agree.
+  c.sharding = choices.sharding ? parse_sharding(*choices.sharding, key("train.sharding"))
+                                : (choices.shard_optimizer.value_or(false) ? Sharding::kOptimizer : Sharding::kNone);
+  if (choices.sharding && choices.shard_optimizer && *choices.shard_optimizer != (c.sharding == Sharding::kOptimizer)) {
+    throw Error(key("train.shard_optimizer") + " is " + (*choices.shard_optimizer ? "true" : "false") +
+                " but train.sharding is \"" + *choices.sharding +
+                "\": they disagree (shard_optimizer = true means sharding = \"optimizer\"); keep train.sharding alone");
+  }
   auto require = [&](bool ok, const char* k, const std::string& what) {
     if (!ok) throw Error(key(k) + " " + what);
   };
@@ -572,6 +584,12 @@ void validate(TrainConfig& c, const ChoiceTexts& choices, const std::string& pat
   require(c.micro_batch >= 1, "train.micro_batch", "must be >= 1");
   require(c.grad_accum >= 1, "train.grad_accum", "must be >= 1");
   require(c.dist_timeout_s >= 1, "train.dist_timeout_s", "must be >= 1");
+  require(c.replicate_groups >= 1 && c.replicate_groups <= (1 << 20), "train.replicate_groups",
+          "must be >= 1, got " + std::to_string(c.replicate_groups));
+  require(c.replicate_groups == 1 || c.sharding == Sharding::kFull, "train.replicate_groups",
+          "is " + std::to_string(c.replicate_groups) +
+              ": HSDP replicates shard groups of train.sharding = \"full\" (it is \"" + sharding_name(c.sharding) +
+              "\")");
   require(c.max_steps >= 1, "train.max_steps", "is required and must be >= 1");
   require(c.lr > 0, "optim.lr", "must be positive");
   require(c.warmup_steps >= 0, "optim.warmup_steps", "must be >= 0");

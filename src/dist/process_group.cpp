@@ -11,6 +11,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <numeric>
@@ -78,12 +79,57 @@ std::atomic<bool> joined{false};
 bool joined_process_group() { return joined.load(); }
 
 struct DistGroup::Impl {
+  c10::intrusive_ptr<c10d::Store> store;  // the run's keys ("/worker/attempt_N"); subgroups nest under it
   c10::intrusive_ptr<c10d::ProcessGroup> pg;
   at::Device device = at::kCPU;  // where collectives' tensors live
 };
 
+namespace {
+
+// A process group of `size` ranks over `store` (Gloo for CPU tensors, NCCL for CUDA ones).
+c10::intrusive_ptr<c10d::ProcessGroup> make_process_group(const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                                                          int size, at::Device device,
+                                                          std::chrono::milliseconds timeout) {
+  auto pg = c10::make_intrusive<c10d::ProcessGroup>(store, rank, size);
+  if (device.is_cuda()) {
+#ifdef ARCHSPACE_WITH_NCCL
+    auto opts = c10d::ProcessGroupNCCL::Options::create();
+    opts->timeout = timeout;
+    auto nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(c10::make_intrusive<c10d::PrefixStore>("nccl", store), rank,
+                                                            size, opts);
+    pg->setDefaultBackend(c10d::ProcessGroup::BackendType::NCCL);
+    pg->setBackend(c10::DeviceType::CUDA, c10d::ProcessGroup::BackendType::NCCL, nccl);
+#else
+    throw Error("data-parallel training on CUDA needs NCCL, and this build has none (NCCL headers not found)");
+#endif
+  } else {
+    auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
+    // GLOO_SOCKET_IFNAME picks the network interface on multi-homed hosts, as in PyTorch.
+    const std::string ifname = env_or("GLOO_SOCKET_IFNAME", "");
+    opts->devices.push_back(ifname.empty() ? c10d::ProcessGroupGloo::createDefaultDevice()
+                                           : c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
+    auto gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(c10::make_intrusive<c10d::PrefixStore>("gloo", store), rank,
+                                                            size, opts);
+    pg->setDefaultBackend(c10d::ProcessGroup::BackendType::GLOO);
+    pg->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::GLOO, gloo);
+  }
+  return pg;
+}
+
+std::string world_who(const DistEnv& env) {
+  return "rank " + std::to_string(env.rank) + " of " + std::to_string(env.world_size);
+}
+
+[[noreturn]] void throw_failed(const std::string& who, const std::string& what, std::chrono::milliseconds timeout,
+                               const std::exception_ptr& e) {
+  throw Error(who + ": " + what + " failed (a peer rank died, or did not answer within " +
+              std::to_string(timeout.count() / 1000) + " s): " + cause_of(e));
+}
+
+}  // namespace
+
 DistGroup::DistGroup(const DistEnv& env, at::Device device, std::chrono::milliseconds timeout)
-    : env_(env), timeout_(timeout), impl_(std::make_unique<Impl>()) {
+    : rank_(env.rank), size_(env.world_size), who_(world_who(env)), timeout_(timeout), impl_(std::make_unique<Impl>()) {
   const std::string store_at = env.master_addr + ":" + std::to_string(env.master_port);
   try {
     c10d::TCPStoreOptions so;
@@ -94,31 +140,9 @@ DistGroup::DistGroup(const DistEnv& env, at::Device device, std::chrono::millise
     so.timeout = timeout;
     auto tcp = c10::make_intrusive<c10d::TCPStore>(env.master_addr, so);
     // The prefix Python's init_process_group uses under torchrun: a restarted attempt gets fresh keys.
-    auto store = c10::make_intrusive<c10d::PrefixStore>("/worker/attempt_" + env.restart_count, tcp);
-    impl_->pg = c10::make_intrusive<c10d::ProcessGroup>(store, env.rank, env.world_size);
-    if (device.is_cuda()) {
-#ifdef ARCHSPACE_WITH_NCCL
-      auto opts = c10d::ProcessGroupNCCL::Options::create();
-      opts->timeout = timeout;
-      auto nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(c10::make_intrusive<c10d::PrefixStore>("nccl", store),
-                                                              env.rank, env.world_size, opts);
-      impl_->pg->setDefaultBackend(c10d::ProcessGroup::BackendType::NCCL);
-      impl_->pg->setBackend(c10::DeviceType::CUDA, c10d::ProcessGroup::BackendType::NCCL, nccl);
-      impl_->device = device;
-#else
-      throw Error("data-parallel training on CUDA needs NCCL, and this build has none (NCCL headers not found)");
-#endif
-    } else {
-      auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
-      // GLOO_SOCKET_IFNAME picks the network interface on multi-homed hosts, as in PyTorch.
-      const std::string ifname = env_or("GLOO_SOCKET_IFNAME", "");
-      opts->devices.push_back(ifname.empty() ? c10d::ProcessGroupGloo::createDefaultDevice()
-                                             : c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
-      auto gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(c10::make_intrusive<c10d::PrefixStore>("gloo", store),
-                                                              env.rank, env.world_size, opts);
-      impl_->pg->setDefaultBackend(c10d::ProcessGroup::BackendType::GLOO);
-      impl_->pg->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::GLOO, gloo);
-    }
+    impl_->store = c10::make_intrusive<c10d::PrefixStore>("/worker/attempt_" + env.restart_count, tcp);
+    impl_->pg = make_process_group(impl_->store, env.rank, env.world_size, device, timeout);
+    impl_->device = device;
     joined = true;
   } catch (const Error&) {
     throw;
@@ -128,16 +152,74 @@ DistGroup::DistGroup(const DistEnv& env, at::Device device, std::chrono::millise
   }
 }
 
+DistGroup::DistGroup(std::unique_ptr<Impl> impl, int rank, int size, std::string who, std::chrono::milliseconds timeout)
+    : rank_(rank), size_(size), who_(std::move(who)), timeout_(timeout), impl_(std::move(impl)) {}
+
 DistGroup::~DistGroup() = default;
 
-std::string DistGroup::who() const {
-  return "rank " + std::to_string(env_.rank) + " of " + std::to_string(env_.world_size);
-}
+std::string DistGroup::who() const { return who_; }
 
 void DistGroup::rethrow(const std::string& what) const {
-  const std::exception_ptr e = std::current_exception();
-  throw Error(who() + ": " + what + " failed (a peer rank died, or did not answer within " +
-              std::to_string(timeout_.count() / 1000) + " s): " + cause_of(e));
+  throw_failed(who(), what, timeout_, std::current_exception());
+}
+
+std::unique_ptr<DistGroup> DistGroup::subgroup(const std::vector<int>& ranks, const std::string& name) {
+  // Every member computes the same list; this rank's place in it is its rank in the subgroup.
+  const int me = impl_->pg->getRank();
+  const auto it = std::find(ranks.begin(), ranks.end(), me);
+  if (it == ranks.end()) throw Error(who() + ": is not a member of " + name);
+  auto impl = std::make_unique<Impl>();
+  impl->device = impl_->device;
+  const int rank = static_cast<int>(it - ranks.begin()), size = static_cast<int>(ranks.size());
+  std::string label = who() + " in " + name;
+  guard("building " + name, [&] {
+    impl->store = c10::make_intrusive<c10d::PrefixStore>(name, impl_->store);
+    impl->pg = make_process_group(impl->store, rank, size, impl->device, timeout_);
+  });
+  return std::unique_ptr<DistGroup>(new DistGroup(std::move(impl), rank, size, std::move(label), timeout_));
+}
+
+struct PendingCollective::Impl {
+  c10::intrusive_ptr<c10d::Work> work;
+  std::vector<at::Tensor> keep;  // the tensors the collective reads and writes
+  std::string who, what;
+  std::chrono::milliseconds timeout;
+};
+
+PendingCollective::PendingCollective() = default;
+PendingCollective::PendingCollective(PendingCollective&&) noexcept = default;
+PendingCollective& PendingCollective::operator=(PendingCollective&&) noexcept = default;
+PendingCollective::~PendingCollective() = default;
+
+void PendingCollective::wait() {
+  if (!impl_) return;
+  try {
+    impl_->work->wait();
+  } catch (...) {
+    const std::unique_ptr<Impl> done = std::move(impl_);
+    throw_failed(done->who, done->what, done->timeout, std::current_exception());
+  }
+  impl_.reset();
+}
+
+void DistGroup::all_gather_into(at::Tensor& out, const at::Tensor& in, const std::string& what) {
+  guard(what, [&] { impl_->pg->_allgather_base(out, const_cast<at::Tensor&>(in))->wait(); });
+}
+
+PendingCollective DistGroup::reduce_scatter_sum(const at::Tensor& out, const at::Tensor& in, const std::string& what) {
+  PendingCollective pending;
+  guard(what, [&] {
+    auto impl = std::make_unique<PendingCollective::Impl>();
+    impl->keep = {out, in};
+    c10d::ReduceScatterOptions o;
+    o.reduceOp = c10d::ReduceOp::SUM;
+    impl->work = impl_->pg->_reduce_scatter_base(impl->keep[0], impl->keep[1], o);
+    impl->who = who();
+    impl->what = what;
+    impl->timeout = timeout_;
+    pending.impl_ = std::move(impl);
+  });
+  return pending;
 }
 
 void DistGroup::all_reduce_sum(at::Tensor& t, const std::string& what) {
@@ -163,7 +245,7 @@ at::Tensor DistGroup::all_gather(const at::Tensor& t, const std::string& what) {
   guard(what, [&] {
     std::vector<at::Tensor> in{t.to(impl_->device).contiguous()};
     std::vector<std::vector<at::Tensor>> gathered(1);
-    for (int r = 0; r < env_.world_size; ++r) gathered[0].push_back(at::empty_like(in[0]));
+    for (int r = 0; r < size_; ++r) gathered[0].push_back(at::empty_like(in[0]));
     impl_->pg->allgather(gathered, in)->wait();
     out = at::cat(gathered[0]).to(t.device());
   });

@@ -196,17 +196,24 @@ CausalLM::Streams CausalLM::checkpointed_block(const LayerContext& ctx, const St
       inputs.push_back(vhat);
     }
   }
+  // The block's weights are differentiated through its parameters, or through what a parameter source
+  // gathers them from (the recomputation in backward asks the source for them again).
+  ParameterSource* source = ctx.options.parameters;
   std::vector<at::Tensor> params;
-  const std::string prefix = layer_prefix(l);
-  for (const auto& [name, p] : params_)
-    if (name.rfind(prefix, 0) == 0) params.push_back(p);
+  if (source) {
+    params = source->block_leaves(l);
+  } else {
+    const std::string prefix = layer_prefix(l);
+    for (const auto& [name, p] : params_)
+      if (name.rfind(prefix, 0) == 0) params.push_back(p);
+  }
   // Everything by value: the function runs again in backward, after forward() has returned.
   ForwardOptions options;
   options.attention = ctx.options.attention;
   const int64_t window = ctx.window;
   const at::Tensor cos = ctx.cos, sin = ctx.sin;
   BlockFunction fn = [this, l, n, window, cos, sin, options, sources, has_depth, keeps, has_y, has_dual,
-                      documents](const std::vector<at::Tensor>& in) {
+                      documents, source](const std::vector<at::Tensor>& in) {
     std::optional<DepthAttentionState> depth;
     if (has_depth) {
       depth.emplace(config_.num_hidden_layers, config_.depth_attention_stride, config_.depth_attention_recent_window);
@@ -218,7 +225,11 @@ CausalLM::Streams CausalLM::checkpointed_block(const LayerContext& ctx, const St
     s.x = in[i++];
     if (has_y) s.y = in[i++];
     if (has_dual) s.dual = in[i++];
-    block(layers_[l], s, block_ctx);
+    if (source) {
+      block(source->block(l), s, block_ctx);
+    } else {
+      block(layers_[l], s, block_ctx);
+    }
     std::vector<at::Tensor> out = {s.x};
     if (has_y) out.push_back(s.y);
     if (has_dual) out.push_back(s.dual);
@@ -304,26 +315,42 @@ at::Tensor CausalLM::forward(const at::Tensor& input_ids, const ForwardOptions& 
   // Not with the analyses' options either (skip_layer, depth_weights): they run without grad anyway.
   const bool checkpoint = options.activation_checkpointing && c10::GradMode::is_enabled() && !options.cache &&
                           !recorder && options.skip_layer < 0 && !options.depth_weights;
-  at::Tensor x = at::embedding(weights_.embed_tokens, ids);
+  ParameterSource* source = options.parameters;
+  at::Tensor x;
+  if (source) {
+    x = at::embedding(source->embedding(), ids);
+    source->embedding_done();
+  } else {
+    x = at::embedding(weights_.embed_tokens, ids);
+  }
   if (recorder) recorder->record("model.embeddings", x);
   Streams streams = initial_streams(x);
+  // The source may free block l's weights and hand back streams whose backward brings them back.
+  auto block_done = [&](int64_t l, bool recomputed) {
+    std::vector<at::Tensor> outputs = {streams.x, streams.y, streams.dual};
+    source->block_done(l, outputs, recomputed);
+    streams = {outputs[0], outputs[1], outputs[2]};
+  };
   for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
     if (skipped(l)) continue;
     const LayerContext ctx = context(l);
     if (checkpoint) {
       streams = checkpointed_block(ctx, streams, documents);
     } else {
-      block(layers_[l], streams, ctx);
+      block(source ? source->block(l) : layers_[l], streams, ctx);
     }
+    if (source) block_done(l, checkpoint);
     record_streams(streams, ctx);
   }
-  x = last_hidden(streams);
+  HeadWeights sourced;
+  if (source) sourced = source->head();
+  x = last_hidden(streams, source ? sourced.final_norms : final_norms_);
   if (options.cache) options.cache->advance(T);
   if (options.last_position_only) x = x.narrow(1, T - 1, 1);
-  x = rms_norm(x, weights_.norm, config_.rms_norm_eps);
+  x = rms_norm(x, source ? sourced.norm : weights_.norm, config_.rms_norm_eps);
   if (recorder) recorder->record("model.final_hidden", x);
   if (options.final_hidden_only) return x;
-  return head(x);
+  return source ? archspace::linear(x, sourced.lm_head) : head(x);
 }
 
 at::Tensor CausalLM::head(const at::Tensor& final_hidden) const {

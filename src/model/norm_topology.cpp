@@ -175,16 +175,16 @@ void CausalLM::record_streams(const Streams& s, const LayerContext& ctx) const {
   if (s.dual.defined()) ctx.record("dual", s.dual);
 }
 
-at::Tensor CausalLM::last_hidden(const Streams& s) const {
+at::Tensor CausalLM::last_hidden(const Streams& s, const FinalNorms& final_norms) const {
   const double eps = config_.rms_norm_eps;
   if (s.y.defined()) {
-    return rms_norm(s.x, final_norms_.siamese_post_final_layernorm, eps) +
-           rms_norm(s.y, final_norms_.siamese_pre_final_layernorm, eps);
+    return rms_norm(s.x, final_norms.siamese_post_final_layernorm, eps) +
+           rms_norm(s.y, final_norms.siamese_pre_final_layernorm, eps);
   }
   if (config_.topology() == NormTopology::kResidual) {
     // With no layers the dual stream is still 0.
-    if (!s.dual.defined()) return s.x + rms_norm(at::zeros_like(s.x), final_norms_.residual_dual_norm, eps);
-    return s.x + rms_norm(s.dual, final_norms_.residual_dual_norm, eps);
+    if (!s.dual.defined()) return s.x + rms_norm(at::zeros_like(s.x), final_norms.residual_dual_norm, eps);
+    return s.x + rms_norm(s.dual, final_norms.residual_dual_norm, eps);
   }
   return s.x;
 }

@@ -6,6 +6,7 @@
 
 #include "archspace/model/depth_attention.h"
 #include "archspace/model/parameters.h"
+#include "archspace/train/fully_sharded.h"
 #include "archspace/util/error.h"
 
 namespace archspace {
@@ -150,6 +151,13 @@ void PlanOptions::validate() const {
   positive(sequence_length, "--sequence-length");
   positive(micro_batch, "--micro-batch");
   positive(grad_accum, "--grad-accum");
+  positive(replicate_groups, "--replicate-groups");
+  if (replicate_groups > 1 && sharding != Sharding::kFull)
+    throw Error("--replicate-groups " + std::to_string(replicate_groups) +
+                ": HSDP replicates the shard groups of --sharding full");
+  if (world % replicate_groups != 0)
+    throw Error("--replicate-groups " + std::to_string(replicate_groups) + " does not divide --world " +
+                std::to_string(world) + " into equal shard groups");
   if (loss_chunk_tokens < 0)
     throw Error("--loss-chunk-tokens must be >= 0 (0: unchunked), got " + std::to_string(loss_chunk_tokens));
 }
@@ -177,8 +185,39 @@ MemoryPlan plan_memory(const ModelConfig& c, const PlanOptions& o) {
   p.parameters = 4 * p.parameter_count;
   p.gradients = 4 * p.parameter_count;
   const int64_t adam = 2 * 4 * p.parameter_count;
-  p.optimizer_state = o.shard_optimizer ? (adam + o.world - 1) / o.world : adam;
-  if (b.bf16) {
+  p.optimizer_state = o.sharding == Sharding::kOptimizer ? (adam + o.world - 1) / o.world : adam;
+  if (o.sharding == Sharding::kFull && o.world > 1) {
+    // FSDP (train/fully_sharded.h): per unit, a flat group of the blocks' matmul weights and one of the rest,
+    // each padded to a multiple of the shard group's size S; a rank holds 1/S of each, in fp32, with its
+    // gradient and moments. The matmul weights arrive in the autocast dtype per unit and are freed after, so
+    // no autocast copies are kept; one unit is gathered at a time (the next block's all-gather in backward
+    // starts after the previous block's gradients are packed: the autograd engine runs the later node first).
+    const int64_t S = o.shard_group(), L = c.num_hidden_layers;
+    std::vector<std::pair<int64_t, int64_t>> units(static_cast<size_t>(L + 2));  // (autocast, fp32) elements
+    for (const auto& spec : parameter_specs(c)) {
+      int64_t numel = 1;
+      for (int64_t dim : spec.shape) numel *= dim;
+      const FsdpPlacement at = fsdp_placement(spec, L);
+      (at.autocasts ? units[at.unit].first : units[at.unit].second) += numel;
+    }
+    auto padded = [S](int64_t n) { return (n + S - 1) / S * S; };
+    int64_t shard = 0, gathered = 0;
+    std::vector<int64_t> groups;
+    for (const auto& [autocast, fp32] : units) {
+      for (int64_t n : {autocast, fp32})
+        if (n > 0) {
+          shard += padded(n) / S;
+          groups.push_back(padded(n));
+        }
+      gathered = std::max(gathered, padded(autocast) * (b.bf16 ? 2 : 4) + padded(fp32) * 4);
+    }
+    std::sort(groups.rbegin(), groups.rend());
+    int64_t reducing = 0;
+    for (size_t i = 0; i < std::min(groups.size(), kFsdpReductionsInFlight); ++i) reducing += 4 * groups[i];
+    p.parameters = p.gradients = 4 * shard;
+    p.optimizer_state = 8 * shard;
+    p.sharding_buffers = gathered + reducing;
+  } else if (b.bf16) {
     for (const auto& spec : parameter_specs(c)) {
       if (spec.kind != ParamKind::kLinear) continue;  // the embedding lookup and norms stay fp32
       int64_t numel = 1;
@@ -255,6 +294,7 @@ nlohmann::json MemoryPlan::to_json() const {
             {"gradients", gradients},
             {"optimizer_state", optimizer_state},
             {"autocast_weights", autocast_weights},
+            {"sharding_buffers", sharding_buffers},
             {"activations", activations},
             {"total", total()}}},
           {"activation_bytes",
@@ -301,24 +341,39 @@ FitAdvice advise_fit(const ModelConfig& c, const PlanOptions& o, int64_t capacit
   // Candidates in the order of the header's comment; each keeps the global batch where it can.
   std::vector<std::pair<PlanOptions, std::string>> candidates;
   auto with = [&](PlanOptions p, const std::string& flags) { candidates.emplace_back(std::move(p), flags); };
-  const bool can_shard = o.world > 1 && !o.shard_optimizer;
+  // Each change below is tried with ZeRO-1 and then with FSDP over the ranks there are.
+  const bool can_fully_shard = o.world > 1 && o.sharding != Sharding::kFull;
+  auto with_sharding = [&](const PlanOptions& p, const std::string& plain, const std::string& zero1_flags) {
+    with(p, zero1_flags);
+    if (!can_fully_shard) return;
+    PlanOptions q = p;
+    q.sharding = Sharding::kFull;
+    with(q, "--sharding full " + plain);
+  };
+  const bool can_shard = o.world > 1 && o.sharding == Sharding::kNone;
   auto sharded = [&](PlanOptions p, std::string& flags) {
     if (can_shard) {
-      p.shard_optimizer = true;
+      p.sharding = Sharding::kOptimizer;
       flags = "--shard-optimizer " + flags;
     }
     return p;
   };
   if (can_shard) {
     PlanOptions p = o;
-    p.shard_optimizer = true;
+    p.sharding = Sharding::kOptimizer;
     with(p, "--shard-optimizer");
+  }
+  if (can_fully_shard) {
+    PlanOptions p = o;
+    p.sharding = Sharding::kFull;
+    with(p, "--sharding full");
   }
   if (!o.activation_checkpointing) {
     std::string flags = "--activation-checkpointing";
     PlanOptions p = o;
     p.activation_checkpointing = true;
-    with(sharded(p, flags), flags);
+    const std::string plain = flags;
+    with_sharding(sharded(p, flags), plain, flags);
   }
   for (const bool checkpointing : {false, true}) {
     if (checkpointing && o.activation_checkpointing) continue;  // already covered by the first pass
@@ -330,16 +385,18 @@ FitAdvice advise_fit(const ModelConfig& c, const PlanOptions& o, int64_t capacit
       p.activation_checkpointing = checkpointing || o.activation_checkpointing;
       std::string flags = std::string(checkpointing ? "--activation-checkpointing " : "") + "--micro-batch " +
                           std::to_string(mb) + " --grad-accum " + std::to_string(p.grad_accum);
-      with(sharded(p, flags), flags);
+      const std::string plain = flags;
+      with_sharding(sharded(p, flags), plain, flags);
     }
   }
   for (int64_t world = o.world * 2; world <= o.world * 64; world *= 2) {
     const int64_t factor = world / o.world;
     PlanOptions p = o;
     p.world = world;
-    p.shard_optimizer = true;
+    if (p.sharding == Sharding::kNone) p.sharding = Sharding::kOptimizer;
     p.grad_accum = o.grad_accum % factor == 0 ? o.grad_accum / factor : o.grad_accum;
-    std::string flags = "--world " + std::to_string(world) + (o.shard_optimizer ? "" : " --shard-optimizer");
+    std::string flags =
+        "--world " + std::to_string(world) + (o.sharding != Sharding::kNone ? "" : " --shard-optimizer");
     if (p.grad_accum != o.grad_accum)
       flags += " --grad-accum " + std::to_string(p.grad_accum);
     else

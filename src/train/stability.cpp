@@ -7,11 +7,10 @@ namespace archspace {
 
 using nlohmann::json;
 
-json layer_grad_norms(const std::vector<std::string>& names, const std::vector<at::Tensor>& params,
-                      int64_t num_layers) {
+std::vector<double> layer_grad_squares(const std::vector<std::string>& names, const std::vector<at::Tensor>& params,
+                                       int64_t num_layers) {
   // Sums of squares in double, then square roots: one reduction per parameter, no concatenation.
-  std::vector<double> layers(static_cast<size_t>(num_layers), 0.0);
-  double embed = 0, head = 0;
+  std::vector<double> squares(static_cast<size_t>(num_layers) + 2, 0.0);  // embed, head, layers
   const std::string prefix = "model.layers.";
   for (size_t i = 0; i < names.size(); ++i) {
     const at::Tensor& g = params[i].grad();
@@ -19,18 +18,27 @@ json layer_grad_norms(const std::vector<std::string>& names, const std::vector<a
     const double sq = g.to(at::kDouble).pow(2).sum().item<double>();
     if (names[i].rfind(prefix, 0) == 0) {
       const int64_t l = std::stoll(names[i].substr(prefix.size()));
-      if (l >= 0 && l < num_layers) layers[static_cast<size_t>(l)] += sq;
+      if (l >= 0 && l < num_layers) squares[static_cast<size_t>(l) + 2] += sq;
     } else if (names[i].rfind("model.embed_tokens.", 0) == 0) {
-      embed += sq;
+      squares[0] += sq;
     } else {
-      head += sq;
+      squares[1] += sq;
     }
   }
-  json out = {{"embed", std::sqrt(embed)}, {"head", std::sqrt(head)}};
+  return squares;
+}
+
+json layer_grad_norms_of_squares(const std::vector<double>& squares) {
+  json out = {{"embed", std::sqrt(squares.at(0))}, {"head", std::sqrt(squares.at(1))}};
   json per_layer = json::array();
-  for (double sq : layers) per_layer.push_back(std::sqrt(sq));
+  for (size_t l = 2; l < squares.size(); ++l) per_layer.push_back(std::sqrt(squares[l]));
   out["layers"] = per_layer;
   return out;
+}
+
+json layer_grad_norms(const std::vector<std::string>& names, const std::vector<at::Tensor>& params,
+                      int64_t num_layers) {
+  return layer_grad_norms_of_squares(layer_grad_squares(names, params, num_layers));
 }
 
 std::optional<double> SpikeDetector::check(double loss) const {

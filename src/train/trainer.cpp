@@ -14,6 +14,7 @@
 #include <numeric>
 
 #include "archspace/data/token_source.h"
+#include "archspace/dist/test_fault.h"
 #include "archspace/eval/tasks.h"
 #include "archspace/io/run_dir.h"
 #include "archspace/model/model_io.h"
@@ -165,10 +166,24 @@ void Trainer::setup_dist() {
   rank_ = dist_env_.rank;
   world_ = dist_env_.world_size;
   progress_ = make_progress();
+  // Before joining: the same error on every rank.
+  std::optional<ShardLayout> layout;
+  if (cfg_.sharding == Sharding::kFull)
+    layout = ShardLayout::make(world_, static_cast<int>(cfg_.replicate_groups),
+                               cfg_.source + ": key 'train.replicate_groups'");
   dist_ = std::make_unique<DistGroup>(dist_env_, device_, std::chrono::seconds(cfg_.dist_timeout_s));
   progress_->note(std::to_string(world_) + " data-parallel ranks: global batch " + std::to_string(global_batch()) +
                   " = micro_batch " + std::to_string(cfg_.micro_batch) + " x grad_accum " +
                   std::to_string(cfg_.grad_accum) + " x " + std::to_string(world_) + " ranks");
+  if (test_fault().fault != TestFault::kNone)
+    progress_->note("ARCHSPACE_TEST_FAULT is set: this run breaks itself on purpose (tests only)");
+  // HSDP: shard within groups of consecutive ranks, replicate across them; FSDP: one group, the world.
+  if (layout && layout->replicate_groups > 1) {
+    const int group = rank_ / layout->shard_size(), place = rank_ % layout->shard_size();
+    shard_group_ = dist_->subgroup(layout->shard_group_of(rank_), "HSDP shard group " + std::to_string(group));
+    replicate_group_ =
+        dist_->subgroup(layout->replicate_group_of(rank_), "HSDP replicate group " + std::to_string(place));
+  }
 }
 
 void Trainer::setup_run_dir() {
@@ -236,6 +251,7 @@ void Trainer::setup_downstream() {
 }
 
 void Trainer::setup_optimizer() {
+  if (dist_ && cfg_.sharding == Sharding::kFull) return setup_full_sharding();
   // Norms and SiameseNorm scales do not decay unless asked.
   const auto specs = parameter_specs(model_->config());
   for (size_t i = 0; i < specs.size(); ++i) {
@@ -252,7 +268,7 @@ void Trainer::setup_optimizer() {
     std::vector<at::Tensor> params;
     for (const auto& g : params_) params.push_back(g.param);
     reducer_ = std::make_unique<GradientReducer>(*dist_, params);
-    if (cfg_.shard_optimizer) {
+    if (cfg_.sharding == Sharding::kOptimizer) {
       // Balanced by size: the largest parameters first, each to the rank holding the fewest elements.
       std::vector<size_t> order(params.size());
       std::iota(order.begin(), order.end(), size_t{0});
@@ -274,6 +290,36 @@ void Trainer::setup_optimizer() {
   }
 }
 
+// FSDP: the optimizer updates this rank's shards; the model's own tensors are released (the forward reads
+// the weights through fsdp_). The ranks start from rank 0's weights, as sync_ranks() makes them otherwise.
+void Trainer::setup_full_sharding() {
+  {
+    c10::NoGradGuard no_grad;
+    for (const auto& [name, p] : model_->parameters()) {
+      at::Tensor t = p;  // the same tensor
+      dist_->broadcast(t, 0, "broadcasting parameter " + name + " from rank 0");
+    }
+  }
+  DistGroup& shards = shard_group_ ? *shard_group_ : *dist_;
+  fsdp_ = std::make_unique<FullyShardedModel>(*model_, shards, replicate_group_.get(), cfg_.decay_embeddings,
+                                              cfg_.decay_norms);
+  params_ = fsdp_->optimizer_groups();
+  optimizer_ = std::make_unique<AdamW>(
+      params_, AdamWOptions{cfg_.beta1, cfg_.beta2, cfg_.eps, cfg_.fused && fused_adamw_available(device_)});
+  const int64_t total = parameter_count(model_->config());
+  std::string layout = "FSDP: parameters, gradients and AdamW moments sharded over " +
+                       std::to_string(shards.world_size()) + " ranks (" + std::to_string(fsdp_->shard_elements()) +
+                       " of " + std::to_string(total) + " parameter elements per rank)";
+  if (replicate_group_)
+    layout += ", replicated over " + std::to_string(replicate_group_->world_size()) + " groups (HSDP)";
+  progress_->note(layout);
+}
+
+void Trainer::zero_gradients() {
+  if (fsdp_) return fsdp_->zero_gradients();
+  for (const auto& g : params_) g.param.mutable_grad().reset();
+}
+
 // ZeRO-1: each parameter's owner updated it; every rank takes the new values from there.
 void Trainer::broadcast_updates() {
   if (owner_.empty()) return;
@@ -285,6 +331,7 @@ void Trainer::broadcast_updates() {
 // The whole optimizer state, whatever the sharding: checkpoints do not depend on the number of ranks.
 // Sharded, each owner broadcasts its moments (every rank takes part; rank 0 keeps them).
 NamedTensors Trainer::optimizer_state() {
+  if (fsdp_) return fsdp_->full_optimizer_state(*optimizer_, at::kCPU);
   if (owner_.empty()) return optimizer_->state();
   NamedTensors full;
   for (size_t i = 0; i < params_.size(); ++i) {
@@ -343,14 +390,20 @@ void Trainer::resume() {
                   std::to_string(i) + ": checkpoint " + was + ", config " + is + "); was the [model] section changed?");
     }
   }
-  {
+  if (fsdp_) {
+    fsdp_->load_full_parameters(saved.parameters());  // this rank's shards of them
+  } else {
     c10::NoGradGuard no_grad;
     for (size_t i = 0; i < params_.size(); ++i) params_[i].param.copy_(saved.parameters()[i].second);
   }
   TensorStore store = TensorStore::open_file((fs::path(resume_from_) / "optimizer.safetensors").string());
   NamedTensors opt_state;
   for (const auto& n : store.names()) opt_state.emplace_back(n, store.tensor(n).to(device_));
-  optimizer_->load_state(opt_state, state.at("optimizer_steps").get<int64_t>(), resume_from_);
+  if (fsdp_) {
+    fsdp_->load_full_optimizer_state(*optimizer_, opt_state, state.at("optimizer_steps").get<int64_t>(), resume_from_);
+  } else {
+    optimizer_->load_state(opt_state, state.at("optimizer_steps").get<int64_t>(), resume_from_);
+  }
   start_step_ = state.at("step").get<int64_t>();
   tokens_seen_ = state.at("tokens").get<uint64_t>();
   if (state.contains("recent_losses")) spikes_.restore(state.at("recent_losses"));
@@ -375,6 +428,7 @@ void Trainer::sync_ranks() {
     throw Error(dist_->who() + ": the ranks start from different steps (this one from " + std::to_string(start_step_) +
                 "): train.run_dir " + cfg_.run_dir + " must be one directory that all ranks share");
   }
+  if (fsdp_) return;  // the shards were cut from rank 0's weights, or from the one checkpoint every rank read
   c10::NoGradGuard no_grad;
   for (auto& g : params_) dist_->broadcast(g.param, 0, "broadcasting parameter " + g.name + " from rank 0");
 }
@@ -440,8 +494,7 @@ TrainResult Trainer::run() {
 
 // What the trackers show beside the config file: facts the engine derived from it.
 TrackingContext Trainer::tracking_context() const {
-  int64_t parameters = 0;
-  for (const auto& g : params_) parameters += g.param.numel();
+  const int64_t parameters = parameter_count(model_->config());
   return {cfg_.run_dir,
           start_step_,
           cfg_.text,
@@ -501,6 +554,7 @@ StepStats Trainer::train_step(int64_t step) {
                 ": the batch has no labelled tokens (SFT examples without assistant tokens?)");
 
   double ce = 0, z = 0;
+  if (fsdp_) fsdp_->begin_step(step);
   for (size_t m = 0; m < micro.size(); ++m) {
     const Batch& b = micro[m];
     LossSums sums;
@@ -511,11 +565,18 @@ StepStats Trainer::train_step(int64_t step) {
       forward.activation_checkpointing = cfg_.activation_checkpointing;
       forward.final_hidden_only = true;
       forward.document_eos_id = document_eos_;
-      sums = head_loss(model_->forward(b.input_ids.to(device_), forward), model_->head_weight(), b.labels.to(device_),
-                       cfg_.z_loss, cfg_.loss_chunk_tokens);
+      forward.parameters = fsdp_.get();  // FSDP: each unit's weights gathered as it runs
+      const at::Tensor hidden = model_->forward(b.input_ids.to(device_), forward);
+      sums = head_loss(hidden, fsdp_ ? fsdp_->head().lm_head : model_->head_weight(), b.labels.to(device_), cfg_.z_loss,
+                       cfg_.loss_chunk_tokens);
     }
     at::Tensor loss = (sums.ce_sum + sums.z_sum) / static_cast<double>(labelled);
-    if (!reducer_) {
+    if (fsdp_) {
+      // Each unit's gradients are reduce-scattered (summed over the ranks) as its backward completes; the
+      // micro-batches' sums accumulate in the shards' gradients.
+      loss.backward();
+      fsdp_->finish_backward();
+    } else if (!reducer_) {
       loss.backward();
     } else {
       // The reducer averages over ranks; x world makes it the sum (exact for a power-of-two world).
@@ -540,17 +601,19 @@ StepStats Trainer::train_step(int64_t step) {
   } else {
     hash = batch_hash(at::cat(ids));
   }
-  if (step < cfg_.dump_gradients_steps && rank_ == 0) dump_gradients(step);
+  if (step < cfg_.dump_gradients_steps && (rank_ == 0 || fsdp_)) dump_gradients(step);  // FSDP: every rank gathers
 
   std::vector<at::Tensor> params;
   for (const auto& g : params_) params.push_back(g.param);
-  if (cfg_.grad_norm_interval > 0 && every(cfg_.grad_norm_interval, step + 1) && rank_ == 0) {
+  const int64_t L = model_->config().num_hidden_layers;
+  if (cfg_.grad_norm_interval > 0 && every(cfg_.grad_norm_interval, step + 1) && (rank_ == 0 || fsdp_)) {
     // Before clipping: the gradients as backward made them (all-reduced already in data-parallel runs).
     std::vector<std::string> names;
     for (const auto& g : params_) names.push_back(g.name);
-    stats.layer_grad_norms = layer_grad_norms(names, params, model_->config().num_hidden_layers);
+    stats.layer_grad_norms = fsdp_ ? fsdp_->layer_grad_norms(L) : layer_grad_norms(names, params, L);
   }
-  stats.grad_norm = clip_grad_norm(params, cfg_.clip_grad_norm);
+  // FSDP: the norm of the whole gradient from every rank's shards (collective).
+  stats.grad_norm = fsdp_ ? fsdp_->clip_grad_norm(cfg_.clip_grad_norm) : clip_grad_norm(params, cfg_.clip_grad_norm);
   stats.loss = ce / labelled;
   stats.z_loss = z / labelled;
   stats.batch_hash = hash;
@@ -568,7 +631,7 @@ StepStats Trainer::train_step(int64_t step) {
                   (latest.empty() ? std::string("none") : latest) +
                   "). Lower optim.lr, or set train.nonfinite = \"skip\"");
     }
-    for (const auto& g : params_) g.param.mutable_grad().reset();  // no update from this batch
+    zero_gradients();  // no update from this batch
     stats.skipped = true;
     progress_->note(std::string(what) + ": skipped (train.nonfinite = \"skip\")");
     return stats;
@@ -588,7 +651,7 @@ StepStats Trainer::train_step(int64_t step) {
                   "(the last checkpoint is " + (latest.empty() ? std::string("none") : latest) + ")");
     }
     if (cfg_.spike_policy == "skip") {
-      for (const auto& g : params_) g.param.mutable_grad().reset();  // no update from this batch
+      zero_gradients();  // no update from this batch
       stats.skipped = true;
       progress_->note(std::string(what) + ": skipped (train.spike = \"skip\")");
       return stats;
@@ -597,16 +660,22 @@ StepStats Trainer::train_step(int64_t step) {
   }
   {
     RECORD_USER_SCOPE("archspace::optimizer_step");
+    if (fsdp_) fsdp_->attach_gradients();  // each optimizer group's part of the (clipped) shard gradients
     optimizer_->step(stats.lr, cfg_.weight_decay);
   }
   broadcast_updates();
-  for (const auto& g : params_) g.param.mutable_grad().reset();
+  zero_gradients();
   return stats;
 }
 
 void Trainer::dump_gradients(int64_t step) const {
   NamedTensors grads;
-  for (const auto& g : params_) grads.emplace_back(g.name, g.param.grad());
+  if (fsdp_) {
+    grads = fsdp_->full_gradients(at::kCPU);  // every rank takes part; rank 0 writes
+    if (rank_ != 0) return;
+  } else {
+    for (const auto& g : params_) grads.emplace_back(g.name, g.param.grad());
+  }
   const fs::path dir = fs::path(cfg_.run_dir) / "debug";
   fs::create_directories(dir);
   char name[64];
@@ -626,8 +695,11 @@ double Trainer::evaluate(const Instances& valid) {
     ForwardOptions forward;
     forward.final_hidden_only = true;
     forward.document_eos_id = document_eos_;  // validation sees the instances as training does
-    const LossSums s = head_loss(model_->forward(batch.input_ids.to(device_), forward), model_->head_weight(),
+    forward.parameters = fsdp_.get();
+    const at::Tensor hidden = model_->forward(batch.input_ids.to(device_), forward);
+    const LossSums s = head_loss(hidden, fsdp_ ? fsdp_->head().lm_head : model_->head_weight(),
                                  batch.labels.to(device_), 0, cfg_.loss_chunk_tokens);
+    if (fsdp_) fsdp_->release();
     loss += s.ce_sum.item<double>();
     count += s.count;
   }
@@ -657,7 +729,11 @@ void Trainer::evaluate_validation(int64_t step) {
 // task's primary), "value", "stderr", "n", "format", "shots"}}}. Every rank scores (no collective inside, so
 // none waits on another); rank 0 logs. Scoring draws no random numbers, so a resumed run stays exact.
 void Trainer::evaluate_downstream(int64_t step) {
-  const std::vector<TaskResult> results = evaluate_tasks(*model_, downstream_);
+  // FSDP: scoring runs the whole model through infer/, so every rank gathers a whole copy for it (the
+  // memory of one unsharded model, for the evaluation only).
+  std::unique_ptr<CausalLM> whole;
+  if (fsdp_) whole = std::make_unique<CausalLM>(model_->config(), fsdp_->full_parameters(device_));
+  const std::vector<TaskResult> results = evaluate_tasks(whole ? *whole : *model_, downstream_);
   nlohmann::json tasks = nlohmann::json::object();
   std::string line = "step " + std::to_string(step + 1) + " | downstream";
   for (const auto& r : results) {
@@ -682,6 +758,9 @@ void Trainer::evaluate_downstream(int64_t step) {
 // number of ranks); the others wait for it at a barrier, so none runs ahead of the last saved step.
 void Trainer::save(int64_t step, bool is_final) {
   NamedTensors opt_state = optimizer_state();
+  // FSDP: the whole fp32 parameters, gathered unit by unit into host memory (every rank takes part).
+  std::unique_ptr<CausalLM> whole;
+  if (fsdp_) whole = std::make_unique<CausalLM>(model_->config(), fsdp_->full_parameters(at::kCPU));
   if (rank_ == 0) {
     json state = {{"step", step},
                   {"tokens", tokens_seen_},
@@ -695,6 +774,8 @@ void Trainer::save(int64_t step, bool is_final) {
                   {"grad_accum", cfg_.grad_accum},
                   {"world_size", world_},
                   {"shard_optimizer", !owner_.empty()},
+                  {"sharding", sharding_name(world_ > 1 ? cfg_.sharding : Sharding::kNone)},
+                  {"replicate_groups", fsdp_ ? cfg_.replicate_groups : 1},
                   {"threads", at::get_num_threads()},
                   {"recent_losses", spikes_.state()}};
     if (!mixture_fingerprint_.is_null()) state["data_mixture"] = mixture_fingerprint_;
@@ -703,7 +784,8 @@ void Trainer::save(int64_t step, bool is_final) {
       config_text += "\n# trained on " + std::to_string(world_) + " data-parallel ranks (world_size " +
                      std::to_string(world_) + ", global batch " + std::to_string(global_batch()) + ")\n";
     last_checkpoint_ = save_checkpoint(
-        cfg_.run_dir, step, {model_.get(), opt_state, state, config_text, tokenizer_file_}, cfg_.keep_last, is_final);
+        cfg_.run_dir, step, {whole ? whole.get() : model_.get(), opt_state, state, config_text, tokenizer_file_},
+        cfg_.keep_last, is_final);
   }
   // train.dist_timeout_s bounds this wait too: a hung rank 0 must not hold the others forever.
   if (dist_) dist_->barrier("the barrier after the checkpoint of step " + std::to_string(step), dist_->timeout());

@@ -125,3 +125,36 @@ def test_plan_counts_one_chunk_of_the_loss():
     short = ["--preset", "1B", "--sequence-length", "1024"]
     assert plan_json(*short)["bytes"] == plan_json(*short, "--loss-chunk-tokens", "0")["bytes"]
     expect_error(["plan", *base, "--loss-chunk-tokens", "-1"], "--loss-chunk-tokens")
+
+
+def test_plan_models_fsdp_and_hsdp():
+    """--sharding full divides weights, gradients and AdamW state by the shard group (--world, or world /
+    --replicate-groups under HSDP), each unit's flat groups padded to a multiple of it (less than one element per
+    group and rank); it keeps no autocast copies (bf16 matmul weights arrive per unit) and adds one gathered unit
+    plus the fp32 gradients being reduce-scattered (the 1B's largest units are the embedding and the head, [V, d]);
+    the activations are those of the unsharded run."""
+    base = ["--preset", "1B", "--sequence-length", "8192", "--world", "8", "--activation-checkpointing"]
+    none, full = plan_json(*base), plan_json(*base, "--sharding", "full")
+    hsdp = plan_json(*base, "--sharding", "full", "--replicate-groups", "2")
+    P, L, V, d = none["parameter_count"], 16, 100278, 2048
+    groups = 1 + 2 * L + 1  # the embedding; per block the matmul weights and the rest; the head
+    for plan, S in ((full, 8), (hsdp, 4)):
+        b = plan["bytes"]
+        assert 4 * P / S <= b["parameters"] < 4 * (P / S + groups), (S, b)
+        assert b["gradients"] == b["parameters"] and b["optimizer_state"] == 2 * b["parameters"]
+        assert b["autocast_weights"] == 0
+        assert b["sharding_buffers"] >= 3 * 4 * V * d
+        assert plan["activation_bytes"] == none["activation_bytes"]
+        assert b["total"] == sum(b[k] for k in ("parameters", "gradients", "optimizer_state", "sharding_buffers",
+                                                 "activations"))
+    assert hsdp["options"]["replicate_groups"] == 2 and full["options"]["sharding"] == "full"
+    assert full["bytes"]["total"] < 0.5 * none["bytes"]["total"]
+    assert "FSDP over 4 ranks x 2 replicas (HSDP)" in run_cli("plan", *base, "--sharding", "full",
+                                                              "--replicate-groups", "2").stdout
+    # ZeRO-1 is --sharding optimizer.
+    assert plan_json(*base, "--sharding", "optimizer")["bytes"] == plan_json(*base, "--shard-optimizer")["bytes"]
+    expect_error(["plan", *base, "--replicate-groups", "3", "--sharding", "full"], "--replicate-groups 3",
+                 "does not divide --world 8")
+    expect_error(["plan", *base, "--replicate-groups", "2"], "--replicate-groups 2", "--sharding full")
+    expect_error(["plan", *base, "--shard-optimizer", "--sharding", "full"], "--shard-optimizer", "conflicts")
+    expect_error(["plan", *base, "--sharding", "zero3"], "--sharding")

@@ -46,7 +46,7 @@ TEST(Plan, WeightsGradientsOptimizerFromParameterCount) {
       EXPECT_EQ(p.autocast_weights, 2 * (P - c.vocab_size * c.hidden_size - vectors)) << name;
       EXPECT_EQ(p.total(), p.parameters + p.gradients + p.optimizer_state + p.autocast_weights + p.activations);
 
-      o.shard_optimizer = true;
+      o.sharding = Sharding::kOptimizer;
       MemoryPlan sharded = plan_memory(c, o);
       EXPECT_EQ(sharded.optimizer_state, (8 * P + 63) / 64);
       EXPECT_EQ(sharded.parameters, p.parameters);

@@ -15,6 +15,9 @@ namespace archspace {
 enum class DType { kFp32, kBf16 };
 enum class DeviceKind { kCpu, kCuda };
 enum class DataFormat { kTokens, kChat };  // pretraining token shards | SFT chat JSON Lines
+// Data-parallel sharding (train.sharding): none (DDP: everything replicated), optimizer (ZeRO-1: the AdamW
+// moments divided over the ranks), full (FSDP/ZeRO-3: parameters, gradients and moments divided).
+enum class Sharding { kNone, kOptimizer, kFull };
 
 // A compute device as a user names it: "cpu", "cuda" or "cuda:N".
 struct DeviceSpec {
@@ -30,17 +33,20 @@ DType parse_dtype(const std::string& text, const std::string& where);
 DeviceSpec parse_device(const std::string& text, const std::string& where);
 DataFormat parse_data_format(const std::string& text, const std::string& where);
 NormTopology parse_norm_topology(const std::string& text, const std::string& where);
+Sharding parse_sharding(const std::string& text, const std::string& where);
 
 // The spellings accepted, for --help and CLI11 checks.
 const std::vector<std::string>& variant_choices();        // base, siamese_depth
 const std::vector<std::string>& dtype_choices();          // fp32, bf16
 const std::vector<std::string>& data_format_choices();    // tokens, chat
 const std::vector<std::string>& norm_topology_choices();  // reordered, pre, peri, ... (SPEC.md section 7)
+const std::vector<std::string>& sharding_choices();       // none, optimizer, full
 
 std::string listed_choices(const std::vector<std::string>& choices);  // "a, b, c"
 
 const char* dtype_name(DType d);  // "fp32" / "bf16"
 const char* data_format_name(DataFormat f);
+const char* sharding_name(Sharding s);
 at::ScalarType scalar_type(DType d);
 
 }  // namespace archspace

@@ -91,7 +91,11 @@ struct TrainConfig {
   // The head and loss a chunk of this many labelled tokens at a time, when a micro-batch has more tokens
   // (model/loss.h head_loss): logits of one chunk instead of [micro_batch x sequence_length, vocab]. 0: unchunked.
   int64_t loss_chunk_tokens = kDefaultLossChunkTokens;
-  bool shard_optimizer = false;  // data-parallel runs: ZeRO-1, each rank keeps the AdamW moments of its share
+  // Data-parallel runs (docs/distributed.md): train.sharding = "none" | "optimizer" (ZeRO-1; the older key
+  // train.shard_optimizer = true says the same) | "full" (FSDP). train.replicate_groups = R > 1 (HSDP, with
+  // "full"): shard within groups of world / R consecutive ranks, all-reduce across the R groups.
+  Sharding sharding = Sharding::kNone;
+  int64_t replicate_groups = 1;
   // A step whose loss or gradient norm is not finite: stop (error, nothing of it saved) or skip it (no
   // update, logged with "skipped": true).
   bool skip_nonfinite_steps = false;

@@ -1,6 +1,8 @@
 // Data-parallel communication for training: a c10d process group built from torchrun's environment
-// (Gloo on CPU; NCCL on CUDA when the build found it), a few collectives that fail with an error naming
-// this rank instead of hanging, and the gradient reducer (c10d::Reducer, the engine under PyTorch's DDP).
+// (Gloo on CPU; NCCL on CUDA when the build found it), subgroups of it (HSDP's shard and replicate groups),
+// collectives that fail with an error naming this rank instead of hanging (the sharded ones of FSDP
+// included: all-gather into one buffer, a reduce-scatter started now and waited for later), and the
+// gradient reducer (c10d::Reducer, the engine under PyTorch's DDP).
 // One process (WORLD_SIZE unset or 1) builds none of this. The c10d headers stay inside the .cpp.
 #pragma once
 
@@ -33,6 +35,24 @@ DistEnv dist_env_from_environment();
 // prints an error of the first kind from rank 0 alone and labels one of the second kind with its rank.
 bool joined_process_group();
 
+// A collective started and not yet finished (c10d::Work). Its output is valid only after wait() (Gloo's
+// reduce-scatter copies it out inside wait()); it keeps its tensors alive until then.
+class PendingCollective {
+ public:
+  PendingCollective();
+  PendingCollective(PendingCollective&&) noexcept;
+  PendingCollective& operator=(PendingCollective&&) noexcept;
+  ~PendingCollective();
+  // Blocks until done. Throws archspace::Error "rank R of W: WHAT failed (...)" as the blocking collectives do.
+  void wait();
+  bool started() const { return impl_ != nullptr; }
+
+ private:
+  friend class DistGroup;
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
 class DistGroup {
  public:
   // Connects to the other ranks (Gloo for CPU tensors, NCCL for CUDA ones); every collective, and the
@@ -40,11 +60,17 @@ class DistGroup {
   DistGroup(const DistEnv& env, at::Device device, std::chrono::milliseconds timeout);
   ~DistGroup();
 
-  int rank() const { return env_.rank; }
-  int world_size() const { return env_.world_size; }
+  // This rank and the group's size (within the group, for a subgroup).
+  int rank() const { return rank_; }
+  int world_size() const { return size_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
-  // "rank R of W", for messages.
+  // "rank R of W" (the world's numbers; a subgroup adds " in NAME"), for messages.
   std::string who() const;
+
+  // The group of `ranks` (world ranks, ascending, this rank among them) over the same store, for HSDP's shard
+  // and replicate groups. Only the members build it; `name` keys its store entries (the same string on every
+  // member, distinct per group) and names it in messages.
+  std::unique_ptr<DistGroup> subgroup(const std::vector<int>& ranks, const std::string& name);
 
   // Collectives (blocking). Each throws archspace::Error "rank R of W: WHAT failed: CAUSE" (a dead peer, a
   // timeout). Tensors may live on any device; they travel on the group's device.
@@ -52,6 +78,13 @@ class DistGroup {
   void broadcast(at::Tensor& t, int root, const std::string& what);
   at::Tensor all_gather(const at::Tensor& t, const std::string& what);  // concatenated along dim 0, rank order
   void barrier(const std::string& what, std::chrono::milliseconds timeout);
+  // FSDP's collectives, on flat 1-D tensors on the group's device (the sizes as c10d wants them: out of
+  // all_gather_into and in of reduce_scatter_sum hold world_size() x the other's elements).
+  // out <- every rank's `in`, concatenated in rank order. Blocking.
+  void all_gather_into(at::Tensor& out, const at::Tensor& in, const std::string& what);
+  // out <- the sum over ranks of their in[rank() * n, (rank() + 1) * n), n = out.numel(): started here,
+  // finished (and `out` valid) by the returned collective's wait(). Neither tensor may change until then.
+  PendingCollective reduce_scatter_sum(const at::Tensor& out, const at::Tensor& in, const std::string& what);
 
   // Runs `fn` (e.g. a backward whose hooks all-reduce), turning a communication failure into the error above.
   template <typename Fn>
@@ -65,10 +98,12 @@ class DistGroup {
 
  private:
   friend class GradientReducer;
+  struct Impl;
+  DistGroup(std::unique_ptr<Impl> impl, int rank, int size, std::string who, std::chrono::milliseconds timeout);
   [[noreturn]] void rethrow(const std::string& what) const;
 
-  struct Impl;
-  DistEnv env_;
+  int rank_ = 0, size_ = 1;
+  std::string who_;
   std::chrono::milliseconds timeout_;
   std::unique_ptr<Impl> impl_;
 };

@@ -14,6 +14,7 @@
 #include "archspace/model/depth_attention.h"
 #include "archspace/model/kv_cache.h"
 #include "archspace/model/layers.h"
+#include "archspace/model/parameter_source.h"
 #include "archspace/model/parameters.h"
 #include "archspace/model/rope.h"
 #include "archspace/util/tensors.h"
@@ -48,6 +49,9 @@ struct ForwardOptions {
   // The position of the first input token when there is no cache (0: the start). A document of a packed
   // instance runs alone at the positions it had there (tests of document masking).
   int64_t first_position = 0;
+  // Each unit's weights from this source instead of the model's own tensors (model/parameter_source.h:
+  // FSDP's gathered shards); it must outlive the backward of this forward. Null: the model's own.
+  ParameterSource* parameters = nullptr;
 };
 
 class CausalLM {
@@ -107,7 +111,7 @@ class CausalLM {
   void block(const BlockWeights& layer, Streams& streams, const LayerContext& ctx) const;
   void record_streams(const Streams& streams, const LayerContext& ctx) const;
   // The last hidden state the final norm reads (SiameseNorm and ResiDual fuse their streams here).
-  at::Tensor last_hidden(const Streams& streams) const;
+  at::Tensor last_hidden(const Streams& streams, const FinalNorms& norms) const;
   double siamese_scale(int64_t layer) const;  // c_l of SPEC.md section 3.1 (1 without depth-wise scaling)
   // One block through activation checkpointing: its residual streams in and out. The Depth-Attention values
   // it reads are inputs of the checkpoint and the pair it records an output, so gradients flow between

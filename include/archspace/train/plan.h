@@ -2,7 +2,9 @@
 // the run's shape; nothing is allocated. Every figure is in bytes, per rank.
 //
 // Weights, gradients and AdamW's two moments are fp32 (the engine keeps fp32 master weights; bf16 is
-// autocast). ZeRO-1 (`shard_optimizer`) divides only the optimizer state by the world size.
+// autocast). ZeRO-1 (sharding "optimizer") divides only the optimizer state by the world size; FSDP
+// ("full") divides all three by the shard group's size (world / replicate_groups under HSDP) and adds the
+// unsharded buffers of one unit at a time (train/fully_sharded.h).
 //
 // Activations are what autograd keeps alive after one micro-batch's forward and loss, before its
 // backward: the tensors each op of THIS engine's forward saves (src/model/causal_lm.cpp, layers.cpp,
@@ -23,12 +25,14 @@
 namespace archspace {
 
 struct PlanOptions {
-  int64_t world = 1;            // data-parallel ranks
-  int64_t sequence_length = 0;  // tokens per instance
-  int64_t micro_batch = 1;      // instances per micro-batch
-  int64_t grad_accum = 1;       // micro-batches per optimizer step
-  DType dtype = DType::kBf16;   // fp32, or bf16 autocast over fp32 master weights
-  bool shard_optimizer = false;
+  int64_t world = 1;                    // data-parallel ranks
+  int64_t sequence_length = 0;          // tokens per instance
+  int64_t micro_batch = 1;              // instances per micro-batch
+  int64_t grad_accum = 1;               // micro-batches per optimizer step
+  DType dtype = DType::kBf16;           // fp32, or bf16 autocast over fp32 master weights
+  Sharding sharding = Sharding::kNone;  // train.sharding (--sharding; --shard-optimizer is "optimizer")
+  int64_t replicate_groups = 1;         // train.replicate_groups (--replicate-groups): HSDP, with "full"
+  int64_t shard_group() const { return sharding == Sharding::kFull ? world / replicate_groups : 1; }
   bool activation_checkpointing = false;  // train.activation_checkpointing: blocks recomputed in backward
   // CUDA: bf16 attention runs the flash kernel, which takes the window itself, so sliding layers keep no
   // masks (model/layers.h attention_path). CPU (and fp32 on CUDA): SDPA with masks, as counted below.
@@ -50,11 +54,15 @@ struct MemoryPlan {
   int64_t parameter_count = 0;
   int64_t tokens_per_step = 0;  // micro_batch x grad_accum x world x sequence_length
 
-  int64_t parameters = 0;        // fp32 master weights
-  int64_t gradients = 0;         // fp32, one per parameter
+  int64_t parameters = 0;        // fp32 master weights (FSDP: this rank's shards)
+  int64_t gradients = 0;         // fp32, one per parameter (FSDP: per shard element)
   int64_t optimizer_state = 0;   // AdamW exp_avg + exp_avg_sq, fp32 (divided by world when sharded)
-  int64_t autocast_weights = 0;  // bf16 copies of the matmul weights autocast makes for the forward
-  int64_t activations = 0;       // sum of the parts below
+  int64_t autocast_weights = 0;  // bf16 copies of the matmul weights autocast makes for the forward (not FSDP)
+  // FSDP: the unsharded buffers that exist at a time: the largest unit gathered (its matmul weights in the
+  // autocast dtype, the rest fp32) and kFsdpReductionsInFlight packed fp32 gradients of the largest flat
+  // groups being reduce-scattered (an upper bound: they exist together only in backward). 0 otherwise.
+  int64_t sharding_buffers = 0;
+  int64_t activations = 0;  // sum of the parts below
 
   // The parts of `activations`.
   int64_t layer_activations = 0;  // all blocks (with checkpointing: block inputs + one block's internals)
@@ -72,7 +80,9 @@ struct MemoryPlan {
   int64_t loss_chunk = 0;
   int64_t rope_tables = 0;  // cos/sin tables, sliding and full
 
-  int64_t total() const { return parameters + gradients + optimizer_state + autocast_weights + activations; }
+  int64_t total() const {
+    return parameters + gradients + optimizer_state + autocast_weights + sharding_buffers + activations;
+  }
   nlohmann::json to_json() const;
 };
 
@@ -90,7 +100,8 @@ int64_t parse_memory_size(const std::string& text, const std::string& flag);
 
 // Whether the plan fits in `capacity` bytes per rank, and if not the cheapest change among those the plan
 // models that makes it fit, tried in this order (cheapest first): ZeRO-1 over the ranks there are (free but
-// for the optimizer's gather); activation checkpointing (one more forward per block, about +1/3 compute);
+// for the optimizer's gather); FSDP over them (parameters gathered twice a step, overlapping compute);
+// activation checkpointing (one more forward per block, about +1/3 compute);
 // a smaller micro-batch with grad_accum raised to keep the global batch (less work per kernel); the two
 // together; then more ranks with ZeRO-1 (more GPUs), grad_accum lowered to keep the global batch.
 struct FitAdvice {

@@ -18,6 +18,11 @@ namespace archspace {
 // count as zero. `names` and `params` are parallel.
 nlohmann::json layer_grad_norms(const std::vector<std::string>& names, const std::vector<at::Tensor>& params,
                                 int64_t num_layers);
+// The same in two halves, for gradients spread over ranks (FSDP): each rank's sums of squares (fp64, in the
+// order embed, head, layers 0..L-1), summed over the ranks, then the norms.
+std::vector<double> layer_grad_squares(const std::vector<std::string>& names, const std::vector<at::Tensor>& params,
+                                       int64_t num_layers);
+nlohmann::json layer_grad_norms_of_squares(const std::vector<double>& squares);
 
 // A loss spike: a step whose loss exceeds `factor` x the median of the last `window` losses (only once
 // `window` losses are known). The same rule as the sweep's summary (train/sweep.h, loss_spikes): every

@@ -20,6 +20,7 @@
 #include "archspace/model/causal_lm.h"
 #include "archspace/model/loss.h"
 #include "archspace/train/batches.h"
+#include "archspace/train/fully_sharded.h"
 #include "archspace/train/metrics_log.h"
 #include "archspace/train/optimizer.h"
 #include "archspace/train/stability.h"
@@ -72,8 +73,10 @@ class Trainer {
   void setup_optimizer();
   void resume();
   void sync_ranks();
+  void setup_full_sharding();
   void broadcast_updates();
   NamedTensors optimizer_state();
+  void zero_gradients();
   int64_t global_batch() const { return cfg_.global_batch() * world_; }
 
   StepStats train_step(int64_t step);
@@ -98,6 +101,10 @@ class Trainer {
   std::unique_ptr<RunDirLock> run_lock_;  // rank 0 holds the run directory while it trains
   std::unique_ptr<GradientReducer> reducer_;
   std::vector<int> owner_;  // ZeRO-1: the rank that updates each parameter; empty when not sharded
+  // FSDP (train.sharding = "full"): the ranks sharing the parameters, under HSDP also the ranks holding the
+  // same shard (null without train.replicate_groups); the sharded model the forward reads its weights from.
+  std::unique_ptr<DistGroup> shard_group_, replicate_group_;
+  std::unique_ptr<FullyShardedModel> fsdp_;
 
   std::unique_ptr<CausalLM> model_;
   std::unique_ptr<BatchSource> train_batches_;
