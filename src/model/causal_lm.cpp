@@ -212,8 +212,8 @@ CausalLM::Streams CausalLM::checkpointed_block(const LayerContext& ctx, const St
   options.attention = ctx.options.attention;
   const int64_t window = ctx.window;
   const at::Tensor cos = ctx.cos, sin = ctx.sin;
-  BlockFunction fn = [this, l, n, window, cos, sin, options, sources, has_depth, keeps, has_y, has_dual,
-                      documents, source](const std::vector<at::Tensor>& in) {
+  BlockFunction fn = [this, l, n, window, cos, sin, options, sources, has_depth, keeps, has_y, has_dual, documents,
+                      source](const std::vector<at::Tensor>& in) {
     std::optional<DepthAttentionState> depth;
     if (has_depth) {
       depth.emplace(config_.num_hidden_layers, config_.depth_attention_stride, config_.depth_attention_recent_window);
