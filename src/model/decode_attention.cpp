@@ -19,17 +19,15 @@ namespace archspace {
 
 namespace {
 
+using cpu_elements::kExpLow;
 using cpu_elements::load;
 using cpu_elements::store;
 #if defined(__x86_64__)
+using cpu_elements::exp8;
 using cpu_elements::load8;
 #endif
 
 bool wants_grad(const at::Tensor& t) { return at::GradMode::is_enabled() && t.requires_grad(); }
-
-// Below this exp's result is under FLT_MIN (subnormal); the AVX2 exp gives 0 there.
-constexpr float kExpLow = -87.33f;
-constexpr float kExpHigh = 88.3f;
 
 template <typename T>
 float dot_scalar(const float* q, const T* k, int64_t D) {
@@ -56,27 +54,6 @@ __attribute__((target("avx2,fma"))) inline float dot_avx2(const float* q, const 
   const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
   const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
   return _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));
-}
-
-// exp(x) = 2^n exp(r), n = round(x / ln 2), r = x - n ln 2 in [-ln2 / 2, ln2 / 2] (ln 2 split in two so that
-// n * hi is exact), exp(r) by its Taylor series to r^7 / 7! (truncation below 3e-9 relative, a tenth of fp32's
-// unit roundoff), 2^n built in the exponent bits.
-__attribute__((target("avx2,fma"))) inline __m256 exp8(__m256 x) {
-  const __m256 below = _mm256_cmp_ps(x, _mm256_set1_ps(kExpLow), _CMP_LT_OQ);
-  // NaN stays NaN: max_ps and min_ps return their second operand when either is NaN.
-  x = _mm256_min_ps(_mm256_set1_ps(kExpHigh), _mm256_max_ps(_mm256_set1_ps(kExpLow), x));
-  constexpr double kLn2 = 0.693147180559945309417232121458;
-  constexpr float kLn2Hi = 0.693359375f;  // 9 significant bits: n * kLn2Hi is exact for |n| <= 2^15
-  const float ln2_lo = static_cast<float>(kLn2 - 0.693359375);
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(static_cast<float>(1.0 / kLn2))),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Hi), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(ln2_lo), r);
-  __m256 y = _mm256_set1_ps(1.0f / 5040);
-  for (float c : {1.0f / 720, 1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f})
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(c));
-  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_andnot_ps(below, _mm256_mul_ps(y, _mm256_castsi256_ps(bits)));
 }
 
 __attribute__((target("avx2,fma"))) inline void exp_avx2(float* x, int64_t n) {
