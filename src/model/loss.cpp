@@ -6,6 +6,7 @@
 
 #include <string>
 
+#include "archspace/model/cross_entropy_rows.h"
 #include "archspace/model/linear.h"
 #include "archspace/util/error.h"
 
@@ -70,11 +71,23 @@ struct ChunkedHeadLoss : torch::autograd::Function<ChunkedHeadLoss> {
     const at::Tensor w = weight.detach().to(mm);
     const at::Tensor ts = all ? target : target.index_select(0, rows);
     at::Tensor lse = at::empty({n}, h.options().dtype(acc)), picked = at::empty({n}, h.options().dtype(acc));
+    // One chunk keeps its logits (in the matmul dtype) for backward instead of computing them again.
+    const bool keep_logits = n <= chunk;
+    at::Tensor kept;
     for (int64_t s = 0; s < n; s += chunk) {
       const int64_t c = std::min(chunk, n - s);
-      const at::Tensor logits = at::linear(hs.narrow(0, s, c), w).to(acc);
-      lse.narrow(0, s, c).copy_(at::logsumexp(logits, -1));
-      picked.narrow(0, s, c).copy_(logits.gather(1, ts.narrow(0, s, c).unsqueeze(1)).squeeze(1));
+      const at::Tensor logits = at::linear(hs.narrow(0, s, c), w);
+      const at::Tensor tc = ts.narrow(0, s, c);
+      if (cross_entropy_rows_supported(logits)) {  // CPU: one pass over the logits as the matmul left them
+        const RowLogSumExp rows = cross_entropy_rows(logits, tc);
+        lse.narrow(0, s, c).copy_(rows.lse);
+        picked.narrow(0, s, c).copy_(rows.picked);
+      } else {
+        const at::Tensor wide = logits.to(acc);
+        lse.narrow(0, s, c).copy_(at::logsumexp(wide, -1));
+        picked.narrow(0, s, c).copy_(wide.gather(1, tc.unsqueeze(1)).squeeze(1));
+      }
+      if (keep_logits) kept = logits;
     }
     // The sums as next_token_loss forms them, over all N rows (zero where unlabelled): the same per-row
     // values give the same sums, bit for bit.
@@ -84,7 +97,7 @@ struct ChunkedHeadLoss : torch::autograd::Function<ChunkedHeadLoss> {
     const at::Tensor ce = ((lse_all - picked_all) * mask).sum();
     const at::Tensor z = (lse_all.pow(2) * mask).sum() * z_loss_coeff;
 
-    ctx->save_for_backward({hs, w, ts, all ? at::Tensor() : rows, lse});
+    ctx->save_for_backward({hs, w, ts, all ? at::Tensor() : rows, lse, kept});
     ctx->saved_data["z"] = z_loss_coeff;
     ctx->saved_data["chunk"] = chunk;
     ctx->saved_data["shape"] = hidden.sizes().vec();
@@ -98,6 +111,9 @@ struct ChunkedHeadLoss : torch::autograd::Function<ChunkedHeadLoss> {
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
     const auto saved = ctx->get_saved_variables();
     const at::Tensor &hs = saved[0], &w = saved[1], &ts = saved[2], &rows = saved[3], &lse = saved[4];
+    // The kept chunk is overwritten by its gradient: a second backward over a retained graph computes it again.
+    at::Tensor kept = ctx->saved_data.count("consumed") ? at::Tensor() : saved[5];
+    ctx->saved_data["consumed"] = true;
     const double z_loss_coeff = ctx->saved_data["z"].toDouble();
     const int64_t chunk = ctx->saved_data["chunk"].toInt();
     const std::vector<int64_t> shape = ctx->saved_data["shape"].toIntVector();
@@ -110,25 +126,33 @@ struct ChunkedHeadLoss : torch::autograd::Function<ChunkedHeadLoss> {
     // d(ce_sum)/d(logits) = g_ce (softmax - onehot(label)); d(z_sum)/d(logits) = g_z coeff 2 lse softmax.
     const at::Tensor g_ce = grads[0].to(acc), g_z2 = grads[1].to(acc) * (2 * z_loss_coeff);
     at::Tensor grad_hs = need_h ? at::empty({n, D}, hs.options()) : at::Tensor();
-    at::Tensor grad_w = need_w ? at::zeros({V, D}, w.options().dtype(acc)) : at::Tensor();
+    at::Tensor grad_w;  // the first chunk's product, then the others added (no zero-filled [V, D] to start from)
     for (int64_t s = 0; s < n && (need_h || need_w); s += chunk) {
       const int64_t c = std::min(chunk, n - s);
-      const at::Tensor hc = hs.narrow(0, s, c), lc = lse.narrow(0, s, c);
-      // The forward's logits again (the same kernel on the same operands), turned in place into their gradient.
-      at::Tensor d = at::linear(hc, w).to(acc);
-      d.sub_(lc.unsqueeze(1)).exp_().mul_((g_ce + g_z2 * lc).unsqueeze(1));
-      d.scatter_add_(1, ts.narrow(0, s, c).unsqueeze(1), g_ce.neg().expand({c, 1}).contiguous());
-      // As the unchunked linear's backward: the logits' gradient in the matmul dtype, products in it.
-      const at::Tensor dm = d.to(mm);
-      if (mm != acc) d.reset();  // only the cast is read from here on
+      const at::Tensor hc = hs.narrow(0, s, c), lc = lse.narrow(0, s, c), tc = ts.narrow(0, s, c);
+      // The forward's logits (kept, or again: the same kernel on the same operands), turned in place into their
+      // gradient, in the matmul dtype as the unchunked linear's backward has it; products in that dtype.
+      at::Tensor dm = kept.defined() ? kept : at::linear(hc, w);
+      kept.reset();  // the one kept chunk is consumed here (the graph is not retained)
+      if (cross_entropy_rows_supported(dm)) {
+        cross_entropy_grad_rows_(dm, tc, lc.to(at::kFloat), g_ce.item<float>(), g_z2.item<float>());
+      } else {
+        at::Tensor d = dm.to(acc);
+        d.sub_(lc.unsqueeze(1)).exp_().mul_((g_ce + g_z2 * lc).unsqueeze(1));
+        d.scatter_add_(1, tc.unsqueeze(1), g_ce.neg().expand({c, 1}).contiguous());
+        dm = d.to(mm);
+      }
       if (need_h) grad_hs.narrow(0, s, c).copy_(at::mm(dm, w));
       if (need_w) {
-        if (mm == acc)
+        if (!grad_w.defined())
+          grad_w = at::mm(dm.t(), hc).to(acc);
+        else if (mm == acc)
           grad_w.addmm_(dm.t(), hc);
         else
           grad_w.add_(at::mm(dm.t(), hc));  // each chunk's product rounded to bf16 once, summed in fp32
       }
     }
+    if (need_w && !grad_w.defined()) grad_w = at::zeros({V, D}, w.options().dtype(acc));  // no labelled rows
     at::Tensor grad_hidden;
     if (need_h) {
       int64_t N = 1;
@@ -153,9 +177,9 @@ LossSums head_loss(const at::Tensor& hidden, const at::Tensor& head_weight, cons
     throw Error("head_loss: " + std::to_string(labels.numel()) + " labels for " + std::to_string(rows) +
                 " rows of hidden states");
   }
-  // One chunk would hold what the unchunked form holds and cost one more matmul: unchunked then.
-  if (chunk_tokens == 0 || rows <= chunk_tokens)
-    return next_token_loss(archspace::linear(hidden, head_weight), labels, z_loss_coeff);
+  // 0: the unchunked form, the logits through next_token_loss and ATen's autograd (the reference the chunked
+  // form is tested against). A micro-batch of at most one chunk keeps that chunk's logits for backward.
+  if (chunk_tokens == 0) return next_token_loss(archspace::linear(hidden, head_weight), labels, z_loss_coeff);
   const auto sums = ChunkedHeadLoss::apply(hidden, head_weight, labels, z_loss_coeff, chunk_tokens);
   return {sums[0], sums[1], (labels != kIgnoreIndex).sum().item<int64_t>()};
 }

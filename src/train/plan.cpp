@@ -263,19 +263,25 @@ MemoryPlan plan_memory(const ModelConfig& c, const PlanOptions& o) {
     p.layer_activations += offsets;
   }
 
-  // Final norm(s), the LM head's input, the logits, the loss (model/loss.cpp). Unchunked: logits in fp32
-  // (the bf16 logits stay alive in the trainer too), logsumexp [N], the gather index (int64) and the label
-  // mask. Chunked (N > loss_chunk_tokens): the head's input in the matmul dtype (as the linear keeps it) and
-  // one fp32 log-sum-exp per row, plus one chunk's working set, the larger of the forward's (its fp32 logits
-  // and log-sum-exp's exp(logits - max) of the same size) and, under autocast, the backward's (the chunk's
-  // bf16 logit gradient and its bf16 [V, d] weight-gradient product; fp32 forms that in place). Counting
-  // every token as labelled: the copies of the labelled rows' labels and indices that SFT masks (and a
-  // window's last position) make are at most 16 bytes a token more.
+  // Final norm(s), the LM head's input, the logits, the loss (model/loss.cpp). Unchunked (loss_chunk_tokens
+  // 0): logits in fp32 (the bf16 logits stay alive in the trainer too), logsumexp [N], the gather index
+  // (int64) and the label mask. Chunked (N > loss_chunk_tokens): the head's input in the matmul dtype (as the
+  // linear keeps it) and one fp32 log-sum-exp per row, plus one chunk's working set, the larger of the
+  // forward's (its logits and, on the ATen form a GPU runs, their fp32 copy and exp(logits - max) of the same
+  // size: an upper bound for the CPU's one-pass kernel) and, under autocast, the backward's (the chunk's bf16
+  // logit gradient and its bf16 [V, d] weight-gradient product; fp32 forms that in place). One chunk (N <=
+  // loss_chunk_tokens): as chunked, and the chunk's logits in the matmul dtype kept from forward to backward
+  // (where they become their gradient in place); the working set is the bf16 weight-gradient product under
+  // autocast. Counting every token as labelled: the copies of the labelled rows' labels and indices that SFT
+  // masks (and a window's last position) make are at most 16 bytes a token more.
   int64_t head = (siamese(c) ? 3 : 1) * rms_norm_saved(w.d) + b.linear_input(1) * w.d;
   const int64_t chunk = o.loss_chunk_tokens;
   if (chunk > 0 && N > chunk) {
     p.loss_chunk = std::max(2 * 4 * chunk * w.vocab, b.bf16 ? 2 * chunk * w.vocab + 2 * w.vocab * w.d : 0);
     p.head_and_loss = (head + 4) * N + p.loss_chunk;
+  } else if (chunk > 0) {
+    p.loss_chunk = b.bf16 ? 2 * w.vocab * w.d : 0;
+    p.head_and_loss = (head + 4 + (b.bf16 ? 2 : 4) * w.vocab) * N + p.loss_chunk;
   } else {
     head += (b.bf16 ? 2 + 4 : 4) * w.vocab + 4 + 8 + 4;
     p.head_and_loss = head * N;

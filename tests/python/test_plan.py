@@ -121,9 +121,12 @@ def test_plan_counts_one_chunk_of_the_loss():
     assert b["head_and_loss"] - a["head_and_loss"] > (T - 1024) * V * 4
     assert whole["bytes"]["total"] - chunked["bytes"]["total"] == b["head_and_loss"] - a["head_and_loss"]
     assert "one chunk of 1024 tokens" in run_cli("plan", *base).stdout
-    # A micro-batch of at most one chunk runs unchunked: the same figures either way.
+    # A micro-batch of at most one chunk keeps that chunk's bf16 logits for backward, without the unchunked form's
+    # fp32 copy (4 bytes a logit) and label mask, at the cost of the bf16 [V, d] weight-gradient product.
     short = ["--preset", "1B", "--sequence-length", "1024"]
-    assert plan_json(*short)["bytes"] == plan_json(*short, "--loss-chunk-tokens", "0")["bytes"]
+    one, whole = plan_json(*short)["activation_bytes"], plan_json(*short, "--loss-chunk-tokens", "0")["activation_bytes"]
+    assert one["loss_chunk"] == 2 * V * d
+    assert whole["head_and_loss"] - one["head_and_loss"] >= 1024 * V * 4 - 2 * V * d
     expect_error(["plan", *base, "--loss-chunk-tokens", "-1"], "--loss-chunk-tokens")
 
 

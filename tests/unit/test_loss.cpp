@@ -54,7 +54,9 @@ Result run(const at::Tensor& h0, const at::Tensor& w0, const at::Tensor& labels,
 }
 
 // fp32: both forms compute every logit as the same dot product and each row's log-sum-exp and gradient
-// row by the same formulas, so the values differ only where a kernel sums in another order: a GEMM of
+// row by the same formulas (on the CPU the chunked form through model/cross_entropy_rows: its exp within
+// 2^-22 of exp, its sums in fp32 blocks of 32 terms joined in fp64; CrossEntropyRows bounds it against
+// fp64), so the values differ only where a kernel rounds or sums in another order: a GEMM of
 // another row count (M = 1..7 takes other MKL kernels than M = N), the weight gradient's sum over rows
 // split into chunks, autograd's order of adding the two outputs' gradients. 1e-6 relative to the largest
 // entry is the bound: 16 units of fp32's 2^-24, for sums of at most 211 terms here. Seen: losses

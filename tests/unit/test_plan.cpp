@@ -177,18 +177,19 @@ ModelConfig small_mha(Variant v) {
 // double-counted [N, d] tensor (>= 2% of these totals). bf16 autocast and the CUDA kernels are not
 // measured here (no GPU in the unit tests): their figures rest on the same account (plan.cpp).
 // The chunked loss (chunk 5 < N) keeps the head's input and a log-sum-exp per row instead of the logits;
-// its one chunk's working set (MemoryPlan::loss_chunk) is gone again after the forward.
+// its one chunk's working set (MemoryPlan::loss_chunk) is gone again after the forward. One chunk (1000 >= N)
+// keeps its logits for backward besides.
 TEST(Plan, ActivationEstimateMatchesWhatAutogradKeeps) {
   for (Variant v : {Variant::kBase, Variant::kSiameseDepth}) {
     for (int64_t T : {6, 12, 40}) {
-      for (int64_t chunk : {0, 5}) {
+      for (int64_t chunk : {0, 5, 1000}) {
         const ModelConfig c = small_mha(v);
         const int64_t B = 2;
         const int64_t measured = measured_activations(c, B, T, false, chunk);
         PlanOptions o = options(1, T, B, DType::kFp32);
         o.loss_chunk_tokens = chunk;
         const MemoryPlan p = plan_memory(c, o);
-        EXPECT_EQ(p.loss_chunk > 0, chunk > 0);
+        EXPECT_EQ(p.loss_chunk > 0, chunk > 0 && chunk < B * T);  // one chunk in fp32: no working set
         const int64_t kept = p.activations - p.loss_chunk;
         std::printf("%s T=%ld loss chunk %ld: estimated %ld measured %ld (%+.2f%%)\n", variant_name(v), long(T),
                     long(chunk), long(kept), long(measured), 100.0 * (kept - measured) / measured);
@@ -224,20 +225,25 @@ TEST(Plan, ChunkedLossPeakIsOneChunk) {
     w.mutable_grad().reset();
     return bytes;
   };
-  const int64_t unchunked = peak(0), chunked = peak(chunk);
+  const int64_t unchunked = peak(0), chunked = peak(chunk), one = peak(N);
   const int64_t saving = (N - chunk) * V * 4;
-  std::printf("head + loss peak: unchunked %ld, chunked %ld (chunk %ld), difference %ld >= %ld\n", long(unchunked),
-              long(chunked), long(chunk), long(unchunked - chunked), long(saving));
+  std::printf("head + loss peak: unchunked %ld, chunked %ld (chunk %ld), one chunk %ld, difference %ld >= %ld\n",
+              long(unchunked), long(chunked), long(chunk), long(one), long(unchunked - chunked), long(saving));
   EXPECT_GE(unchunked - chunked, saving);
+  // One chunk holds its logits once, turned into their gradient in place; the unchunked form holds the logits
+  // and their gradient (and the gather's zero-filled [N, V]) at once.
+  EXPECT_GE(unchunked - one, N * V * 4);
   ModelConfig c = preset("tiny");
   c.hidden_size = d;
   c.vocab_size = V;
   c.padded_vocab_size = 3072;
-  PlanOptions o = options(1, N, 1, DType::kFp32);
-  o.loss_chunk_tokens = chunk;
-  const MemoryPlan p = plan_memory(c, o);
-  const int64_t account = p.head_and_loss - rms_norm_bytes_per_token(d) * N + 4 * (N * d + V * d);
-  EXPECT_LE(chunked, account);
+  for (const auto& [loss_chunk, measured] : {std::pair{chunk, chunked}, std::pair{N, one}}) {
+    PlanOptions o = options(1, N, 1, DType::kFp32);
+    o.loss_chunk_tokens = loss_chunk;
+    const MemoryPlan p = plan_memory(c, o);
+    const int64_t account = p.head_and_loss - rms_norm_bytes_per_token(d) * N + 4 * (N * d + V * d);
+    EXPECT_LE(measured, account) << "loss chunk " << loss_chunk;
+  }
 }
 
 // With activation checkpointing autograd keeps the blocks' inputs, Depth-Attention's crossing keys and
