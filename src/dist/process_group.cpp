@@ -11,6 +11,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <numeric>
@@ -78,12 +79,50 @@ std::atomic<bool> joined{false};
 bool joined_process_group() { return joined.load(); }
 
 struct DistGroup::Impl {
+  c10::intrusive_ptr<c10d::Store> store;  // the job's store under torchrun's prefix: subgroups prefix it again
   c10::intrusive_ptr<c10d::ProcessGroup> pg;
   at::Device device = at::kCPU;  // where collectives' tensors live
 };
 
+namespace {
+
+// A process group of `size` ranks over `store`: Gloo for CPU tensors, NCCL for CUDA ones.
+c10::intrusive_ptr<c10d::ProcessGroup> make_process_group(const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                                                          int size, at::Device device,
+                                                          std::chrono::milliseconds timeout) {
+  auto pg = c10::make_intrusive<c10d::ProcessGroup>(store, rank, size);
+  if (device.is_cuda()) {
+#ifdef ARCHSPACE_WITH_NCCL
+    auto opts = c10d::ProcessGroupNCCL::Options::create();
+    opts->timeout = timeout;
+    auto nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(c10::make_intrusive<c10d::PrefixStore>("nccl", store), rank,
+                                                            size, opts);
+    pg->setDefaultBackend(c10d::ProcessGroup::BackendType::NCCL);
+    pg->setBackend(c10::DeviceType::CUDA, c10d::ProcessGroup::BackendType::NCCL, nccl);
+#else
+    throw Error("data-parallel training on CUDA needs NCCL, and this build has none (NCCL headers not found)");
+#endif
+  } else {
+    auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
+    // GLOO_SOCKET_IFNAME picks the network interface on multi-homed hosts, as in PyTorch.
+    const std::string ifname = env_or("GLOO_SOCKET_IFNAME", "");
+    opts->devices.push_back(ifname.empty() ? c10d::ProcessGroupGloo::createDefaultDevice()
+                                           : c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
+    auto gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(c10::make_intrusive<c10d::PrefixStore>("gloo", store), rank,
+                                                            size, opts);
+    pg->setDefaultBackend(c10d::ProcessGroup::BackendType::GLOO);
+    pg->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::GLOO, gloo);
+  }
+  return pg;
+}
+
+}  // namespace
+
 DistGroup::DistGroup(const DistEnv& env, at::Device device, std::chrono::milliseconds timeout)
-    : env_(env), timeout_(timeout), impl_(std::make_unique<Impl>()) {
+    : env_(env),
+      who_("rank " + std::to_string(env.rank) + " of " + std::to_string(env.world_size)),
+      timeout_(timeout),
+      impl_(std::make_unique<Impl>()) {
   const std::string store_at = env.master_addr + ":" + std::to_string(env.master_port);
   try {
     c10d::TCPStoreOptions so;
@@ -94,31 +133,9 @@ DistGroup::DistGroup(const DistEnv& env, at::Device device, std::chrono::millise
     so.timeout = timeout;
     auto tcp = c10::make_intrusive<c10d::TCPStore>(env.master_addr, so);
     // The prefix Python's init_process_group uses under torchrun: a restarted attempt gets fresh keys.
-    auto store = c10::make_intrusive<c10d::PrefixStore>("/worker/attempt_" + env.restart_count, tcp);
-    impl_->pg = c10::make_intrusive<c10d::ProcessGroup>(store, env.rank, env.world_size);
-    if (device.is_cuda()) {
-#ifdef ARCHSPACE_WITH_NCCL
-      auto opts = c10d::ProcessGroupNCCL::Options::create();
-      opts->timeout = timeout;
-      auto nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(c10::make_intrusive<c10d::PrefixStore>("nccl", store),
-                                                              env.rank, env.world_size, opts);
-      impl_->pg->setDefaultBackend(c10d::ProcessGroup::BackendType::NCCL);
-      impl_->pg->setBackend(c10::DeviceType::CUDA, c10d::ProcessGroup::BackendType::NCCL, nccl);
-      impl_->device = device;
-#else
-      throw Error("data-parallel training on CUDA needs NCCL, and this build has none (NCCL headers not found)");
-#endif
-    } else {
-      auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
-      // GLOO_SOCKET_IFNAME picks the network interface on multi-homed hosts, as in PyTorch.
-      const std::string ifname = env_or("GLOO_SOCKET_IFNAME", "");
-      opts->devices.push_back(ifname.empty() ? c10d::ProcessGroupGloo::createDefaultDevice()
-                                             : c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
-      auto gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(c10::make_intrusive<c10d::PrefixStore>("gloo", store),
-                                                              env.rank, env.world_size, opts);
-      impl_->pg->setDefaultBackend(c10d::ProcessGroup::BackendType::GLOO);
-      impl_->pg->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::GLOO, gloo);
-    }
+    impl_->store = c10::make_intrusive<c10d::PrefixStore>("/worker/attempt_" + env.restart_count, tcp);
+    impl_->pg = make_process_group(impl_->store, env.rank, env.world_size, device, timeout);
+    if (device.is_cuda()) impl_->device = device;
     joined = true;
   } catch (const Error&) {
     throw;
@@ -128,11 +145,34 @@ DistGroup::DistGroup(const DistEnv& env, at::Device device, std::chrono::millise
   }
 }
 
+DistGroup::DistGroup(const DistGroup& parent, const std::vector<int>& ranks, const std::string& name)
+    : env_(parent.env_), timeout_(parent.timeout_), impl_(std::make_unique<Impl>()) {
+  who_ = parent.who();
+  const auto me = std::find(ranks.begin(), ranks.end(), parent.rank());
+  if (me == ranks.end() || !std::is_sorted(ranks.begin(), ranks.end()))
+    throw Error(who_ + ": subgroup '" + name + "' must list its ranks in ascending order, this one among them");
+  env_.rank = static_cast<int>(me - ranks.begin());
+  env_.world_size = static_cast<int>(ranks.size());
+  who_ = parent.who() + ", " + name + " rank " + std::to_string(env_.rank) + " of " + std::to_string(env_.world_size);
+  impl_->device = parent.impl_->device;
+  // Every member builds the group over the same keys; other groups of the job use other names.
+  impl_->store = c10::make_intrusive<c10d::PrefixStore>("group/" + name, parent.impl_->store);
+  try {
+    impl_->pg = make_process_group(impl_->store, env_.rank, env_.world_size, impl_->device, timeout_);
+  } catch (const Error&) {
+    throw;
+  } catch (...) {
+    rethrow("joining the group '" + name + "'");
+  }
+}
+
+std::unique_ptr<DistGroup> DistGroup::subgroup(const std::vector<int>& ranks, const std::string& name) {
+  return std::unique_ptr<DistGroup>(new DistGroup(*this, ranks, name));
+}
+
 DistGroup::~DistGroup() = default;
 
-std::string DistGroup::who() const {
-  return "rank " + std::to_string(env_.rank) + " of " + std::to_string(env_.world_size);
-}
+std::string DistGroup::who() const { return who_; }
 
 void DistGroup::rethrow(const std::string& what) const {
   const std::exception_ptr e = std::current_exception();
@@ -168,6 +208,53 @@ at::Tensor DistGroup::all_gather(const at::Tensor& t, const std::string& what) {
     out = at::cat(gathered[0]).to(t.device());
   });
   return out;
+}
+
+at::Tensor DistGroup::all_gather_dim0(const at::Tensor& t, const std::string& what) {
+  at::Tensor out;
+  guard(what, [&] {
+    at::Tensor in = t.to(impl_->device).contiguous();
+    std::vector<int64_t> shape = in.sizes().vec();
+    shape.at(0) *= env_.world_size;
+    out = at::empty(shape, in.options());
+    impl_->pg->_allgather_base(out, in)->wait();
+  });
+  return out;
+}
+
+at::Tensor DistGroup::reduce_scatter_dim0(const at::Tensor& t, const std::string& what) {
+  at::Tensor out;
+  guard(what, [&] {
+    at::Tensor in = t.to(impl_->device).contiguous();
+    std::vector<int64_t> shape = in.sizes().vec();
+    if (shape.empty() || shape[0] % env_.world_size != 0)
+      throw Error("reduce_scatter_dim0: dim 0 of " + std::to_string(shape.empty() ? 0 : shape[0]) +
+                  " rows does not split over " + std::to_string(env_.world_size) + " ranks");
+    shape[0] /= env_.world_size;
+    out = at::empty(shape, in.options());
+    c10d::ReduceScatterOptions o;
+    o.reduceOp = c10d::ReduceOp::SUM;
+    impl_->pg->_reduce_scatter_base(out, in, o)->wait();  // Gloo: valid only after wait()
+  });
+  return out;
+}
+
+void DistGroup::exchange(const std::vector<Transfer>& sends, const std::vector<Transfer>& receives,
+                         const std::string& what) {
+  guard(what, [&] {
+    std::vector<c10::intrusive_ptr<c10d::Work>> works;
+    std::vector<std::vector<at::Tensor>> buffers;  // alive until every work is done
+    buffers.reserve(sends.size() + receives.size());
+    for (const Transfer& r : receives) {
+      buffers.push_back({r.tensor});
+      works.push_back(impl_->pg->recv(buffers.back(), r.peer, /*tag=*/0));
+    }
+    for (const Transfer& s : sends) {
+      buffers.push_back({s.tensor.contiguous()});
+      works.push_back(impl_->pg->send(buffers.back(), s.peer, /*tag=*/0));
+    }
+    for (auto& w : works) w->wait();
+  });
 }
 
 void DistGroup::barrier(const std::string& what, std::chrono::milliseconds timeout) {

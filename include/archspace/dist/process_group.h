@@ -40,10 +40,16 @@ class DistGroup {
   DistGroup(const DistEnv& env, at::Device device, std::chrono::milliseconds timeout);
   ~DistGroup();
 
+  // A group of some of this group's ranks, for collectives among them alone (context parallelism: the ranks
+  // that share a sequence). `ranks` ascending, holding this rank; every rank of `ranks` calls it with the same
+  // arguments, the others not at all. `name` keeps the group's store keys apart from other groups'. Its rank()
+  // and world_size() are within the subgroup; its messages still name the rank in the whole job.
+  std::unique_ptr<DistGroup> subgroup(const std::vector<int>& ranks, const std::string& name);
+
   int rank() const { return env_.rank; }
   int world_size() const { return env_.world_size; }
   std::chrono::milliseconds timeout() const { return timeout_; }
-  // "rank R of W", for messages.
+  // "rank R of W" (a subgroup: "rank R of W, NAME rank r of n"), for messages.
   std::string who() const;
 
   // Collectives (blocking). Each throws archspace::Error "rank R of W: WHAT failed: CAUSE" (a dead peer, a
@@ -52,6 +58,20 @@ class DistGroup {
   void broadcast(at::Tensor& t, int root, const std::string& what);
   at::Tensor all_gather(const at::Tensor& t, const std::string& what);  // concatenated along dim 0, rank order
   void barrier(const std::string& what, std::chrono::milliseconds timeout);
+  // all_gather_into_tensor: every rank's `t` (the same shape on all) concatenated along dim 0 in rank order, into
+  // one buffer [world x n, ...]; on the group's device.
+  at::Tensor all_gather_dim0(const at::Tensor& t, const std::string& what);
+  // reduce_scatter_tensor: `t` [world x n, ...] summed over the ranks, this rank's rows [rank x n, (rank+1) x n).
+  at::Tensor reduce_scatter_dim0(const at::Tensor& t, const std::string& what);
+  // Point-to-point (batch_isend_irecv): receives each `receives[i].tensor` (preallocated, contiguous) from its
+  // peer and sends each `sends[i].tensor` to its peer, then waits for all. Peers are ranks of this group; a pair of
+  // ranks exchanges at most one tensor each way per call. Receives are posted in the given order, then sends:
+  // callers order them so that no rank waits on one that waits on it (NCCL runs them in order).
+  struct Transfer {
+    int peer;
+    at::Tensor tensor;
+  };
+  void exchange(const std::vector<Transfer>& sends, const std::vector<Transfer>& receives, const std::string& what);
 
   // Runs `fn` (e.g. a backward whose hooks all-reduce), turning a communication failure into the error above.
   template <typename Fn>
@@ -66,9 +86,11 @@ class DistGroup {
  private:
   friend class GradientReducer;
   [[noreturn]] void rethrow(const std::string& what) const;
+  DistGroup(const DistGroup& parent, const std::vector<int>& ranks, const std::string& name);
 
   struct Impl;
   DistEnv env_;
+  std::string who_;
   std::chrono::milliseconds timeout_;
   std::unique_ptr<Impl> impl_;
 };
