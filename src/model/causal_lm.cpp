@@ -155,6 +155,12 @@ at::Tensor CausalLM::attention(const BlockWeights& layer, const at::Tensor& x, c
   }
   int64_t q_offset = 0;
   at::Tensor padding_mask;
+  if (ctx.options.context_parallel) {  // keys and values of the earlier slices this layer's window reaches
+    ContextParallel::Keys keys = ctx.options.context_parallel->attention_keys(k_BGTD, v_BGTD, ctx.window);
+    k_BGTD = keys.k;
+    v_BGTD = keys.v;
+    q_offset = keys.q_offset;
+  }
   if (ctx.options.cache) {
     KVCache::View view = ctx.options.cache->append(ctx.index, k_BGTD, v_BGTD);
     k_BGTD = view.k;
@@ -201,6 +207,7 @@ CausalLM::Streams CausalLM::checkpointed_block(const LayerContext& ctx, const St
   // Everything by value: the function runs again in backward, after forward() has returned.
   ForwardOptions options;
   options.attention = ctx.options.attention;
+  options.context_parallel = ctx.options.context_parallel;  // the recomputation exchanges keys and values again
   const int64_t window = ctx.window;
   const at::Tensor cos = ctx.cos, sin = ctx.sin;
   BlockFunction fn = [this, l, n, window, cos, sin, options, sources, has_depth, keeps, has_y,
@@ -241,16 +248,21 @@ at::Tensor CausalLM::forward(const at::Tensor& input_ids, const ForwardOptions& 
   if (input_ids.dim() != 2)
     throw Error("forward: input_ids must be [batch, time], got " + shape_string(input_ids.sizes().vec()));
   const int64_t T = input_ids.size(1);
+  ContextParallel* cp = options.context_parallel;
+  if (cp && options.cache)
+    throw Error("forward: context parallelism is for training: it does not run with a KV cache (inference)");
   // Positions past max_position_embeddings were never trained (and YaRN is defined up to it).
-  const int64_t end = (options.cache ? options.cache->length() : 0) + T;
+  const int64_t first = options.cache ? options.cache->length() : cp ? cp->slice_start() : 0;
+  const int64_t end = first + T;
   if (end > config_.max_position_embeddings) {
     throw Error("forward: " + std::to_string(end) + " positions, more than the model's max_position_embeddings " +
                 std::to_string(config_.max_position_embeddings));
   }
   at::Tensor ids = input_ids.to(device(), at::kLong);
   // [T], or [B, T] for a left-padded batch (each row counts positions from its first real token).
+  // A context-parallel slice: global positions, so RoPE (plain or YaRN) sees the whole sequence's.
   at::Tensor positions = options.cache ? options.cache->positions(T, device())
-                                       : at::arange(T, at::TensorOptions().dtype(at::kLong).device(device()));
+                                       : at::arange(first, end, at::TensorOptions().dtype(at::kLong).device(device()));
   // With a cache (decoding, prefill into it) positions run late and repeat across calls: look the tables up.
   const int64_t max_pos = config_.max_position_embeddings;
   auto [sliding_cos, sliding_sin] =

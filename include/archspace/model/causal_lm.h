@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "archspace/config/model_config.h"
+#include "archspace/model/context_parallel.h"
 #include "archspace/model/depth_attention.h"
 #include "archspace/model/kv_cache.h"
 #include "archspace/model/layers.h"
@@ -40,6 +41,9 @@ struct ForwardOptions {
   // Training: autograd keeps each block's inputs only and backward recomputes the block
   // (model/activation_checkpoint.h). Applies only when grad mode is on, without cache or recorder.
   bool activation_checkpointing = false;
+  // Context parallelism (training): input_ids are one slice of each sequence, its positions and the other
+  // slices' keys and values come from this hook (model/context_parallel.h). Not with a cache.
+  ContextParallel* context_parallel = nullptr;
 };
 
 class CausalLM {
