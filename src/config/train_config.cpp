@@ -217,6 +217,7 @@ ChoiceTexts read_keys(const toml::table& root, TrainConfig& c, const std::string
   train.get("threads", c.threads);
   train.get("dist_timeout_s", c.dist_timeout_s);
   train.get("shard_optimizer", c.shard_optimizer);
+  train.get("context_parallel", c.context_parallel);
   train.get("nonfinite", choices.nonfinite);
   train.get("log_all_ranks", c.log_all_ranks);
   train.get("grad_norm_interval", c.grad_norm_interval);
@@ -451,6 +452,11 @@ void validate(TrainConfig& c, const ChoiceTexts& choices, const std::string& pat
   require(!c.train_data.empty(), "data.train", "is required");
   require(c.sequence_length >= 2, "train.sequence_length", "is required and must be >= 2");
   require(c.micro_batch >= 1, "train.micro_batch", "must be >= 1");
+  require(c.context_parallel >= 1 && c.context_parallel <= (1 << 16), "train.context_parallel",
+          "must be in [1, 65536] (1: off), got " + std::to_string(c.context_parallel));
+  require(c.sequence_length % c.context_parallel == 0, "train.context_parallel",
+          "= " + std::to_string(c.context_parallel) + " must divide train.sequence_length " +
+              std::to_string(c.sequence_length) + " (each rank takes an equal contiguous slice)");
   require(c.grad_accum >= 1, "train.grad_accum", "must be >= 1");
   require(c.dist_timeout_s >= 1, "train.dist_timeout_s", "must be >= 1");
   require(c.max_steps >= 1, "train.max_steps", "is required and must be >= 1");

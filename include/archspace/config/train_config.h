@@ -71,6 +71,10 @@ struct TrainConfig {
   // (model/loss.h head_loss): logits of one chunk instead of [micro_batch x sequence_length, vocab]. 0: unchunked.
   int64_t loss_chunk_tokens = kDefaultLossChunkTokens;
   bool shard_optimizer = false;  // data-parallel runs: ZeRO-1, each rank keeps the AdamW moments of its share
+  // Context parallelism: each sequence split into this many contiguous slices, one per rank of a group of
+  // consecutive ranks that read the same instances (train/context_parallelism.h); the data-parallel degree is
+  // the world size / this. 1: off.
+  int64_t context_parallel = 1;
   // A step whose loss or gradient norm is not finite: stop (error, nothing of it saved) or skip it (no
   // update, logged with "skipped": true).
   bool skip_nonfinite_steps = false;
