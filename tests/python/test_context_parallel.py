@@ -171,3 +171,17 @@ def test_bad_context_parallel_configs_are_refused(setup):
     assert result.returncode != 0
     text = result.stdout + result.stderr
     assert "key 'train.context_parallel' is 4, which does not divide the number of ranks 2" in text, text
+
+
+def test_a_context_parallel_checkpoint_resumes_on_one_process(setup):
+    """Checkpoints hold the whole model and optimizer state whatever the ranks did: 2 context-parallel ranks stop
+    after step 3 (checkpoint at step 2) and one process resumes; the run equals the uninterrupted one."""
+    tmp = setup.tmp
+    reference = "base-window-shorter-than-slice-single"
+    if not (tmp / reference / "metrics.jsonl").exists():
+        run_cli("train", "--config", setup(reference, "base-w6", valid=True))
+    cfg = setup("resume-cp2-to-1", "base-w6", valid=True)
+    torchrun(2, "train", "--config", cfg, "--set", "train.context_parallel=2", "--stop-after", "3")
+    assert (tmp / "resume-cp2-to-1" / "checkpoints" / "latest").read_text().strip() == "step-00000002"
+    run_cli("train", "--config", cfg, "--resume")
+    assert_equal_runs(tmp / reference, tmp / "resume-cp2-to-1", "2 context-parallel ranks, resumed on 1 process")
