@@ -23,7 +23,7 @@
 namespace archspace {
 
 struct PlanOptions {
-  int64_t world = 1;            // data-parallel ranks
+  int64_t world = 1;            // ranks (data-parallel x context-parallel)
   int64_t sequence_length = 0;  // tokens per instance
   int64_t micro_batch = 1;      // instances per micro-batch
   int64_t grad_accum = 1;       // micro-batches per optimizer step
@@ -36,14 +36,18 @@ struct PlanOptions {
   // train.loss_chunk_tokens: the head and loss a chunk of this many tokens at a time when a micro-batch has
   // more (model/loss.h head_loss); 0: the whole micro-batch's logits at once.
   int64_t loss_chunk_tokens = kDefaultLossChunkTokens;
+  // train.context_parallel: each sequence split over this many ranks (of `world`), which read the same
+  // instances. Activations are those of the last slice (the largest: its full layers attend to every key).
+  int64_t context_parallel = 1;
 
+  int64_t data_parallel() const { return world / context_parallel; }
   // Throws archspace::Error naming the flag (`--world`, ...) of the first value out of range.
   void validate() const;
 };
 
 struct MemoryPlan {
   int64_t parameter_count = 0;
-  int64_t tokens_per_step = 0;  // micro_batch x grad_accum x world x sequence_length
+  int64_t tokens_per_step = 0;  // micro_batch x grad_accum x data-parallel ranks x sequence_length
 
   int64_t parameters = 0;        // fp32 master weights
   int64_t gradients = 0;         // fp32, one per parameter
@@ -63,6 +67,9 @@ struct MemoryPlan {
   // forward or backward runs a chunk, so what autograd keeps between them is activations - recompute - loss_chunk.
   int64_t loss_chunk = 0;
   int64_t rope_tables = 0;  // cos/sin tables, sliding and full
+  // Context parallelism: the keys and values the last slice's attention keeps beyond its own positions (the
+  // gathered sequence at full layers, the window's halo at sliding ones); part of layer_activations.
+  int64_t context_keys = 0;
 
   int64_t total() const { return parameters + gradients + optimizer_state + autocast_weights + activations; }
   nlohmann::json to_json() const;
