@@ -54,8 +54,8 @@ struct GatherSequence : torch::autograd::Function<GatherSequence> {
     ctx->saved_data["group"] = c10::IValue::make_capsule(holder);
     // Collectives concatenate along dim 0: the sequence dimension goes first for the trip and back after it
     // (a view: the gathered buffer keeps the [n x S, ...] layout).
-    at::Tensor gathered = holder->group->all_gather_dim0(slice.movedim(holder->dim, 0),
-                                                         "the context-parallel all-gather of a sequence");
+    at::Tensor gathered =
+        holder->group->all_gather_dim0(slice.movedim(holder->dim, 0), "the context-parallel all-gather of a sequence");
     return gathered.to(slice.device()).movedim(0, holder->dim);
   }
 

@@ -26,8 +26,8 @@ ContextParallelism::ContextParallelism(DistGroup& world, int64_t degree, int64_t
 
 Batch ContextParallelism::slice(const Batch& batch) const {
   if (batch.input_ids.size(1) != slice_length_ * degree_)
-    throw Error("context parallelism: a batch of " + std::to_string(batch.input_ids.size(1)) +
-                " positions, expected " + std::to_string(slice_length_ * degree_));
+    throw Error("context parallelism: a batch of " + std::to_string(batch.input_ids.size(1)) + " positions, expected " +
+                std::to_string(slice_length_ * degree_));
   return {batch.input_ids.narrow(1, slice_start_, slice_length_).contiguous(),
           batch.labels.narrow(1, slice_start_, slice_length_).contiguous()};
 }
@@ -45,9 +45,8 @@ ContextParallel::Keys ContextParallelism::attention_keys(const at::Tensor& k, co
   };
   if (window > 0) {
     // A query at position i sees keys i - window < j <= i: the slice needs the window - 1 positions before it.
-    auto [keys, values] = exchange([&](const at::Tensor& t, int64_t dim) {
-      return gather_preceding(*group_, t, dim, window - 1);
-    });
+    auto [keys, values] =
+        exchange([&](const at::Tensor& t, int64_t dim) { return gather_preceding(*group_, t, dim, window - 1); });
     return {keys, values, keys.size(kSeq) - slice_length_};
   }
   // Full attention: every earlier position. Positions after the slice are gathered too (one collective of
