@@ -210,16 +210,14 @@ at::Tensor DistGroup::all_gather(const at::Tensor& t, const std::string& what) {
   return out;
 }
 
-at::Tensor DistGroup::all_gather_dim0(const at::Tensor& t, const std::string& what) {
-  at::Tensor out;
+void DistGroup::all_gather_into(at::Tensor& out, const at::Tensor& in, const std::string& what) {
   guard(what, [&] {
-    at::Tensor in = t.to(impl_->device).contiguous();
-    std::vector<int64_t> shape = in.sizes().vec();
-    shape.at(0) *= env_.world_size;
-    out = at::empty(shape, in.options());
-    impl_->pg->_allgather_base(out, in)->wait();
+    if (out.numel() != in.numel() * env_.world_size || !out.is_contiguous())
+      throw Error("all_gather_into: the output must be contiguous and hold " + std::to_string(env_.world_size) + " x " +
+                  std::to_string(in.numel()) + " elements");
+    at::Tensor flat_in = in.contiguous().view({-1}), flat_out = out.view({-1});
+    impl_->pg->_allgather_base(flat_out, flat_in)->wait();
   });
-  return out;
 }
 
 at::Tensor DistGroup::reduce_scatter_dim0(const at::Tensor& t, const std::string& what) {

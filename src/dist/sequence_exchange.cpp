@@ -54,9 +54,13 @@ struct GatherSequence : torch::autograd::Function<GatherSequence> {
     ctx->saved_data["group"] = c10::IValue::make_capsule(holder);
     // Collectives concatenate along dim 0: the sequence dimension goes first for the trip and back after it
     // (a view: the gathered buffer keeps the [n x S, ...] layout).
-    at::Tensor gathered =
-        holder->group->all_gather_dim0(slice.movedim(holder->dim, 0), "the context-parallel all-gather of a sequence");
-    return gathered.to(slice.device()).movedim(0, holder->dim);
+    DistGroup& group = *holder->group;
+    const at::Tensor moved = slice.movedim(holder->dim, 0).contiguous();
+    std::vector<int64_t> shape = moved.sizes().vec();
+    shape[0] *= group.world_size();
+    at::Tensor gathered = at::empty(shape, moved.options());
+    group.all_gather_into(gathered, moved, "the context-parallel all-gather of a sequence");
+    return gathered.movedim(0, holder->dim);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {

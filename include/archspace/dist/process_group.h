@@ -58,9 +58,9 @@ class DistGroup {
   void broadcast(at::Tensor& t, int root, const std::string& what);
   at::Tensor all_gather(const at::Tensor& t, const std::string& what);  // concatenated along dim 0, rank order
   void barrier(const std::string& what, std::chrono::milliseconds timeout);
-  // all_gather_into_tensor: every rank's `t` (the same shape on all) concatenated along dim 0 in rank order, into
-  // one buffer [world x n, ...]; on the group's device.
-  at::Tensor all_gather_dim0(const at::Tensor& t, const std::string& what);
+  // all_gather_into_tensor, on contiguous tensors on the group's device: out (world_size() x in's elements) <-
+  // every rank's `in` concatenated in rank order (for [n, ...] inputs: along dim 0). Blocking.
+  void all_gather_into(at::Tensor& out, const at::Tensor& in, const std::string& what);
   // reduce_scatter_tensor: `t` [world x n, ...] summed over the ranks, this rank's rows [rank x n, (rank+1) x n).
   at::Tensor reduce_scatter_dim0(const at::Tensor& t, const std::string& what);
   // Point-to-point (batch_isend_irecv): receives each `receives[i].tensor` (preallocated, contiguous) from its
