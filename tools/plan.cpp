@@ -15,7 +15,7 @@ namespace {
 
 struct PlanArgs {
   std::string preset, config, variant = "base", dtype = "bf16";
-  int64_t world = 1, sequence_length = 0, micro_batch = 1, grad_accum = 1;
+  int64_t world = 1, sequence_length = 0, micro_batch = 1, grad_accum = 1, context_parallel = 1;
   int64_t loss_chunk_tokens = kDefaultLossChunkTokens;
   bool shard_optimizer = false, activation_checkpointing = false, document_masking = false, json = false;
   std::string sharding;  // --sharding; empty: "optimizer" with --shard-optimizer, else "none"
@@ -48,10 +48,13 @@ void print_plan(const ModelConfig& c, const PlanOptions& o, const MemoryPlan& p)
   std::cout << "model:              " << variant_name(c.variant) << ", " << c.num_hidden_layers << " layers, d "
             << c.hidden_size << ", vocabulary " << c.vocab_size << "\n"
             << "parameters:         " << p.parameter_count << " (" << human_count(p.parameter_count) << ")\n"
-            << "run:                world " << o.world << ", sequence " << o.sequence_length << ", micro-batch "
-            << o.micro_batch << ", grad-accum " << o.grad_accum << ", " << dtype_name(o.dtype)
-            << (o.dtype == DType::kBf16 ? " autocast" : "") << (o.cuda ? ", CUDA" : ", CPU")
-            << (o.sharding == Sharding::kOptimizer ? ", ZeRO-1" : "")
+            << "run:                world " << o.world
+            << (o.context_parallel > 1 ? " (" + std::to_string(o.data_parallel()) + " data-parallel x " +
+                                             std::to_string(o.context_parallel) + " context-parallel)"
+                                       : std::string())
+            << ", sequence " << o.sequence_length << ", micro-batch " << o.micro_batch << ", grad-accum "
+            << o.grad_accum << ", " << dtype_name(o.dtype) << (o.dtype == DType::kBf16 ? " autocast" : "")
+            << (o.cuda ? ", CUDA" : ", CPU") << (o.sharding == Sharding::kOptimizer ? ", ZeRO-1" : "")
             << (o.sharding == Sharding::kFull
                     ? ", FSDP over " + std::to_string(o.shard_group()) + " ranks" +
                           (o.replicate_groups > 1 ? " x " + std::to_string(o.replicate_groups) + " replicas (HSDP)"
@@ -78,7 +81,8 @@ void print_plan(const ModelConfig& c, const PlanOptions& o, const MemoryPlan& p)
           ? "block inputs, Depth-Attention " + human_bytes(p.depth_attention) + ", one block recomputed in backward " +
                 human_bytes(p.recompute)
           : "of which masks " + human_bytes(p.attention_masks) + ", Depth-Attention " + human_bytes(p.depth_attention) +
-                (o.document_masking ? ", document masking " + human_bytes(p.document_masking) : ""));
+                (o.document_masking ? ", document masking " + human_bytes(p.document_masking) : "") +
+                (o.context_parallel > 1 ? ", other slices' keys/values " + human_bytes(p.context_keys) : ""));
   row("  head and loss", p.head_and_loss,
       p.loss_chunk > 0 ? "final norm, head input, one chunk of " + std::to_string(o.loss_chunk_tokens) +
                              " tokens' logits " + human_bytes(p.loss_chunk)
@@ -105,6 +109,7 @@ int run(const PlanArgs& a) {
   o.activation_checkpointing = a.activation_checkpointing;
   o.loss_chunk_tokens = a.loss_chunk_tokens;
   o.document_masking = a.document_masking;
+  o.context_parallel = a.context_parallel;
   if (a.device != "cuda" && a.device != "cpu")
     throw Error("--device: unknown device '" + a.device + "' (valid: cuda, cpu)");
   o.cuda = a.device == "cuda";
@@ -125,6 +130,7 @@ int run(const PlanArgs& a) {
                     {"activation_checkpointing", o.activation_checkpointing},
                     {"loss_chunk_tokens", o.loss_chunk_tokens},
                     {"document_masking", o.document_masking},
+                    {"context_parallel", o.context_parallel},
                     {"device", a.device}};
     if (fit) {
       j["fit"] = {{"gpu_memory", fit->capacity}, {"fits", fit->fits()}, {"margin", fit->margin}};
@@ -151,7 +157,7 @@ Command add(CLI::App& parent) {
       ->check(CLI::IsMember(variant_choices()))
       ->capture_default_str();
   // Ranges are checked by the library (PlanOptions::validate), whose errors name the flag.
-  app->add_option("--world", a->world, "data-parallel ranks")->capture_default_str();
+  app->add_option("--world", a->world, "ranks (data-parallel x context-parallel)")->capture_default_str();
   app->add_option("--sequence-length", a->sequence_length, "tokens per instance")->required();
   app->add_option("--micro-batch", a->micro_batch, "instances per micro-batch")->capture_default_str();
   app->add_option("--grad-accum", a->grad_accum, "micro-batches per optimizer step")->capture_default_str();
@@ -175,6 +181,9 @@ Command add(CLI::App& parent) {
   app->add_option("--device", a->device,
                   "cuda (bf16 attention through the flash kernel: sliding layers keep no masks) or cpu")
       ->check(CLI::IsMember({"cuda", "cpu"}))
+      ->capture_default_str();
+  app->add_option("--context-parallel", a->context_parallel,
+                  "train.context_parallel: each sequence split over this many of the ranks (the last slice is planned)")
       ->capture_default_str();
   app->add_flag("--json", a->json, "print the figures as JSON");
   app->add_option("--gpu-memory", a->gpu_memory,

@@ -254,6 +254,7 @@ ChoiceTexts read_keys(const toml::table& root, TrainConfig& c, const std::string
   train.get("sharding", choices.sharding);
   train.get("shard_optimizer", choices.shard_optimizer);
   train.get("replicate_groups", c.replicate_groups);
+  train.get("context_parallel", c.context_parallel);
   train.get("nonfinite", choices.nonfinite);
   train.get("log_all_ranks", c.log_all_ranks);
   train.get("grad_norm_interval", c.grad_norm_interval);
@@ -582,6 +583,19 @@ void validate(TrainConfig& c, const ChoiceTexts& choices, const std::string& pat
           "and [[data.sources]] are exclusive (a mixture names its sources' paths)");
   require(c.sequence_length >= 2, "train.sequence_length", "is required and must be >= 2");
   require(c.micro_batch >= 1, "train.micro_batch", "must be >= 1");
+  require(c.context_parallel >= 1 && c.context_parallel <= (1 << 16), "train.context_parallel",
+          "must be in [1, 65536] (1: off), got " + std::to_string(c.context_parallel));
+  require(c.sequence_length % c.context_parallel == 0, "train.context_parallel",
+          "= " + std::to_string(c.context_parallel) + " must divide train.sequence_length " +
+              std::to_string(c.sequence_length) + " (each rank takes an equal contiguous slice)");
+  // Not yet combined (docs/distributed.md, "Context parallelism"): a slice's documents would need their
+  // boundaries from the other slices, and FSDP's shard group would have to fold in the context-parallel ranks.
+  require(c.context_parallel == 1 || !c.document_masking, "train.document_masking",
+          "is not supported with train.context_parallel > 1 (" + std::to_string(c.context_parallel) +
+              ") yet: a slice would need the document boundaries of the slices before it");
+  require(c.context_parallel == 1 || c.sharding != Sharding::kFull, "train.context_parallel",
+          "= " + std::to_string(c.context_parallel) +
+              " is not supported with train.sharding = \"full\" yet (use \"optimizer\" or \"none\")");
   require(c.grad_accum >= 1, "train.grad_accum", "must be >= 1");
   require(c.dist_timeout_s >= 1, "train.dist_timeout_s", "must be >= 1");
   require(c.replicate_groups >= 1 && c.replicate_groups <= (1 << 20), "train.replicate_groups",

@@ -203,7 +203,48 @@ void PendingCollective::wait() {
 }
 
 void DistGroup::all_gather_into(at::Tensor& out, const at::Tensor& in, const std::string& what) {
-  guard(what, [&] { impl_->pg->_allgather_base(out, const_cast<at::Tensor&>(in))->wait(); });
+  guard(what, [&] {
+    if (out.numel() != in.numel() * size_ || !out.is_contiguous())
+      throw Error("all_gather_into: the output must be contiguous and hold " + std::to_string(size_) + " x " +
+                  std::to_string(in.numel()) + " elements");
+    at::Tensor flat_in = in.contiguous().view({-1}), flat_out = out.view({-1});
+    impl_->pg->_allgather_base(flat_out, flat_in)->wait();
+  });
+}
+
+at::Tensor DistGroup::reduce_scatter_dim0(const at::Tensor& t, const std::string& what) {
+  at::Tensor out;
+  guard(what, [&] {
+    at::Tensor in = t.to(impl_->device).contiguous();
+    std::vector<int64_t> shape = in.sizes().vec();
+    if (shape.empty() || shape[0] % size_ != 0)
+      throw Error("reduce_scatter_dim0: dim 0 of " + std::to_string(shape.empty() ? 0 : shape[0]) +
+                  " rows does not split over " + std::to_string(size_) + " ranks");
+    shape[0] /= size_;
+    out = at::empty(shape, in.options());
+    c10d::ReduceScatterOptions o;
+    o.reduceOp = c10d::ReduceOp::SUM;
+    impl_->pg->_reduce_scatter_base(out, in, o)->wait();  // Gloo: valid only after wait()
+  });
+  return out;
+}
+
+void DistGroup::exchange(const std::vector<Transfer>& sends, const std::vector<Transfer>& receives,
+                         const std::string& what) {
+  guard(what, [&] {
+    std::vector<c10::intrusive_ptr<c10d::Work>> works;
+    std::vector<std::vector<at::Tensor>> buffers;  // alive until every work is done
+    buffers.reserve(sends.size() + receives.size());
+    for (const Transfer& r : receives) {
+      buffers.push_back({r.tensor});
+      works.push_back(impl_->pg->recv(buffers.back(), r.peer, /*tag=*/0));
+    }
+    for (const Transfer& s : sends) {
+      buffers.push_back({s.tensor.contiguous()});
+      works.push_back(impl_->pg->send(buffers.back(), s.peer, /*tag=*/0));
+    }
+    for (auto& w : works) w->wait();
+  });
 }
 
 PendingCollective DistGroup::reduce_scatter_sum(const at::Tensor& out, const at::Tensor& in, const std::string& what) {

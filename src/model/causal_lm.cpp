@@ -155,6 +155,12 @@ at::Tensor CausalLM::attention(const BlockWeights& layer, const at::Tensor& x, c
   }
   int64_t q_offset = 0;
   at::Tensor padding_mask;
+  if (ctx.options.context_parallel) {  // keys and values of the earlier slices this layer's window reaches
+    ContextParallel::Keys keys = ctx.options.context_parallel->attention_keys(k_BGTD, v_BGTD, ctx.window);
+    k_BGTD = keys.k;
+    v_BGTD = keys.v;
+    q_offset = keys.q_offset;
+  }
   if (ctx.options.cache) {
     KVCache::View view = ctx.options.cache->append(ctx.index, k_BGTD, v_BGTD);
     k_BGTD = view.k;
@@ -210,6 +216,7 @@ CausalLM::Streams CausalLM::checkpointed_block(const LayerContext& ctx, const St
   // Everything by value: the function runs again in backward, after forward() has returned.
   ForwardOptions options;
   options.attention = ctx.options.attention;
+  options.context_parallel = ctx.options.context_parallel;  // the recomputation exchanges keys and values again
   const int64_t window = ctx.window;
   const at::Tensor cos = ctx.cos, sin = ctx.sin;
   BlockFunction fn = [this, l, n, window, cos, sin, options, sources, has_depth, keeps, has_y, has_dual, documents,
@@ -258,17 +265,23 @@ at::Tensor CausalLM::forward(const at::Tensor& input_ids, const ForwardOptions& 
     throw Error("forward: first_position and document masking are for forwards without a KV cache");
   if (options.first_position < 0)
     throw Error("forward: first_position must be >= 0, got " + std::to_string(options.first_position));
+  ContextParallel* cp = options.context_parallel;
+  if (cp && options.cache)
+    throw Error("forward: context parallelism is for training: it does not run with a KV cache (inference)");
+  if (cp && (options.first_position != 0 || options.document_eos_id >= 0))
+    throw Error("forward: context parallelism takes its positions from its slice and does not mask documents");
   // Positions past max_position_embeddings were never trained (and YaRN is defined up to it).
-  const int64_t end = (options.cache ? options.cache->length() : options.first_position) + T;
+  const int64_t first = options.cache ? options.cache->length() : cp ? cp->slice_start() : options.first_position;
+  const int64_t end = first + T;
   if (end > config_.max_position_embeddings) {
     throw Error("forward: " + std::to_string(end) + " positions, more than the model's max_position_embeddings " +
                 std::to_string(config_.max_position_embeddings));
   }
   at::Tensor ids = input_ids.to(device(), at::kLong);
   // [T], or [B, T] for a left-padded batch (each row counts positions from its first real token).
-  at::Tensor positions =
-      options.cache ? options.cache->positions(T, device())
-                    : at::arange(options.first_position, end, at::TensorOptions().dtype(at::kLong).device(device()));
+  // A context-parallel slice: global positions, so RoPE (plain or YaRN) sees the whole sequence's.
+  at::Tensor positions = options.cache ? options.cache->positions(T, device())
+                                       : at::arange(first, end, at::TensorOptions().dtype(at::kLong).device(device()));
   // Documents found once per forward; a batch whose rows are each one document needs no masking.
   std::shared_ptr<const Documents> documents;
   if (options.document_eos_id >= 0) {

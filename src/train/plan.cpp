@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "archspace/model/depth_attention.h"
+#include "archspace/model/layers.h"
 #include "archspace/model/parameters.h"
 #include "archspace/train/fully_sharded.h"
 #include "archspace/util/error.h"
@@ -37,6 +38,12 @@ namespace archspace {
 //   concatenated into the [B, T, H, h] tensor o_proj reads and keeps, beside the pieces SDPA keeps: one more
 //   [N, H h] activation per layer (the blocked path's own copy is that copy). The flash kernel takes every
 //   document in one call: no masks, no copy, the int32 offsets (at most N + 1) kept once.
+// - Context parallelism (N slices of S = T / N positions): everything above is per position and counted for
+//   the S positions of one slice, the last (the largest: it reads every earlier position). Its attention keeps
+//   the keys and values it attends to, gathered from the other ranks, in place of its own: T positions at full
+//   layers (the whole gathered buffer, of which it reads all), halo + S at sliding ones (the window - 1
+//   positions before the slice); its own are freed (the exchanges keep nothing). Its queries sit at an offset
+//   into those keys, so SDPA takes a [S, keys] mask (the flash kernel only serves whole sequences).
 namespace {
 
 struct Widths {
@@ -98,26 +105,57 @@ int64_t depth_saved(const Widths& w, const Bytes& b, int64_t sources) {
   return b.act() * w.kw * (1 + 2 * n) + 4 * n * w.kv_heads + (b.bf16 ? 2 * n * w.kv_heads : 0);
 }
 
-// The additive masks a sliding layer keeps (bytes, not per token): see causal_attention in layers.cpp. With
-// documents, the worst case over the documents of `rows` rows (see above).
-int64_t mask_bytes(int64_t T, int64_t window, const Bytes& b, int64_t rows) {
-  if (b.flash || window <= 0 || window >= T) return 0;  // flash, or plain causal: no mask
-  if (b.documents) return rows * b.act() * T * std::min(T, 2 * window);
-  if (T <= 2 * window) return b.act() * T * T;
+// What one layer's attention works on in the last context-parallel slice (the whole sequence without):
+// its queries, the keys they read, where the first query sits among them.
+struct AttentionShape {
+  int64_t tq, tk, q_offset;
+};
+
+AttentionShape attention_shape(const PlanOptions& o, int64_t window) {
+  const int64_t S = o.sequence_length / o.context_parallel, start = (o.context_parallel - 1) * S;
+  if (window <= 0) return {S, start + S, start};     // every earlier position
+  const int64_t halo = std::min(window - 1, start);  // the window's reach before the slice
+  return {S, halo + S, halo};
+}
+
+// The kernel causal_attention takes for this shape (layers.cpp's own rule).
+AttentionPath path_of(const ModelConfig& c, const PlanOptions& o, const AttentionShape& a, int64_t window) {
+  return attention_path(AttentionImpl::kSdpa, o.cuda ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU),
+                        o.dtype == DType::kBf16 ? at::kBFloat16 : at::kFloat, a.tq, a.tk, c.head_dim, window,
+                        a.q_offset, /*padded=*/false);
+}
+
+// The additive masks a layer keeps (bytes, not per token): see causal_attention in layers.cpp. SDPA turns
+// the boolean mask into an additive one in the query's dtype and keeps it: [Tq, Tk] in one call, or one
+// [window, <= 2 window] mask per query block on the blocked path.
+// With documents (no context parallelism), the worst case over the documents of `rows` rows (see above).
+int64_t mask_bytes(const AttentionShape& a, int64_t window, AttentionPath path, const Bytes& b, int64_t rows) {
+  if (b.documents) {
+    if (b.flash || window <= 0 || window >= a.tq) return 0;  // flash, or each document plain causal
+    return rows * b.act() * a.tq * std::min(a.tq, 2 * window);
+  }
+  if (path == AttentionPath::kSdpaMasked) return b.act() * a.tq * a.tk;
+  if (path != AttentionPath::kSdpaBlocked) return 0;
   int64_t bytes = 0;
-  for (int64_t s = 0; s < T; s += window) {
-    const int64_t e = std::min(T, s + window);
-    const int64_t k0 = std::max<int64_t>(0, s - (window - 1)), k1 = std::min(T, e);
+  for (int64_t s = 0; s < a.tq; s += window) {
+    const int64_t e = std::min(a.tq, s + window);
+    const int64_t k0 = std::max<int64_t>(0, s + a.q_offset - (window - 1)), k1 = std::min(a.tk, e + a.q_offset);
     bytes += b.act() * (e - s) * (k1 - k0);
   }
   return bytes;
 }
 
-// Sliding layers attended block by block (T > 2 window) concatenate the blocks' outputs in [B, H, T, h]
-// order, so o_proj's input is a copy of its own; so do the documents of document masking on any layer.
-int64_t blocked_copy_bytes(int64_t T, int64_t window, int64_t N, const Widths& w, const Bytes& b) {
-  if (b.flash) return 0;
-  return (window > 0 && T > 2 * window) || b.documents ? b.act() * w.qw * N : 0;
+// Sliding layers attended block by block concatenate the blocks' outputs in [B, H, T, h] order, so o_proj's
+// input is a copy of its own; so do the documents of document masking on any layer (off the flash kernel).
+int64_t blocked_copy_bytes(AttentionPath path, int64_t N, const Widths& w, const Bytes& b) {
+  if (b.documents) return b.flash ? 0 : b.act() * w.qw * N;
+  return path == AttentionPath::kSdpaBlocked ? b.act() * w.qw * N : 0;
+}
+
+// Context parallelism: the keys and values beyond the slice's own positions that SDPA keeps (attention_core
+// counts S positions of each). Rope outputs and v in the activation dtype (under autocast SDPA's bf16 copies).
+int64_t context_key_bytes(const Widths& w, const Bytes& b, const PlanOptions& o, const AttentionShape& a) {
+  return 2 * b.act() * w.kw * o.micro_batch * (a.tk - a.tq);
 }
 
 int64_t sources_of(const ModelConfig& c, int64_t layer) {
@@ -158,18 +196,33 @@ void PlanOptions::validate() const {
   if (world % replicate_groups != 0)
     throw Error("--replicate-groups " + std::to_string(replicate_groups) + " does not divide --world " +
                 std::to_string(world) + " into equal shard groups");
+  positive(context_parallel, "--context-parallel");
+  if (world % context_parallel != 0)
+    throw Error("--context-parallel " + std::to_string(context_parallel) + " must divide --world " +
+                std::to_string(world) + " (the ranks are data-parallel x context-parallel)");
+  if (sequence_length % context_parallel != 0)
+    throw Error("--context-parallel " + std::to_string(context_parallel) + " must divide --sequence-length " +
+                std::to_string(sequence_length) + " (each rank takes an equal contiguous slice)");
+  if (context_parallel > 1 && document_masking)
+    throw Error("--context-parallel " + std::to_string(context_parallel) +
+                " with --document-masking: not supported together (train.context_parallel refuses it too)");
+  if (context_parallel > 1 && sharding == Sharding::kFull)
+    throw Error("--context-parallel " + std::to_string(context_parallel) +
+                " with --sharding full: not supported together (train.context_parallel refuses it too)");
   if (loss_chunk_tokens < 0)
     throw Error("--loss-chunk-tokens must be >= 0 (0: unchunked), got " + std::to_string(loss_chunk_tokens));
 }
 
 int64_t layer_activation_bytes(const ModelConfig& c, const PlanOptions& o, int64_t layer) {
   const Bytes b{o.dtype == DType::kBf16, o.cuda && o.dtype == DType::kBf16, o.document_masking};
-  const int64_t N = o.micro_batch * o.sequence_length;
+  const int64_t N = o.micro_batch * (o.sequence_length / o.context_parallel);  // this rank's positions
   int64_t bytes = layer_per_token(c, b, layer) * N;
   if (depth(c)) bytes += depth_saved(widths(c), b, sources_of(c, layer)) * N;
   const int64_t window = c.layer_types[layer] == LayerType::kSliding ? c.sliding_window : 0;
-  return bytes + mask_bytes(o.sequence_length, window, b, o.micro_batch) +
-         blocked_copy_bytes(o.sequence_length, window, N, widths(c), b);
+  const AttentionShape a = attention_shape(o, window);
+  const AttentionPath path = path_of(c, o, a, window);
+  return bytes + mask_bytes(a, window, path, b, o.micro_batch) + blocked_copy_bytes(path, N, widths(c), b) +
+         context_key_bytes(widths(c), b, o, a);
 }
 
 MemoryPlan plan_memory(const ModelConfig& c, const PlanOptions& o) {
@@ -177,11 +230,12 @@ MemoryPlan plan_memory(const ModelConfig& c, const PlanOptions& o) {
   c.validate("plan");
   const Bytes b{o.dtype == DType::kBf16, o.cuda && o.dtype == DType::kBf16, o.document_masking};
   const Widths w = widths(c);
-  const int64_t T = o.sequence_length, N = o.micro_batch * T, L = c.num_hidden_layers;
+  // T: this rank's positions (a context-parallel slice, or the whole sequence).
+  const int64_t T = o.sequence_length / o.context_parallel, N = o.micro_batch * T, L = c.num_hidden_layers;
 
   MemoryPlan p;
   p.parameter_count = parameter_count(c);
-  p.tokens_per_step = o.micro_batch * o.grad_accum * o.world * T;
+  p.tokens_per_step = o.micro_batch * o.grad_accum * o.data_parallel() * o.sequence_length;
   p.parameters = 4 * p.parameter_count;
   p.gradients = 4 * p.parameter_count;
   const int64_t adam = 2 * 4 * p.parameter_count;
@@ -228,7 +282,9 @@ MemoryPlan plan_memory(const ModelConfig& c, const PlanOptions& o) {
 
   for (int64_t l = 0; l < L; ++l) {
     const int64_t window = c.layer_types[l] == LayerType::kSliding ? c.sliding_window : 0;
-    p.attention_masks += mask_bytes(T, window, b, o.micro_batch);
+    const AttentionShape a = attention_shape(o, window);
+    p.attention_masks += mask_bytes(a, window, path_of(c, o, a, window), b, o.micro_batch);
+    p.context_keys += context_key_bytes(w, b, o, a);
     if (depth(c)) p.depth_attention += depth_saved(w, b, sources_of(c, l)) * N;
     // The documents' concatenated output (the blocked path's copy is already part of the per-layer account).
     if (b.documents && !b.flash && !(window > 0 && T > 2 * window)) p.document_masking += b.act() * w.qw * N;
@@ -256,6 +312,7 @@ MemoryPlan plan_memory(const ModelConfig& c, const PlanOptions& o) {
     p.recompute = largest;
     p.layer_activations = inputs + largest + crossing + offsets;
     p.attention_masks = 0;  // inside the one block's internals
+    p.context_keys = 0;
     p.depth_attention = crossing;
     p.document_masking = offsets;
   } else {
@@ -311,6 +368,7 @@ nlohmann::json MemoryPlan::to_json() const {
             {"recompute", recompute},
             {"head_and_loss", head_and_loss},
             {"loss_chunk", loss_chunk},
+            {"context_keys", context_keys},
             {"rope_tables", rope_tables}}}};
 }
 

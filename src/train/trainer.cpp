@@ -162,6 +162,12 @@ void Trainer::setup_device() {
 }
 
 void Trainer::setup_dist() {
+  const int64_t cp = cfg_.context_parallel;
+  if (dist_env_.world_size % cp != 0) {
+    throw Error(cfg_.source + ": key 'train.context_parallel' is " + std::to_string(cp) +
+                ", which does not divide the number of ranks " + std::to_string(dist_env_.world_size) +
+                (dist_env_.world_size == 1 ? " (context parallelism runs under torchrun, one rank per slice)" : ""));
+  }
   if (dist_env_.world_size == 1) return;
   rank_ = dist_env_.rank;
   world_ = dist_env_.world_size;
@@ -172,6 +178,15 @@ void Trainer::setup_dist() {
     layout = ShardLayout::make(world_, static_cast<int>(cfg_.replicate_groups),
                                cfg_.source + ": key 'train.replicate_groups'");
   dist_ = std::make_unique<DistGroup>(dist_env_, device_, std::chrono::seconds(cfg_.dist_timeout_s));
+  if (cp > 1) {
+    cp_ = std::make_unique<ContextParallelism>(*dist_, cp, cfg_.sequence_length);
+    progress_->note(std::to_string(world_) + " ranks: " + std::to_string(data_parallel_size()) + " data-parallel x " +
+                    std::to_string(cp) + " context-parallel (slices of " + std::to_string(cfg_.sequence_length / cp) +
+                    " tokens); global batch " + std::to_string(global_batch()) + " = micro_batch " +
+                    std::to_string(cfg_.micro_batch) + " x grad_accum " + std::to_string(cfg_.grad_accum) + " x " +
+                    std::to_string(data_parallel_size()) + " data-parallel ranks");
+    return;
+  }
   progress_->note(std::to_string(world_) + " data-parallel ranks: global batch " + std::to_string(global_batch()) +
                   " = micro_batch " + std::to_string(cfg_.micro_batch) + " x grad_accum " +
                   std::to_string(cfg_.grad_accum) + " x " + std::to_string(world_) + " ranks");
@@ -363,7 +378,8 @@ void Trainer::resume() {
   // Resuming under other batch geometry would silently read other instances: refuse.
   // The global batch counts every rank: another split of the same global batch (ranks x grad_accum) is fine.
   const std::string geometry = " (micro_batch " + std::to_string(cfg_.micro_batch) + " x grad_accum " +
-                               std::to_string(cfg_.grad_accum) + " x " + std::to_string(world_) + " ranks)";
+                               std::to_string(cfg_.grad_accum) + " x " + std::to_string(data_parallel_size()) +
+                               (cp_ ? " data-parallel ranks)" : " ranks)");
   for (const auto& [key, value] :
        {std::pair<const char*, int64_t>{"sequence_length", cfg_.sequence_length}, {"global_batch", global_batch()}}) {
     if (state.at(key).get<int64_t>() != value) {
@@ -499,6 +515,7 @@ TrackingContext Trainer::tracking_context() const {
           start_step_,
           cfg_.text,
           {{"world_size", world_},
+           {"context_parallel", cfg_.context_parallel},
            {"global_batch", global_batch()},
            {"tokens_per_step", global_batch() * cfg_.sequence_length},
            {"parameters", parameters},
@@ -529,21 +546,15 @@ StepStats Trainer::train_step(int64_t step) {
   RECORD_USER_SCOPE("archspace::train_step");  // one span per step in a profile (train.profile_steps)
   StepStats stats;
   stats.lr = scheduled_lr(step, cfg_.max_steps, cfg_.warmup_steps, cfg_.lr, cfg_.final_lr_factor);
-  const int64_t G = global_batch(), B = cfg_.micro_batch;
+  const int64_t G = global_batch();
 
-  // The global batch is instances [step * G, (step + 1) * G); rank r computes the r-th of its `world_`
-  // equal slices (the instances one process would see with grad_accum x world micro-batches). The loss
-  // is normalised by the labelled token count of the whole global batch, so accumulating micro-batches
-  // and summing over ranks gives the gradient of the whole batch.
-  const uint64_t first = static_cast<uint64_t>(step) * G + static_cast<uint64_t>(rank_ * cfg_.grad_accum * B);
-  std::vector<Batch> micro;
+  // The loss is normalised by the labelled token count of the whole global batch, so accumulating
+  // micro-batches and summing over ranks (and over a sequence's context-parallel slices) gives the gradient
+  // of the whole batch.
   std::vector<at::Tensor> ids;
+  const std::vector<Batch> micro = assemble_micro_batches(step, ids);
   int64_t labelled = 0;
-  for (int64_t m = 0; m < cfg_.grad_accum; ++m) {
-    micro.push_back(train_batches_->batch(first + m * B, B));
-    labelled += labelled_tokens(micro.back());
-    ids.push_back(micro.back().input_ids);
-  }
+  for (const Batch& b : micro) labelled += labelled_tokens(b);
   if (dist_) {  // SFT slices differ in labelled tokens: normalise by the global count
     at::Tensor count = at::tensor({labelled}, at::kLong);
     dist_->all_reduce_sum(count, "summing the labelled tokens of step " + std::to_string(step + 1));
@@ -561,12 +572,7 @@ StepStats Trainer::train_step(int64_t step) {
     {
       // The head runs in the loss (model/loss.h: chunk by chunk), under the forward's autocast.
       AutocastGuard autocast(autocast_, device_.type());
-      ForwardOptions forward;
-      forward.activation_checkpointing = cfg_.activation_checkpointing;
-      forward.final_hidden_only = true;
-      forward.document_eos_id = document_eos_;
-      forward.parameters = fsdp_.get();  // FSDP: each unit's weights gathered as it runs
-      const at::Tensor hidden = model_->forward(b.input_ids.to(device_), forward);
+      const at::Tensor hidden = model_->forward(b.input_ids.to(device_), forward_options(true));
       sums = head_loss(hidden, fsdp_ ? fsdp_->head().lm_head : model_->head_weight(), b.labels.to(device_), cfg_.z_loss,
                        cfg_.loss_chunk_tokens);
     }
@@ -597,7 +603,11 @@ StepStats Trainer::train_step(int64_t step) {
     dist_->all_reduce_sum(sums, "summing the losses of step " + std::to_string(step + 1));
     ce = sums[0].item<double>();
     z = sums[1].item<double>();
-    hash = batch_hash(dist_->all_gather(at::cat(ids), "gathering the batch of step " + std::to_string(step + 1)));
+    at::Tensor all = dist_->all_gather(at::cat(ids), "gathering the batch of step " + std::to_string(step + 1));
+    // The ranks of a context-parallel group hold the same instances: one copy each, in data-parallel order.
+    if (cp_)
+      all = all.view({data_parallel_size(), cp_->degree(), -1, all.size(1)}).select(1, 0).reshape({-1, all.size(1)});
+    hash = batch_hash(all);
   } else {
     hash = batch_hash(at::cat(ids));
   }
@@ -668,6 +678,32 @@ StepStats Trainer::train_step(int64_t step) {
   return stats;
 }
 
+std::vector<Batch> Trainer::assemble_micro_batches(int64_t step, std::vector<at::Tensor>& ids) const {
+  // The global batch is instances [step * G, (step + 1) * G); data-parallel rank d computes the d-th of its
+  // equal shares (the instances one process would see with grad_accum x ranks micro-batches), so the data
+  // order does not depend on how the ranks split the work.
+  const int64_t G = global_batch(), B = cfg_.micro_batch;
+  const uint64_t first =
+      static_cast<uint64_t>(step) * G + static_cast<uint64_t>(data_parallel_rank() * cfg_.grad_accum * B);
+  std::vector<Batch> micro;
+  for (int64_t m = 0; m < cfg_.grad_accum; ++m) {
+    Batch b = train_batches_->batch(first + m * B, B);
+    ids.push_back(b.input_ids);
+    micro.push_back(cp_ ? cp_->slice(b) : b);
+  }
+  return micro;
+}
+
+ForwardOptions Trainer::forward_options(bool training) const {
+  ForwardOptions forward;
+  forward.activation_checkpointing = training && cfg_.activation_checkpointing;
+  forward.final_hidden_only = true;  // the head runs in the loss (model/loss.h), chunk by chunk
+  forward.context_parallel = cp_.get();
+  forward.document_eos_id = document_eos_;  // validation sees the instances as training does
+  forward.parameters = fsdp_.get();         // FSDP: each unit's weights gathered as it runs
+  return forward;
+}
+
 void Trainer::dump_gradients(int64_t step) const {
   NamedTensors grads;
   if (fsdp_) {
@@ -691,17 +727,20 @@ double Trainer::evaluate(const Instances& valid) {
   double loss = 0;
   int64_t count = 0;
   for (int64_t b = 0; b < batches; ++b) {
-    const Batch batch = window_batch(valid, b * B, std::min<int64_t>(B, instances));
-    ForwardOptions forward;
-    forward.final_hidden_only = true;
-    forward.document_eos_id = document_eos_;  // validation sees the instances as training does
-    forward.parameters = fsdp_.get();
-    const at::Tensor hidden = model_->forward(batch.input_ids.to(device_), forward);
+    Batch batch = window_batch(valid, b * B, std::min<int64_t>(B, instances));
+    if (cp_) batch = cp_->slice(batch);  // the group's ranks evaluate the same batch, a slice each
+    const at::Tensor hidden = model_->forward(batch.input_ids.to(device_), forward_options(false));
     const LossSums s = head_loss(hidden, fsdp_ ? fsdp_->head().lm_head : model_->head_weight(),
                                  batch.labels.to(device_), 0, cfg_.loss_chunk_tokens);
     if (fsdp_) fsdp_->release();
     loss += s.ce_sum.item<double>();
     count += s.count;
+  }
+  if (cp_) {  // the slices' sums make the sequences'
+    at::Tensor sums = at::tensor({loss, static_cast<double>(count)}, at::kDouble);
+    cp_->group().all_reduce_sum(sums, "summing the validation loss over the context-parallel slices");
+    loss = sums[0].item<double>();
+    count = static_cast<int64_t>(sums[1].item<double>());
   }
   return loss / std::max<int64_t>(count, 1);
 }
@@ -773,6 +812,7 @@ void Trainer::save(int64_t step, bool is_final) {
                   {"micro_batch", cfg_.micro_batch},
                   {"grad_accum", cfg_.grad_accum},
                   {"world_size", world_},
+                  {"context_parallel", cfg_.context_parallel},
                   {"shard_optimizer", !owner_.empty()},
                   {"sharding", sharding_name(world_ > 1 ? cfg_.sharding : Sharding::kNone)},
                   {"replicate_groups", fsdp_ ? cfg_.replicate_groups : 1},
@@ -781,8 +821,9 @@ void Trainer::save(int64_t step, bool is_final) {
     if (!mixture_fingerprint_.is_null()) state["data_mixture"] = mixture_fingerprint_;
     std::string config_text = cfg_.text;
     if (world_ > 1 && !config_text.empty())
-      config_text += "\n# trained on " + std::to_string(world_) + " data-parallel ranks (world_size " +
-                     std::to_string(world_) + ", global batch " + std::to_string(global_batch()) + ")\n";
+      config_text += "\n# trained on " + std::to_string(data_parallel_size()) + " data-parallel ranks (world_size " +
+                     std::to_string(world_) + (cp_ ? ", context_parallel " + std::to_string(cp_->degree()) : "") +
+                     ", global batch " + std::to_string(global_batch()) + ")\n";
     last_checkpoint_ = save_checkpoint(
         cfg_.run_dir, step, {whole ? whole.get() : model_.get(), opt_state, state, config_text, tokenizer_file_},
         cfg_.keep_last, is_final);

@@ -161,3 +161,25 @@ def test_plan_models_fsdp_and_hsdp():
     expect_error(["plan", *base, "--replicate-groups", "2"], "--replicate-groups 2", "--sharding full")
     expect_error(["plan", *base, "--shard-optimizer", "--sharding", "full"], "--shard-optimizer", "conflicts")
     expect_error(["plan", *base, "--sharding", "zero3"], "--sharding")
+
+
+def test_plan_context_parallel():
+    """--context-parallel 8 over --world 8 (one data-parallel rank): tokens per step count the data-parallel ranks, the
+    activations are one slice's (8,192 of 65,536 positions) plus the keys and values it reads from the others: at the
+    1B's 4 full layers the 57,344 other positions, at its 12 sliding ones the window's 4,095 (bf16, k and v, kv width
+    2,048). tests/unit/test_plan.cpp checks the slice's account against the counting allocator."""
+    base = ["--preset", "1B", "--sequence-length", "65536", "--world", "8"]
+    whole, cp = plan_json(*base, "--activation-checkpointing"), plan_json(*base, "--activation-checkpointing",
+                                                                          "--context-parallel", "8")
+    assert whole["tokens_per_step"] == 8 * 65536 and cp["tokens_per_step"] == 65536
+    assert cp["options"]["context_parallel"] == 8
+    assert cp["bytes"]["activations"] < whole["bytes"]["activations"] / 4
+    assert cp["bytes"]["parameters"] == whole["bytes"]["parameters"]
+    keys = plan_json(*base, "--context-parallel", "8")["activation_bytes"]["context_keys"]
+    assert keys == 2 * 2 * 2048 * (4 * (65536 - 8192) + 12 * 4095)
+    text = run_cli("plan", *base, "--context-parallel", "8").stdout
+    assert "world 8 (1 data-parallel x 8 context-parallel)" in text and "other slices' keys/values" in text, text
+    expect_error(["plan", *base, "--context-parallel", "3"], "--context-parallel 3", "--world 8")
+    expect_error(["plan", "--preset", "1B", "--sequence-length", "1004", "--world", "8", "--context-parallel", "8"],
+                 "--sequence-length 1004")
+    expect_error(["plan", *base, "--context-parallel", "0"], "--context-parallel")

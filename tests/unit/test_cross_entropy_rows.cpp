@@ -111,7 +111,8 @@ TEST(CrossEntropyRows, StridedRowsAndNonFiniteLogits) {
   at::Tensor wide = logits_like(4, 40, at::kFloat, 5);
   const at::Tensor rows = wide.narrow(1, 3, 30);  // row stride 40, contiguous within a row
   const at::Tensor targets = at::tensor({0, 29, 5, 7}, at::kLong);
-  const RowLogSumExp strided = cross_entropy_rows(rows, targets), packed = cross_entropy_rows(rows.contiguous(), targets);
+  const RowLogSumExp strided = cross_entropy_rows(rows, targets),
+                     packed = cross_entropy_rows(rows.contiguous(), targets);
   EXPECT_TRUE(at::equal(strided.lse, packed.lse));
   at::Tensor bad = rows.contiguous();
   bad.index_put_({1, 2}, std::numeric_limits<float>::quiet_NaN());
@@ -132,16 +133,25 @@ TEST(CrossEntropyRows, BadInputIsNamed) {
     }
     return std::string("no error");
   };
-  EXPECT_NE(message([&] { cross_entropy_rows(logits, at::tensor({0, 5}, at::kLong)); }).find("target 5 of row 1"),
+  EXPECT_NE(message([&] {
+              cross_entropy_rows(logits, at::tensor({0, 5}, at::kLong));
+            }).find("target 5 of row 1"),
             std::string::npos);
-  EXPECT_NE(message([&] { cross_entropy_rows(logits.t(), at::tensor({0, 1}, at::kLong)); }).find("contiguous rows"),
+  EXPECT_NE(message([&] {
+              cross_entropy_rows(logits.t(), at::tensor({0, 1}, at::kLong));
+            }).find("contiguous rows"),
             std::string::npos);
-  EXPECT_NE(message([&] { cross_entropy_rows(logits.to(at::kDouble), at::tensor({0, 1}, at::kLong)); }).find("fp32"),
+  EXPECT_NE(message([&] {
+              cross_entropy_rows(logits.to(at::kDouble), at::tensor({0, 1}, at::kLong));
+            }).find("fp32"),
             std::string::npos);
-  EXPECT_NE(message([&] { cross_entropy_rows(logits, at::tensor({0, 1}, at::kInt)); }).find("int64"),
+  EXPECT_NE(message([&] {
+              cross_entropy_rows(logits, at::tensor({0, 1}, at::kInt));
+            }).find("int64"),
             std::string::npos);
   at::Tensor g = logits.clone();
-  EXPECT_NE(message([&] { cross_entropy_grad_rows_(g, at::tensor({0, 1}, at::kLong), at::zeros({3}), 1, 0); })
-                .find("lse must be"),
+  EXPECT_NE(message([&] {
+              cross_entropy_grad_rows_(g, at::tensor({0, 1}, at::kLong), at::zeros({3}), 1, 0);
+            }).find("lse must be"),
             std::string::npos);
 }

@@ -131,9 +131,11 @@ CountingAllocator& counter() {
 
 // Bytes alive after one training forward and the loss (what the trainer holds until backward), minus
 // what was alive before: the activations autograd keeps, plus the logits (unless the loss is chunked).
-// `batch` (optional) replaces the random ids; `document_eos` >= 0 switches document masking on.
+// `batch` (optional) replaces the random ids; `document_eos` >= 0 switches document masking on; with `cp`, T is
+// one context-parallel slice's positions.
 int64_t measured_activations(const ModelConfig& c, int64_t B, int64_t T, bool checkpointing = false,
-                             int64_t loss_chunk = 0, const at::Tensor& batch = {}, int64_t document_eos = -1) {
+                             int64_t loss_chunk = 0, const at::Tensor& batch = {}, int64_t document_eos = -1,
+                             ContextParallel* cp = nullptr) {
   CausalLM model = CausalLM::random_init(c, 1);
   for (const auto& [name, p] : model.parameters()) p.requires_grad_(true);
   at::Tensor ids = batch.defined() ? batch : at::randint(c.vocab_size, {B, T}, at::kLong);
@@ -148,6 +150,7 @@ int64_t measured_activations(const ModelConfig& c, int64_t B, int64_t T, bool ch
     options.activation_checkpointing = checkpointing;
     options.final_hidden_only = true;
     options.document_eos_id = document_eos;
+    options.context_parallel = cp;
     LossSums sums =
         head_loss(model.forward(ids, options), model.head_weight(), labels, c.vocab_z_loss_coeff, loss_chunk);
     at::Tensor loss = sums.ce_sum + sums.z_sum;
@@ -265,6 +268,97 @@ TEST(Plan, CheckpointedActivationsMatchWhatAutogradKeeps) {
       EXPECT_NEAR(static_cast<double>(kept) / measured, 1.0, 0.01) << variant_name(v) << " T=" << T;
     }
   }
+}
+
+// The last of N context-parallel slices (the one the plan counts) without the other ranks: the keys and values it
+// attends to laid out as ContextParallelism (train/context_parallelism.cpp) hands them to attention, the other
+// slices' positions zeros: at full layers one [T, 2, B, G, h] buffer of every position (the all-gather of k and v
+// stacked) viewed as [B, G, T, h] each; at sliding ones halo + slice positions concatenated, [2, B, G, halo + S, h].
+// What autograd keeps of them depends on their sizes and layout alone, not on their values or their origin.
+class LastSliceStandIn final : public ContextParallel {
+ public:
+  LastSliceStandIn(int64_t slices, int64_t slice_length) : start_((slices - 1) * slice_length) {}
+  int64_t slice_start() const override { return start_; }
+  Keys attention_keys(const at::Tensor& k, const at::Tensor& v, int64_t window) override {
+    const at::Tensor kv = at::stack({k, v});  // [2, B, G, S, h]
+    const int64_t S = k.size(2);
+    if (window > 0) {
+      const int64_t halo = std::min(window - 1, start_);
+      std::vector<int64_t> shape = kv.sizes().vec();
+      shape[3] = halo;
+      std::vector<at::Tensor> both = at::cat({at::zeros(shape, kv.options()), kv}, 3).unbind(0);
+      return {both[0], both[1], halo};
+    }
+    const at::Tensor moved = kv.movedim(3, 0);  // [S, 2, B, G, h]
+    std::vector<int64_t> shape = moved.sizes().vec();
+    shape[0] = start_;
+    std::vector<at::Tensor> both = at::cat({at::zeros(shape, kv.options()), moved}, 0).movedim(0, 3).unbind(0);
+    return {both[0].narrow(2, 0, start_ + S), both[1].narrow(2, 0, start_ + S), start_};
+  }
+
+ private:
+  int64_t start_;
+};
+
+// Context parallelism: the last slice's activations (its S positions, the gathered keys and values of the full
+// layers, the halo of the sliding ones, the masks of its offset queries, RoPE tables of S rows) as the plan counts
+// them, within the 1% of the tests above: windows shorter and longer than a slice, with and without blocks
+// (T = 48 over 2 slices: 24 > 2 x window 8 takes the blocked path), checkpointed too.
+TEST(Plan, ContextParallelSliceMatchesWhatAutogradKeeps) {
+  struct Case {
+    int64_t T, slices, window;
+    bool checkpointing;
+  };
+  for (Variant v : {Variant::kBase, Variant::kSiameseDepth}) {
+    for (const Case& k : {Case{24, 2, 8, false}, Case{48, 2, 8, false}, Case{24, 4, 8, false}, Case{24, 3, 20, false},
+                          Case{48, 2, 8, true}, Case{24, 4, 8, true}}) {
+      ModelConfig c = small_mha(v);
+      c.sliding_window = k.window;
+      const int64_t B = 2, S = k.T / k.slices;
+      LastSliceStandIn last(k.slices, S);
+      const int64_t measured = measured_activations(c, B, S, k.checkpointing, 0, {}, -1, &last);
+      PlanOptions o = options(k.slices, k.T, B, DType::kFp32);
+      o.context_parallel = k.slices;
+      o.loss_chunk_tokens = 0;
+      o.activation_checkpointing = k.checkpointing;
+      const MemoryPlan p = plan_memory(c, o);
+      const int64_t kept = p.activations - (k.checkpointing ? p.recompute : 0);
+      std::printf(
+          "%s T=%ld over %ld slices, window %ld%s: estimated %ld measured %ld (%+.2f%%), other slices' keys %ld\n",
+          variant_name(v), long(k.T), long(k.slices), long(k.window), k.checkpointing ? " checkpointed" : "",
+          long(kept), long(measured), 100.0 * (kept - measured) / measured, long(p.context_keys));
+      EXPECT_NEAR(static_cast<double>(kept) / measured, 1.0, 0.01)
+          << variant_name(v) << " T=" << k.T << " slices " << k.slices << " window " << k.window;
+      if (!k.checkpointing) EXPECT_GT(p.context_keys, 0);
+    }
+  }
+}
+
+// The per-rank figures shrink with the slice, the gathered keys and values of the full layers aside; tokens per
+// step count data-parallel ranks only (a context-parallel group shares its instances).
+TEST(Plan, ContextParallelDividesTheActivations) {
+  for (Variant v : {Variant::kBase, Variant::kSiameseDepth}) {
+    PlanOptions o = options(8, 65536, 1);
+    o.cuda = true;
+    o.activation_checkpointing = true;
+    const MemoryPlan whole = plan_memory(preset("1B", v), o);
+    o.context_parallel = 8;
+    const MemoryPlan sliced = plan_memory(preset("1B", v), o);
+    EXPECT_EQ(sliced.tokens_per_step, 65536);
+    EXPECT_EQ(whole.tokens_per_step, 8 * 65536);
+    EXPECT_LT(sliced.activations, whole.activations / 4);
+    EXPECT_EQ(sliced.parameters, whole.parameters);
+    EXPECT_EQ(sliced.rope_tables * 8, whole.rope_tables);
+  }
+  using testing::expect_error;
+  PlanOptions o = options(8, 65536, 1);
+  o.context_parallel = 3;
+  expect_error([&] { plan_memory(preset("tiny"), o); }, {"--context-parallel 3", "--world 8"});
+  o.world = 6;
+  o.sequence_length = 1000;
+  expect_error([&] { plan_memory(preset("tiny"), o); }, {"--context-parallel 3", "--sequence-length 1000"});
+  o.context_parallel = 0;
+  expect_error([&] { plan_memory(preset("tiny"), o); }, {"--context-parallel"});
 }
 
 }  // namespace

@@ -123,6 +123,14 @@ inline double forward_bound(const CausalLM& m, int64_t T) {
   return 2 * chain_gamma(forward_links(m.config(), T)) * head_scale(m);
 }
 
+// Parameter gradients of a loss over `terms` predictions (summed into each weight's gradient), by two fp32
+// computations on T positions: the backward runs the transposes of the forward's chain (twice its roundings)
+// and sums over the terms; relative to the largest gradient entry, grad_scale (tests/python/tolerances.py's
+// gradient_bound).
+inline double gradient_bound(const ModelConfig& c, int64_t T, int64_t terms, double grad_scale) {
+  return 2 * (2 * chain_gamma(forward_links(c, T)) + gamma(terms)) * grad_scale;
+}
+
 // Two fp32 computations of causal softmax(q k^T / sqrt(h)) v with at most `keys` keys per query (q [B, H, T,
 // h], k and v [B, G, S, h]): the scores are within gamma(h + 1) S of exact (S the largest sum_d |q_d k_d| /
 // sqrt(h)); a score error e moves a softmax weight by 2e relative (the subtracted maximum moves too), exp (1

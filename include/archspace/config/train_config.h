@@ -96,6 +96,10 @@ struct TrainConfig {
   // "full"): shard within groups of world / R consecutive ranks, all-reduce across the R groups.
   Sharding sharding = Sharding::kNone;
   int64_t replicate_groups = 1;
+  // Context parallelism: each sequence split into this many contiguous slices, one per rank of a group of
+  // consecutive ranks that read the same instances (train/context_parallelism.h); the data-parallel degree is
+  // the world size / this. 1: off.
+  int64_t context_parallel = 1;
   // A step whose loss or gradient norm is not finite: stop (error, nothing of it saved) or skip it (no
   // update, logged with "skipped": true).
   bool skip_nonfinite_steps = false;

@@ -78,13 +78,25 @@ class DistGroup {
   void broadcast(at::Tensor& t, int root, const std::string& what);
   at::Tensor all_gather(const at::Tensor& t, const std::string& what);  // concatenated along dim 0, rank order
   void barrier(const std::string& what, std::chrono::milliseconds timeout);
-  // FSDP's collectives, on flat 1-D tensors on the group's device (the sizes as c10d wants them: out of
+  // FSDP's collectives, on contiguous tensors on the group's device (the sizes as c10d wants them: out of
   // all_gather_into and in of reduce_scatter_sum hold world_size() x the other's elements).
-  // out <- every rank's `in`, concatenated in rank order. Blocking.
+  // out <- every rank's `in`, concatenated in rank order (for [n, ...] inputs: along dim 0). Blocking.
   void all_gather_into(at::Tensor& out, const at::Tensor& in, const std::string& what);
   // out <- the sum over ranks of their in[rank() * n, (rank() + 1) * n), n = out.numel(): started here,
   // finished (and `out` valid) by the returned collective's wait(). Neither tensor may change until then.
   PendingCollective reduce_scatter_sum(const at::Tensor& out, const at::Tensor& in, const std::string& what);
+  // Context parallelism's collectives. reduce_scatter_tensor, blocking: `t` [world x n, ...] summed over the
+  // ranks, this rank's rows [rank x n, (rank + 1) x n).
+  at::Tensor reduce_scatter_dim0(const at::Tensor& t, const std::string& what);
+  // Point-to-point (batch_isend_irecv): receives each `receives[i].tensor` (preallocated, contiguous) from its
+  // peer and sends each `sends[i].tensor` to its peer, then waits for all. Peers are ranks of this group; a pair of
+  // ranks exchanges at most one tensor each way per call. Receives are posted in the given order, then sends:
+  // callers order them so that no rank waits on one that waits on it (NCCL runs them in order).
+  struct Transfer {
+    int peer;
+    at::Tensor tensor;
+  };
+  void exchange(const std::vector<Transfer>& sends, const std::vector<Transfer>& receives, const std::string& what);
 
   // Runs `fn` (e.g. a backward whose hooks all-reduce), turning a communication failure into the error above.
   template <typename Fn>

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "archspace/config/model_config.h"
+#include "archspace/model/context_parallel.h"
 #include "archspace/model/depth_attention.h"
 #include "archspace/model/kv_cache.h"
 #include "archspace/model/layers.h"
@@ -52,6 +53,9 @@ struct ForwardOptions {
   // Each unit's weights from this source instead of the model's own tensors (model/parameter_source.h:
   // FSDP's gathered shards); it must outlive the backward of this forward. Null: the model's own.
   ParameterSource* parameters = nullptr;
+  // Context parallelism (training): input_ids are one slice of each sequence, its positions and the other
+  // slices' keys and values come from this hook (model/context_parallel.h). Not with a cache.
+  ContextParallel* context_parallel = nullptr;
 };
 
 class CausalLM {

@@ -25,7 +25,7 @@
 namespace archspace {
 
 struct PlanOptions {
-  int64_t world = 1;                    // data-parallel ranks
+  int64_t world = 1;                    // ranks (data-parallel x context-parallel)
   int64_t sequence_length = 0;          // tokens per instance
   int64_t micro_batch = 1;              // instances per micro-batch
   int64_t grad_accum = 1;               // micro-batches per optimizer step
@@ -45,14 +45,18 @@ struct PlanOptions {
   // their worst case (the document lengths are the data's), and o_proj reads a concatenated copy of the
   // documents' outputs; the flash kernel takes the documents as offsets (one int32 per document boundary).
   bool document_masking = false;
+  // train.context_parallel: each sequence split over this many ranks (of `world`), which read the same
+  // instances. Activations are those of the last slice (the largest: its full layers attend to every key).
+  int64_t context_parallel = 1;
 
+  int64_t data_parallel() const { return world / context_parallel; }
   // Throws archspace::Error naming the flag (`--world`, ...) of the first value out of range.
   void validate() const;
 };
 
 struct MemoryPlan {
   int64_t parameter_count = 0;
-  int64_t tokens_per_step = 0;  // micro_batch x grad_accum x world x sequence_length
+  int64_t tokens_per_step = 0;  // micro_batch x grad_accum x data-parallel ranks x sequence_length
 
   int64_t parameters = 0;        // fp32 master weights (FSDP: this rank's shards)
   int64_t gradients = 0;         // fp32, one per parameter (FSDP: per shard element)
@@ -79,6 +83,9 @@ struct MemoryPlan {
   // forward or backward runs a chunk, so what autograd keeps between them is activations - recompute - loss_chunk.
   int64_t loss_chunk = 0;
   int64_t rope_tables = 0;  // cos/sin tables, sliding and full
+  // Context parallelism: the keys and values the last slice's attention keeps beyond its own positions (the
+  // gathered sequence at full layers, the window's halo at sliding ones); part of layer_activations.
+  int64_t context_keys = 0;
 
   int64_t total() const {
     return parameters + gradients + optimizer_state + autocast_weights + sharding_buffers + activations;

@@ -20,6 +20,7 @@
 #include "archspace/model/causal_lm.h"
 #include "archspace/model/loss.h"
 #include "archspace/train/batches.h"
+#include "archspace/train/context_parallelism.h"
 #include "archspace/train/fully_sharded.h"
 #include "archspace/train/metrics_log.h"
 #include "archspace/train/optimizer.h"
@@ -77,7 +78,15 @@ class Trainer {
   void broadcast_updates();
   NamedTensors optimizer_state();
   void zero_gradients();
-  int64_t global_batch() const { return cfg_.global_batch() * world_; }
+  // Instances per step: each data-parallel rank's (a context-parallel group shares its instances).
+  int64_t global_batch() const { return cfg_.global_batch() * data_parallel_size(); }
+  int64_t data_parallel_size() const { return cp_ ? cp_->data_parallel_size() : world_; }
+  int64_t data_parallel_rank() const { return cp_ ? cp_->data_parallel_rank() : rank_; }
+  // The step's micro-batches for this rank: the instances of its data-parallel rank, each sequence cut to its
+  // context-parallel slice. `ids`: the whole sequences' input ids (for the batch hash).
+  std::vector<Batch> assemble_micro_batches(int64_t step, std::vector<at::Tensor>& ids) const;
+  // The forward's options for training (and validation, without checkpointing).
+  ForwardOptions forward_options(bool training) const;
 
   StepStats train_step(int64_t step);
   void dump_gradients(int64_t step) const;
@@ -105,6 +114,7 @@ class Trainer {
   // same shard (null without train.replicate_groups); the sharded model the forward reads its weights from.
   std::unique_ptr<DistGroup> shard_group_, replicate_group_;
   std::unique_ptr<FullyShardedModel> fsdp_;
+  std::unique_ptr<ContextParallelism> cp_;  // train.context_parallel > 1
 
   std::unique_ptr<CausalLM> model_;
   std::unique_ptr<BatchSource> train_batches_;
