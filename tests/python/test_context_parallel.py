@@ -173,6 +173,15 @@ def test_bad_context_parallel_configs_are_refused(setup):
     assert result.returncode != 0
     text = result.stdout + result.stderr
     assert "key 'train.context_parallel' is 4, which does not divide the number of ranks 2" in text, text
+    # Not combined yet: document masking (a slice would need the earlier slices' boundaries) and full sharding.
+    result = run_cli("train", "--config", cfg, "--set", "train.context_parallel=2", "--set",
+                     "train.document_masking=true", check=False)
+    assert result.returncode != 0
+    assert "key 'train.document_masking' is not supported with train.context_parallel > 1" in result.stderr
+    result = run_cli("train", "--config", cfg, "--set", "train.context_parallel=2", "--set", "train.sharding=full",
+                     check=False)
+    assert result.returncode != 0
+    assert "key 'train.context_parallel' = 2 is not supported with train.sharding = \"full\"" in result.stderr
 
 
 def test_a_context_parallel_checkpoint_resumes_on_one_process(setup):

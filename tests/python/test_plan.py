@@ -183,3 +183,7 @@ def test_plan_context_parallel():
     expect_error(["plan", "--preset", "1B", "--sequence-length", "1004", "--world", "8", "--context-parallel", "8"],
                  "--sequence-length 1004")
     expect_error(["plan", *base, "--context-parallel", "0"], "--context-parallel")
+    expect_error(["plan", *base, "--context-parallel", "8", "--sharding", "full"], "--context-parallel 8",
+                 "--sharding full: not supported together")
+    expect_error(["plan", *base, "--context-parallel", "8", "--document-masking"], "--context-parallel 8",
+                 "--document-masking: not supported together")
