@@ -167,10 +167,13 @@ def assert_trained_with_one_warning(result, run_dir, *fragments):
     assert sorted(per_step(run_dir)) == list(range(1, 9))  # training went on, and metrics.jsonl has every step
 
 
+# A sidecar that exits at once is noticed either while the tracker starts (its first message finds the socket
+# closed: "tracking is off") or at a later record ("tracking stopped"), whichever comes first on this machine;
+# either way one warning names the cause and training goes on.
 def test_a_python_that_exits_at_once_is_one_warning(small_run):
     config = write_config(small_run, "run", ['wandb = { project = "p" }'])
     result = train(config, env={"ARCHSPACE_PYTHON": shutil.which("false")})
-    assert_trained_with_one_warning(result, small_run / "run", "W&B tracking stopped", "exited with status 1")
+    assert_trained_with_one_warning(result, small_run / "run", "W&B tracking ", "exited with status 1")
 
 
 def test_a_python_without_wandb_is_one_warning_naming_it(small_run):
@@ -179,7 +182,7 @@ def test_a_python_without_wandb_is_one_warning_naming_it(small_run):
         pytest.skip("no python without wandb on this machine")
     config = write_config(small_run, "run", ['wandb = { project = "p" }'])
     result = train(config, env={"ARCHSPACE_PYTHON": bare})
-    assert_trained_with_one_warning(result, small_run / "run", "W&B tracking stopped", "cannot import wandb")
+    assert_trained_with_one_warning(result, small_run / "run", "W&B tracking ", "cannot import wandb")
 
 
 def test_a_sidecar_that_dies_mid_run_is_one_warning(small_run):
