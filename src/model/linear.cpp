@@ -178,9 +178,10 @@ __attribute__((target("avx2,fma"))) void dot_rows_bf16_avx2(const uint16_t* W, c
 // (denormal inputs read as zero, as oneDNN's bf16 GEMMs on these CPUs do). x stays bf16. The K tail is one
 // masked load (zeros add nothing), so every K takes the same code.
 // GCC 12's AVX512 cast and extract intrinsics start from _mm256_undefined_*(), which -Wmaybe-uninitialized
-// reports as uninitialised (a false positive: every lane is written).
+// reports as (maybe) uninitialised (a false positive: every lane is written).
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #define ARCHSPACE_AVX512_BF16 __attribute__((target("avx2,fma,avx512f,avx512bw,avx512bf16")))
 
 ARCHSPACE_AVX512_BF16 inline __m512bh load_bf16x32(const uint16_t* p) { return (__m512bh)_mm512_loadu_si512(p); }
@@ -271,6 +272,96 @@ ARCHSPACE_AVX512_BF16 void dot_rows_bf16_avx512(const uint16_t* W, const uint16_
     }
   }
 }
+
+// fp32 with AVX512F: four weight rows against four rows of x, 16 accumulators of 16 lanes, so each weight load
+// feeds four FMAs and each x load four (AVX2's 16 registers hold only 4 x 2), and the horizontal sums cost a
+// quarter of AVX2's per output. bench_linear at 8 rows (Zen 5, 2 threads): the micro preset's head [100278 x 64]
+// 43 GB/s against 21, the 190M preset's projections 2x. The K tail is one masked load of zeros, which add nothing.
+ARCHSPACE_AVX512_BF16 inline __m512 load_fp32x16(const float* p, __mmask16 lanes) {
+  return _mm512_maskz_loadu_ps(lanes, p);
+}
+
+// The sums of a, b, c and d's lanes, in that order: three rounds of pairwise adds across the four vectors,
+// then two horizontal adds within 128-bit lanes.
+ARCHSPACE_AVX512_BF16 inline __m128 horizontal_sums4(__m512 a, __m512 b, __m512 c, __m512 d) {
+  const __m512 ab = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
+  const __m512 cd = _mm512_add_ps(_mm512_shuffle_f32x4(c, d, 0x44), _mm512_shuffle_f32x4(c, d, 0xEE));
+  // 128-bit quarters: a's four partial sums, b's, c's, d's
+  const __m512 abcd = _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, 0x88), _mm512_shuffle_f32x4(ab, cd, 0xDD));
+  const __m256 lo = _mm512_castps512_ps256(abcd);
+  const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(abcd), 1));
+  __m256 h = _mm256_hadd_ps(lo, hi);                                               // [a a c c | b b d d] (pairs)
+  h = _mm256_hadd_ps(h, h);                                                        // [a c a c | b d b d]
+  return _mm_unpacklo_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));  // [a b c d]
+}
+
+// Weight rows w0..w3 against R rows of x (y's rows N apart). Every (x row, weight row) pair has its own
+// accumulator and the same steps whatever R is, so a row's sums do not depend on the rows beside it. The
+// accumulators are named scalars, not an array: GCC 12 kept an array of 16 vectors on the stack.
+#define ARCHSPACE_DOT_STEP(r, lanes)                      \
+  {                                                       \
+    const __m512 xv = load_fp32x16(x + (r)*K + k, lanes); \
+    a##r##0 = _mm512_fmadd_ps(v0, xv, a##r##0);           \
+    a##r##1 = _mm512_fmadd_ps(v1, xv, a##r##1);           \
+    a##r##2 = _mm512_fmadd_ps(v2, xv, a##r##2);           \
+    a##r##3 = _mm512_fmadd_ps(v3, xv, a##r##3);           \
+  }
+#define ARCHSPACE_LOAD_WEIGHTS(lanes)                                              \
+  const __m512 v0 = load_fp32x16(w0 + k, lanes), v1 = load_fp32x16(w1 + k, lanes); \
+  const __m512 v2 = load_fp32x16(w2 + k, lanes), v3 = load_fp32x16(w3 + k, lanes);
+#define ARCHSPACE_ZERO_ROW(r) \
+  __m512 a##r##0 = _mm512_setzero_ps(), a##r##1 = a##r##0, a##r##2 = a##r##0, a##r##3 = a##r##0;
+#define ARCHSPACE_STORE_ROW(r) _mm_storeu_ps(y + (r)*N, horizontal_sums4(a##r##0, a##r##1, a##r##2, a##r##3));
+
+ARCHSPACE_AVX512_BF16 inline void dot_block_fp32_x4(const float* w0, const float* x, float* y, int64_t N, int64_t K) {
+  const float *w1 = w0 + K, *w2 = w1 + K, *w3 = w2 + K;
+  const int64_t K16 = K - K % 16;
+  ARCHSPACE_ZERO_ROW(0) ARCHSPACE_ZERO_ROW(1) ARCHSPACE_ZERO_ROW(2) ARCHSPACE_ZERO_ROW(3) int64_t k = 0;
+  for (; k < K16; k += 16) {
+    ARCHSPACE_LOAD_WEIGHTS(0xFFFF)
+    ARCHSPACE_DOT_STEP(0, 0xFFFF)
+    ARCHSPACE_DOT_STEP(1, 0xFFFF) ARCHSPACE_DOT_STEP(2, 0xFFFF) ARCHSPACE_DOT_STEP(3, 0xFFFF)
+  }
+  if (k < K) {
+    const __mmask16 tail = static_cast<__mmask16>((1u << (K - k)) - 1);
+    ARCHSPACE_LOAD_WEIGHTS(tail)
+    ARCHSPACE_DOT_STEP(0, tail) ARCHSPACE_DOT_STEP(1, tail) ARCHSPACE_DOT_STEP(2, tail) ARCHSPACE_DOT_STEP(3, tail)
+  }
+  ARCHSPACE_STORE_ROW(0) ARCHSPACE_STORE_ROW(1) ARCHSPACE_STORE_ROW(2) ARCHSPACE_STORE_ROW(3)
+}
+
+ARCHSPACE_AVX512_BF16 inline void dot_block_fp32_x1(const float* w0, const float* x, float* y, int64_t N, int64_t K) {
+  const float *w1 = w0 + K, *w2 = w1 + K, *w3 = w2 + K;
+  const int64_t K16 = K - K % 16;
+  ARCHSPACE_ZERO_ROW(0)
+  int64_t k = 0;
+  for (; k < K16; k += 16) {
+    ARCHSPACE_LOAD_WEIGHTS(0xFFFF)
+    ARCHSPACE_DOT_STEP(0, 0xFFFF)
+  }
+  if (k < K) {
+    const __mmask16 tail = static_cast<__mmask16>((1u << (K - k)) - 1);
+    ARCHSPACE_LOAD_WEIGHTS(tail)
+    ARCHSPACE_DOT_STEP(0, tail)
+  }
+  ARCHSPACE_STORE_ROW(0)
+}
+#undef ARCHSPACE_DOT_STEP
+#undef ARCHSPACE_LOAD_WEIGHTS
+#undef ARCHSPACE_ZERO_ROW
+#undef ARCHSPACE_STORE_ROW
+
+ARCHSPACE_AVX512_BF16 void dot_rows_avx512(const float* W, const float* x, float* y, int64_t M, int64_t N, int64_t K,
+                                           int64_t n0, int64_t n1) {
+  int64_t n = n0;
+  for (; n + 4 <= n1; n += 4) {
+    const float* w = W + n * K;
+    int64_t m = 0;
+    for (; m + 4 <= M; m += 4) dot_block_fp32_x4(w, x + m * K, y + m * N + n, N, K);
+    for (; m < M; ++m) dot_block_fp32_x1(w, x + m * K, y + m * N + n, N, K);
+  }
+  dot_rows_scalar(W, x, y, M, N, K, n, n1);
+}
 #pragma GCC diagnostic pop
 
 bool cpu_has_avx2_fma() { return max_cpu_isa() >= CpuIsa::kAvx2; }
@@ -310,6 +401,7 @@ void streaming_linear_fp32(const at::Tensor& x, const at::Tensor& weight, at::Te
   float* yp = y.mutable_data_ptr<float>();
   for_feature_blocks(N, [&](int64_t n0, int64_t n1) {
 #if defined(__x86_64__)
+    if (isa >= CpuIsa::kAvx512Bf16) return dot_rows_avx512(W, xp, yp, M, N, K, n0, n1);
     if (isa >= CpuIsa::kAvx2) return dot_rows_avx2(W, xp, yp, M, N, K, n0, n1);
 #endif
     dot_rows_scalar(W, xp, yp, M, N, K, n0, n1);

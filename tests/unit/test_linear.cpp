@@ -16,6 +16,14 @@
 using namespace archspace;
 
 namespace {
+// The code paths this machine can run (each test checks all of them in one process).
+std::vector<CpuIsa> runnable_paths() {
+  std::vector<CpuIsa> paths;
+  for (CpuIsa isa : {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512Bf16})
+    if (isa <= detected_cpu_isa()) paths.push_back(isa);
+  return paths;
+}
+
 // fp32 dot products of length K: the engine's and the reference's summation orders differ, so each may be
 // off from the exact value by about K * eps * sum|w x|; bound by that with the fp64 result as truth.
 void expect_close_to_fp64(const at::Tensor& got, const at::Tensor& x, const at::Tensor& w) {
@@ -28,19 +36,23 @@ void expect_close_to_fp64(const at::Tensor& got, const at::Tensor& x, const at::
 }
 }  // namespace
 
+// Every tail on every path this CPU runs: K below, at and off the 8 (AVX2) and 16 (AVX512) lane counts, N off
+// the 4-row blocks, M off the AVX512 kernel's 4-row blocks.
 TEST(StreamingLinear, MatchesFp64ForAllTailShapes) {
   at::manual_seed(0);
-  for (int64_t K : {1, 7, 8, 24, 61, 768}) {
-    for (int64_t N : {1, 3, 4, 5, 130, 1027}) {
-      for (int64_t M : {1, 2, 5, 8}) {
-        at::Tensor x = at::randn({M, K});
-        at::Tensor w = at::randn({N, K});
-        at::Tensor got = streaming_linear(x, w);
-        ASSERT_EQ(got.sizes().vec(), (std::vector<int64_t>{M, N}));
-        expect_close_to_fp64(got, x, w);
-        // and agrees with at::linear as closely as two fp32 orders can: each within gamma(K) |x||w|
-        EXPECT_TRUE(tolerance::within(got, at::linear(x, w), 2 * tolerance::linear_bound(x, w)))
-            << "M=" << M << " N=" << N << " K=" << K;
+  for (CpuIsa isa : runnable_paths()) {
+    for (int64_t K : {1, 7, 8, 15, 16, 17, 24, 61, 64, 768}) {
+      for (int64_t N : {1, 3, 4, 5, 130, 1027}) {
+        for (int64_t M : {1, 2, 5, 8}) {
+          at::Tensor x = at::randn({M, K});
+          at::Tensor w = at::randn({N, K});
+          at::Tensor got = streaming_linear(x, w, isa);
+          ASSERT_EQ(got.sizes().vec(), (std::vector<int64_t>{M, N}));
+          expect_close_to_fp64(got, x, w);
+          // and agrees with at::linear as closely as two fp32 orders can: each within gamma(K) |x||w|
+          EXPECT_TRUE(tolerance::within(got, at::linear(x, w), 2 * tolerance::linear_bound(x, w)))
+              << cpu_isa_name(isa) << " M=" << M << " N=" << N << " K=" << K;
+        }
       }
     }
   }
@@ -83,15 +95,17 @@ TEST(StreamingLinear, OnlyForFewRowsWithoutAutograd) {
 // order (bit for bit), so a sequence decoded in a batch sees the logits it would see alone.
 TEST(StreamingLinear, RowsAreBatchInvariantBitForBit) {
   at::manual_seed(3);
-  for (int64_t K : {7, 64, 768}) {
-    for (int64_t N : {5, 130}) {
-      at::Tensor w = at::randn({N, K});
-      for (int64_t M : {2, 3, 8, 9}) {
-        at::Tensor x = at::randn({M, K});
-        at::Tensor batched = streaming_linear(x, w);
-        for (int64_t m = 0; m < M; ++m) {
-          EXPECT_TRUE(at::equal(batched[m], streaming_linear(x.narrow(0, m, 1), w)[0]))
-              << "row " << m << " of M=" << M << " N=" << N << " K=" << K;
+  for (CpuIsa isa : runnable_paths()) {
+    for (int64_t K : {7, 17, 64, 768}) {
+      for (int64_t N : {5, 130}) {
+        at::Tensor w = at::randn({N, K});
+        for (int64_t M : {2, 3, 4, 5, 8, 9}) {
+          at::Tensor x = at::randn({M, K});
+          at::Tensor batched = streaming_linear(x, w, isa);
+          for (int64_t m = 0; m < M; ++m) {
+            EXPECT_TRUE(at::equal(batched[m], streaming_linear(x.narrow(0, m, 1), w, isa)[0]))
+                << cpu_isa_name(isa) << " row " << m << " of M=" << M << " N=" << N << " K=" << K;
+          }
         }
       }
     }
@@ -99,14 +113,6 @@ TEST(StreamingLinear, RowsAreBatchInvariantBitForBit) {
 }
 
 namespace {
-// The code paths this machine can run for a dtype (each test checks all of them in one process).
-std::vector<CpuIsa> runnable_paths() {
-  std::vector<CpuIsa> paths;
-  for (CpuIsa isa : {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512Bf16})
-    if (isa <= detected_cpu_isa()) paths.push_back(isa);
-  return paths;
-}
-
 // bf16 in, bf16 out: the inputs are exact bf16 values, so the fp64 product is the truth. The kernel's fp32
 // sums are off by at most K * eps32 * sum|w x| (as in fp32), then the one rounding to bf16 adds at most half
 // an ulp of bf16, 2^-8 relative, of the rounded value.

@@ -25,8 +25,8 @@ bool uses_streaming_linear(const at::Tensor& x, const at::Tensor& weight);
 
 // The streaming kernel itself, whatever the row count (for tests against at::linear). x and weight both fp32
 // or both bf16. `isa` picks the code path (capped at what the CPU has), so one test run checks every path
-// this machine can run: fp32 uses AVX2 from kAvx2 up; bf16 uses AVX512-BF16's dot-product instruction at
-// kAvx512Bf16 and widens to fp32 with AVX2 below it.
+// this machine can run: fp32 uses AVX2 at kAvx2 and AVX512F (4 x 4 blocks) at kAvx512Bf16; bf16 uses
+// AVX512-BF16's dot-product instruction at kAvx512Bf16 and widens to fp32 with AVX2 below it.
 at::Tensor streaming_linear(const at::Tensor& x, const at::Tensor& weight, CpuIsa isa = max_cpu_isa());
 
 }  // namespace archspace

@@ -7,7 +7,7 @@
 namespace archspace {
 
 // kAvx2: AVX2 with FMA. kAvx512Bf16: AVX512F, AVX512BW and AVX512-BF16 besides (the bf16 GEMV's dot-product
-// instruction); only the bf16 kernel uses it, the fp32 kernels stay on AVX2.
+// instruction); the fp32 GEMV uses AVX512F there too (a CPU with AVX512F but not BF16 runs the AVX2 kernels).
 enum class CpuIsa { kScalar = 0, kAvx2 = 1, kAvx512Bf16 = 2 };
 
 const char* cpu_isa_name(CpuIsa isa);  // "scalar", "avx2", "avx512_bf16"
