@@ -4,9 +4,10 @@ threads): requests per second for the generation alone, and how many texts agree
 
 The engine's figure is requests / the JSON's generation_seconds (encoding, continuous batching on the KV cache,
 --batch sequences at a time; reading the files and loading the model come before); lm-eval's is requests / the
-time of HFLM.generate_until at the same batch size. Each side runs --repeat times; the median and the range
-are reported, and the ratio of medians. Prints the CPU flags and /proc/loadavg before and after. Results:
-bench/results/generation-eval-<time>.json.
+time of HFLM.generate_until at the same batch size. --repeat rounds, each an engine run then an lm-eval run (so
+a change in the machine's speed falls on both sides of a round); the medians and ranges of each side, the
+ratio of medians, and the median and range of the rounds' ratios are reported. Prints the CPU flags and
+/proc/loadavg before and after. Results: bench/results/generation-eval-<time>.json.
 
     .venv/bin/python bench/bench_generation_eval.py [--preset micro] [--task gsm8k] [--limit 8] [--batch 8]
 """
@@ -45,15 +46,6 @@ def main():
     print(f"CPU flags: {' '.join(cpu_flags())}; load before: {loadavg()}")
     tmp = exported_random_model(args.preset, "bench_generation_eval_")
 
-    engine_rates, rows = [], []
-    for _ in range(args.repeat):
-        subprocess.run([str(BINARY), "--threads", str(args.threads), "eval", "downstream", "--model", str(tmp / "hf"),
-                        "--tasks", args.task, "--limit", str(args.limit), "--batch-size", str(args.batch),
-                        "--out", str(tmp / "out.json"), "--requests-out", str(tmp / "req.jsonl")],
-                       check=True, capture_output=True)
-        rows = [json.loads(line) for line in (tmp / "req.jsonl").read_text().splitlines()]
-        engine_rates.append(len(rows) / json.loads((tmp / "out.json").read_text())["generation_seconds"])
-
     from lm_eval.api.instance import Instance
     from lm_eval.models.huggingface import HFLM
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -68,11 +60,24 @@ def main():
                   "max_gen_toks": r["request"]["generation_kwargs"]["max_gen_toks"]}
         requests.append(Instance(request_type="generate_until", doc={}, arguments=(r["request"]["context"], kwargs),
                                  idx=i))
-    hf_rates, texts = [], []
+    def engine_round():
+        subprocess.run([str(BINARY), "--threads", str(args.threads), "eval", "downstream", "--model", str(tmp / "hf"),
+                        "--tasks", args.task, "--limit", str(args.limit), "--batch-size", str(args.batch),
+                        "--out", str(tmp / "out.json"), "--requests-out", str(tmp / "req.jsonl")],
+                       check=True, capture_output=True)
+        rows = [json.loads(line) for line in (tmp / "req.jsonl").read_text().splitlines()]
+        return rows, len(rows) / json.loads((tmp / "out.json").read_text())["generation_seconds"]
+
+    # Engine and lm-eval rounds alternate, so a change in the machine's speed (a busy neighbour on the host)
+    # falls on both sides of a round's ratio.
+    engine_rates, hf_rates, round_ratios, rows, texts = [], [], [], [], []
     for _ in range(args.repeat):
+        rows, rate = engine_round()
+        engine_rates.append(rate)
         start = time.perf_counter()
         texts = lm.generate_until(requests, disable_tqdm=True)
         hf_rates.append(len(requests) / (time.perf_counter() - start))
+        round_ratios.append(engine_rates[-1] / hf_rates[-1])
     same = sum(row["generation"] == text for row, text in zip(rows, texts))
 
     engine, hf = statistics.median(engine_rates), statistics.median(hf_rates)
@@ -80,11 +85,13 @@ def main():
     result = {"preset": args.preset, "task": args.task, "limit": args.limit, "requests": len(rows),
               "generated_tokens": tokens, "batch": args.batch, "threads": args.threads,
               "engine_requests_per_s": engine_rates, "lm_eval_hf_requests_per_s": hf_rates,
-              "ratio_of_medians": engine / hf, "same_texts": same, "cpu_flags": cpu_flags(), "loadavg_after": loadavg()}
+              "ratio_of_medians": engine / hf, "round_ratios": round_ratios,
+              "median_round_ratio": statistics.median(round_ratios), "same_texts": same, "cpu_flags": cpu_flags(), "loadavg_after": loadavg()}
     print(f"{args.task} ({len(rows)} requests, {tokens} generated tokens, {args.preset}, batch {args.batch}, "
           f"{args.threads} threads): engine {engine:.3f} requests/s (range {min(engine_rates):.3f}-"
           f"{max(engine_rates):.3f}), lm-eval HFLM {hf:.3f} (range {min(hf_rates):.3f}-{max(hf_rates):.3f}): "
-          f"{engine / hf:.2f}x; texts equal: {same}/{len(rows)}")
+          f"{engine / hf:.2f}x; per round {statistics.median(round_ratios):.2f}x (range {min(round_ratios):.2f}-"
+          f"{max(round_ratios):.2f}); texts equal: {same}/{len(rows)}")
     print(f"load after: {loadavg()}")
     out = REPO / "bench" / "results" / f"generation-eval-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.parent.mkdir(parents=True, exist_ok=True)

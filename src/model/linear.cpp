@@ -54,6 +54,33 @@ void dot_rows_bf16_scalar(const uint16_t* W, const float* x, c10::BFloat16* y, i
 }
 
 #if defined(__x86_64__)
+// Software prefetch: a weight matrix is one sequential stream, but the hardware prefetchers restart at every
+// 4 KB page and, while the kernel computes on several rows of x, do not keep enough lines in flight. Each
+// block of four rows asks for the block 64 KB ahead (within this thread's range of rows). Measured on
+// evaluation's decode (micro preset, gsm8k, 5-8 rows, the head [100278 x 64] read from memory every step;
+// Zen 5, 2 threads, medians of 4-5 alternating runs): AVX512 kernel 1.20-1.38x, AVX2 kernel 1.22x requests/s;
+// 32-128 KB ahead within noise of each other, 4 KB and 256 KB slower; batch-1 decode of the 190M preset (fp32
+// and bf16) unchanged within noise.
+constexpr int64_t kPrefetchAheadBytes = 64 * 1024;
+
+class WeightPrefetch {
+ public:
+  WeightPrefetch(int64_t K, int64_t element_bytes)
+      : row_bytes_(std::max<int64_t>(1, K * element_bytes)),
+        ahead_rows_((kPrefetchAheadBytes / row_bytes_ + 4) / 4 * 4) {}
+
+  // Prefetches the block of four rows `ahead_rows_` after row n of W, if it is before n1.
+  void operator()(const void* W, int64_t n, int64_t n1) const {
+    if (n + ahead_rows_ + 4 > n1) return;
+    const char* p = static_cast<const char*>(W) + (n + ahead_rows_) * row_bytes_;
+    for (int64_t b = 0; b < 4 * row_bytes_; b += 64) _mm_prefetch(p + b, _MM_HINT_T0);
+  }
+
+ private:
+  int64_t row_bytes_;
+  int64_t ahead_rows_;  // a multiple of the four-row block, at least kPrefetchAheadBytes
+};
+
 // The eight sums of a0..a7's lanes, in that order, in one vector: three rounds of pairwise adds instead of
 // eight separate horizontal sums (which cost as much as the FMAs when K is small).
 __attribute__((target("avx2,fma"))) inline __m256 horizontal_sums8(__m256 a0, __m256 a1, __m256 a2, __m256 a3,
@@ -66,8 +93,10 @@ __attribute__((target("avx2,fma"))) inline __m256 horizontal_sums8(__m256 a0, __
 __attribute__((target("avx2,fma"))) void dot_rows_avx2(const float* W, const float* x, float* y, int64_t M, int64_t N,
                                                        int64_t K, int64_t n0, int64_t n1) {
   const int64_t K8 = K - K % 8;
+  const WeightPrefetch prefetch(K, sizeof(float));
   int64_t n = n0;
   for (; n + 4 <= n1; n += 4) {
+    prefetch(W, n, n1);
     const float* w0 = W + n * K;
     const float* w1 = w0 + K;
     const float* w2 = w1 + K;
@@ -142,8 +171,10 @@ __attribute__((target("avx2,fma"))) inline __m256 load_bf16x8(const uint16_t* p)
 __attribute__((target("avx2,fma"))) void dot_rows_bf16_avx2(const uint16_t* W, const float* x, c10::BFloat16* y,
                                                             int64_t M, int64_t N, int64_t K, int64_t n0, int64_t n1) {
   const int64_t K8 = K - K % 8;
+  const WeightPrefetch prefetch(K, sizeof(uint16_t));
   int64_t n = n0;
   for (; n + 4 <= n1; n += 4) {
+    prefetch(W, n, n1);
     const uint16_t* w0 = W + n * K;
     const uint16_t* w1 = w0 + K;
     const uint16_t* w2 = w1 + K;
@@ -210,8 +241,10 @@ ARCHSPACE_AVX512_BF16 void dot_rows_bf16_avx512(const uint16_t* W, const uint16_
                                                 int64_t N, int64_t K, int64_t n0, int64_t n1) {
   const int64_t K32 = K - K % 32;
   const __mmask32 tail = static_cast<__mmask32>((uint64_t{1} << (K % 32)) - 1);
+  const WeightPrefetch prefetch(K, sizeof(uint16_t));
   int64_t n = n0;
   for (; n + 4 <= n1; n += 4) {
+    prefetch(W, n, n1);
     const uint16_t* w0 = W + n * K;
     const uint16_t* w1 = w0 + K;
     const uint16_t* w2 = w1 + K;
@@ -353,8 +386,10 @@ ARCHSPACE_AVX512_BF16 inline void dot_block_fp32_x1(const float* w0, const float
 
 ARCHSPACE_AVX512_BF16 void dot_rows_avx512(const float* W, const float* x, float* y, int64_t M, int64_t N, int64_t K,
                                            int64_t n0, int64_t n1) {
+  const WeightPrefetch prefetch(K, sizeof(float));
   int64_t n = n0;
   for (; n + 4 <= n1; n += 4) {
+    prefetch(W, n, n1);
     const float* w = W + n * K;
     int64_t m = 0;
     for (; m + 4 <= M; m += 4) dot_block_fp32_x4(w, x + m * K, y + m * N + n, N, K);
