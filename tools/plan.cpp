@@ -18,6 +18,7 @@ struct PlanArgs {
   int64_t world = 1, sequence_length = 0, micro_batch = 1, grad_accum = 1, context_parallel = 1;
   int64_t loss_chunk_tokens = kDefaultLossChunkTokens;
   bool shard_optimizer = false, activation_checkpointing = false, document_masking = false, json = false;
+  bool reduce_once_per_step = false;
   std::string sharding;  // --sharding; empty: "optimizer" with --shard-optimizer, else "none"
   int64_t replicate_groups = 1;
   std::string device = "cuda";
@@ -67,7 +68,9 @@ void print_plan(const ModelConfig& c, const PlanOptions& o, const MemoryPlan& p)
   const bool full = p.sharding_buffers > 0;
   const std::string per = " / " + std::to_string(full ? o.shard_group() : o.world) + " ranks";
   row("parameters", p.parameters, full ? "fp32 master weights" + per : "fp32 master weights");
-  row("gradients", p.gradients, full ? "fp32" + per : "fp32");
+  const bool unsharded_sums = full && !o.reduce_each_micro_batch && o.grad_accum > 1;
+  row("gradients", p.gradients,
+      full ? "fp32" + per + (unsharded_sums ? " + this rank's unsharded sums (reduced once per step)" : "") : "fp32");
   row("optimizer state", p.optimizer_state,
       o.sharding != Sharding::kNone && o.world > 1 ? "AdamW, 2 fp32 moments" + per : "AdamW, 2 fp32 moments");
   if (full) {
@@ -106,6 +109,7 @@ int run(const PlanArgs& a) {
   o.sharding = a.sharding.empty() ? (a.shard_optimizer ? Sharding::kOptimizer : Sharding::kNone)
                                   : parse_sharding(a.sharding, "--sharding");
   o.replicate_groups = a.replicate_groups;
+  o.reduce_each_micro_batch = !a.reduce_once_per_step;
   o.activation_checkpointing = a.activation_checkpointing;
   o.loss_chunk_tokens = a.loss_chunk_tokens;
   o.document_masking = a.document_masking;
@@ -170,6 +174,9 @@ Command add(CLI::App& parent) {
   app->add_option("--replicate-groups", a->replicate_groups,
                   "train.replicate_groups: HSDP with --sharding full, shard within world / N ranks, replicate N times")
       ->capture_default_str();
+  app->add_flag("--reduce-once-per-step", a->reduce_once_per_step,
+                "train.reduce_each_micro_batch = false: with --sharding full, unsharded gradients kept over the "
+                "micro-batches, reduced once per step");
   app->add_flag("--activation-checkpointing", a->activation_checkpointing,
                 "train.activation_checkpointing: keep block inputs, recompute one block at a time in backward");
   app->add_option("--loss-chunk-tokens", a->loss_chunk_tokens,

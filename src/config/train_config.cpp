@@ -170,7 +170,8 @@ class Section {
 struct ChoiceTexts {
   std::string variant = "base", format = "tokens", device = "cpu", dtype = "fp32", nonfinite = "stop";
   std::optional<std::string> norm_topology, sharding;
-  std::optional<bool> shard_optimizer;  // the older spelling of sharding = "optimizer"
+  std::optional<bool> shard_optimizer;          // the older spelling of sharding = "optimizer"
+  std::optional<bool> reduce_each_micro_batch;  // only with sharding = "full"
 };
 
 // Reads every key of `root` into `c` (no cross-key validation). With `schema`, records the keys read.
@@ -254,6 +255,7 @@ ChoiceTexts read_keys(const toml::table& root, TrainConfig& c, const std::string
   train.get("sharding", choices.sharding);
   train.get("shard_optimizer", choices.shard_optimizer);
   train.get("replicate_groups", c.replicate_groups);
+  train.get("reduce_each_micro_batch", choices.reduce_each_micro_batch);
   train.get("context_parallel", c.context_parallel);
   train.get("nonfinite", choices.nonfinite);
   train.get("log_all_ranks", c.log_all_ranks);
@@ -600,6 +602,10 @@ void validate(TrainConfig& c, const ChoiceTexts& choices, const std::string& pat
   require(c.dist_timeout_s >= 1, "train.dist_timeout_s", "must be >= 1");
   require(c.replicate_groups >= 1 && c.replicate_groups <= (1 << 20), "train.replicate_groups",
           "must be >= 1, got " + std::to_string(c.replicate_groups));
+  require(!choices.reduce_each_micro_batch || c.sharding == Sharding::kFull, "train.reduce_each_micro_batch",
+          std::string("applies to train.sharding = \"full\" only (it is \"") + sharding_name(c.sharding) +
+              "\", which reduces the accumulated gradients once per step)");
+  c.reduce_each_micro_batch = choices.reduce_each_micro_batch.value_or(true);
   require(c.replicate_groups == 1 || c.sharding == Sharding::kFull, "train.replicate_groups",
           "is " + std::to_string(c.replicate_groups) +
               ": HSDP replicates shard groups of train.sharding = \"full\" (it is \"" + sharding_name(c.sharding) +

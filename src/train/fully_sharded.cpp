@@ -57,7 +57,10 @@ struct FullyShardedModel::FlatGroup {
   bool autocasts = false;  // a block's matmul weights: gathered in autocast's dtype when it is on
   at::Tensor shard;        // fp32 [shard_numel]: this rank's elements, the leaf the optimizer updates
   at::Tensor grad;         // fp32 [shard_numel], summed over ranks and micro-batches; undefined: none yet
-  at::Tensor gathered;     // [S x shard_numel]; its storage holds no bytes while the unit is not gathered
+  // fp32 [S x shard_numel]: this rank's own gradients of the step's micro-batches so far, not yet reduced
+  // (set_gradient_sync(false)); undefined when there are none.
+  at::Tensor unreduced;
+  at::Tensor gathered;  // [S x shard_numel]; its storage holds no bytes while the unit is not gathered
   at::ScalarType gathered_dtype = at::kFloat;
 };
 
@@ -378,6 +381,11 @@ void FullyShardedModel::reduce(Unit& unit, const std::vector<at::Tensor>& grads)
       if (k < grads.size() && grads[k].defined())
         flat.narrow(0, g.offsets[j], grads[k].numel()).copy_(grads[k].reshape({-1}));
     }
+    // Without sync the micro-batch's gradients add to this rank's own sum (in micro-batch order, as autograd
+    // accumulates an unsharded parameter's), which the step's last micro-batch reduces once.
+    if (g.unreduced.defined()) flat = g.unreduced.add_(flat);
+    g.unreduced = gradient_sync_ ? at::Tensor() : flat;
+    if (!gradient_sync_) continue;
     Pending p{&unit, gi, at::Tensor(), PendingCollective()};
     if (test_fault_is(TestFault::kDropReduceScatter)) {
       p.out = flat.narrow(0, r * g.shard_numel, g.shard_numel).clone();  // this rank's own gradient only
@@ -426,7 +434,7 @@ void FullyShardedModel::attach_gradients() {
 
 void FullyShardedModel::zero_gradients() {
   for (auto& unit : units_)
-    for (auto& g : unit->groups) g.grad = at::Tensor();
+    for (auto& g : unit->groups) g.grad = g.unreduced = at::Tensor();
   for (auto& group : groups_) group.param.mutable_grad() = at::Tensor();
 }
 

@@ -209,6 +209,8 @@ void PlanOptions::validate() const {
   if (context_parallel > 1 && sharding == Sharding::kFull)
     throw Error("--context-parallel " + std::to_string(context_parallel) +
                 " with --sharding full: not supported together (train.context_parallel refuses it too)");
+  if (!reduce_each_micro_batch && sharding != Sharding::kFull)
+    throw Error("--reduce-once-per-step: applies to --sharding full only (the other modes reduce once per step)");
   if (loss_chunk_tokens < 0)
     throw Error("--loss-chunk-tokens must be >= 0 (0: unchunked), got " + std::to_string(loss_chunk_tokens));
 }
@@ -269,6 +271,8 @@ MemoryPlan plan_memory(const ModelConfig& c, const PlanOptions& o) {
     int64_t reducing = 0;
     for (size_t i = 0; i < std::min(groups.size(), kFsdpReductionsInFlight); ++i) reducing += 4 * groups[i];
     p.parameters = p.gradients = 4 * shard;
+    if (!o.reduce_each_micro_batch && o.grad_accum > 1)  // every unit's own sums, held over the micro-batches
+      for (int64_t n : groups) p.gradients += 4 * n;
     p.optimizer_state = 8 * shard;
     p.sharding_buffers = gathered + reducing;
   } else if (b.bf16) {

@@ -579,7 +579,9 @@ StepStats Trainer::train_step(int64_t step) {
     at::Tensor loss = (sums.ce_sum + sums.z_sum) / static_cast<double>(labelled);
     if (fsdp_) {
       // Each unit's gradients are reduce-scattered (summed over the ranks) as its backward completes; the
-      // micro-batches' sums accumulate in the shards' gradients.
+      // micro-batches' sums accumulate in the shards' gradients. Or, with train.reduce_each_micro_batch =
+      // false, in each rank's unsharded sums until the step's last micro-batch reduces them.
+      fsdp_->set_gradient_sync(cfg_.reduce_each_micro_batch || m + 1 == micro.size());
       loss.backward();
       fsdp_->finish_backward();
     } else if (!reducer_) {

@@ -5,11 +5,14 @@ the batches (batch_hash, which must not depend on the sharding), the losses, eve
 rank dying inside a sharded collective; and mutation runs (ARCHSPACE_TEST_FAULT, test-only) showing that each
 equivalence check fails on a dropped reduce-scatter and on a wrong shard offset.
 
-Bitwise: at 2 ranks with one micro-batch per step. The forward reads the same values (fp32 shards gathered
-unchanged, bf16 gathers are autocast's own cast); a 2-rank reduce-scatter is the all-reduce's slice bit for bit
-(a two-term sum has one order) and "none"'s x2 loss scale and /2 average are exact; AdamW is elementwise. These
-runs leave clipping off, because the clipping coefficient comes from the gradient norm, which the two modes
-compute differently (below): with it on, a rounding-level difference of the coefficient reaches every weight.
+Bitwise: at 2 ranks with one micro-batch per step, or with several and train.reduce_each_micro_batch = false
+(each rank adds its micro-batches' gradients in order, as autograd adds "none"'s, and reduces the sum once);
+both variants, fp32 and bf16, with and without activation checkpointing, SFT masking. The forward reads the same
+values (fp32 shards gathered unchanged, bf16 gathers are autocast's own cast); a 2-rank reduce-scatter is the
+all-reduce's slice bit for bit (a two-term sum has one order) and "none"'s x2 loss scale and /2 average are
+exact; AdamW is elementwise. These runs leave clipping off, because the clipping coefficient comes from the
+gradient norm, which the two modes compute differently (below): with it on, a rounding-level difference of the
+coefficient reaches every weight.
 
 Not bitwise, and the tolerances:
 - Gradient norms. "none" reports torch.nn.utils.clip_grad_norm_'s value (an fp32 norm per parameter, then the
@@ -18,8 +21,10 @@ Not bitwise, and the tolerances:
   norm is the fp64 norm of its own dumped gradients within 1e-7 (2^-24 of rounding to fp32), and the two
   reported norms differ by no more than "none"'s own error (measured from its dumped gradients: up to 4e-5 for
   the SFT model's 100k-row embedding) plus the two gradients' fp64 norms' difference plus 1e-7.
-- Gradient accumulation, 3 ranks, HSDP: FSDP reduces each micro-batch (gradients are sharded between
-  micro-batches) and adds the reduced shards, (a1 + b1) + (a2 + b2) where "none" forms (a1 + a2) + (b1 + b2); at
+- Gradient accumulation reduced every micro-batch (the default), 3 ranks, HSDP: FSDP reduces each micro-batch
+  (gradients are sharded between micro-batches) and adds the reduced shards, (a1 + b1) + (a2 + b2) where "none"
+  forms (a1 + a2) + (b1 + b2) (measured 5.5e-8 of the largest at step 1 for siamese_depth at 2 ranks; no bound
+  below a few roundings of the largest partial sum follows from the arithmetic, so 1e-6 is what is checked); at
   3 ranks the reduce-scatter's sums depend on the position in the buffer and "none" scales by 3 and divides by 3;
   HSDP adds (a + b) + (c + d). Step 1's gradients (the same weights) then differ by a few fp32 roundings of
   sums of a few terms of the size of the largest gradient: within 1e-6 of it (ROUNDING). From step 2 on the
@@ -160,26 +165,34 @@ def assert_equivalent(expected, got, what, bitwise=False, tolerance=ROUNDING, st
         assert weights <= (0 if bitwise else tolerance), f"{what}: final weights differ by {weights:.3g}"
 
 
-def pair(setup, name, ranks=2, **train):
-    """The same run with sharding "none" and "full" (cached: several checks share the references)."""
+def pair(setup, name, ranks=2, full_only=None, **train):
+    """The same run with sharding "none" and "full" (cached: several checks share the references); `full_only`:
+    train keys of the "full" run alone."""
     runs = {}
     for sharding in ("none", "full"):
         run = f"{name}-{sharding}"
         if not (setup.tmp / run / "metrics.jsonl").exists():
-            torchrun(ranks, "train", "--config", setup(run, sharding=sharding, **train))
+            extra = (full_only or {}) if sharding == "full" else {}
+            torchrun(ranks, "train", "--config", setup(run, sharding=sharding, **train, **extra))
         runs[sharding] = setup.tmp / run
     return runs["none"], runs["full"]
 
 
 EXACT = dict(grad_accum=1, optim={"clip_grad_norm": 0})
 ROUNDED = dict(optim={"eps": 1e-3})
+# Gradient accumulation with the reduction deferred to the step's last micro-batch (train.reduce_each_micro_batch
+# = false): each rank sums its micro-batches first, as "none" does, so 2 ranks stay bitwise.
+ONCE_PER_STEP = dict(grad_accum=2, optim={"clip_grad_norm": 0}, full_only={"reduce_each_micro_batch": False})
 # Between them, the checks cover both variants, activation checkpointing (the gather inside the recomputed
-# block: 3 ranks, HSDP) and its absence (a block gathered again before its backward, with Depth-Attention's
-# values crossing blocks: siamese_depth below), fp32 and bf16 autocast (bf16 gathers of the matmul weights),
-# gradient accumulation (3 ranks, SFT) and SFT masking.
+# block: base-checkpointing, 3 ranks, HSDP) and its absence (a block gathered again before its backward, with
+# Depth-Attention's values crossing blocks: siamese_depth below), fp32 and bf16 autocast (bf16 gathers of the
+# matmul weights), gradient accumulation (reduced once per step: bitwise below; reduced every micro-batch: 3
+# ranks, SFT) and SFT masking.
 BITWISE = {
     "base-bf16": dict(variant="base", dtype="bf16", **EXACT),
     "siamese_depth": dict(variant="siamese_depth", **EXACT),
+    "base-checkpointing": dict(variant="base", activation_checkpointing=True, **EXACT),
+    "siamese_depth-accumulation": dict(variant="siamese_depth", activation_checkpointing=True, **ONCE_PER_STEP),
 }
 
 
@@ -197,21 +210,28 @@ def test_full_sharding_equals_none_bit_for_bit_on_two_ranks(setup, case):
 
 def test_sft_full_sharding_equals_none(tmp_path):
     """Chat data: the ranks' slices hold different numbers of labelled (assistant) tokens; the loss is normalised by
-    the whole global batch's count in both modes, and the masked rows skip the chunked head."""
+    the whole global batch's count in both modes, and the masked rows skip the chunked head. Two micro-batches a
+    step: reduced every micro-batch (the default, clipping on) within ROUNDING, as the module docstring says;
+    reduced once per step with clipping off, bit for bit."""
     run_cli("init", "--preset", "micro", "--out", tmp_path / "init", "--seed", "3")
 
-    def config(run, sharding):
+    def config(run, sharding, **train):
         s = {"model": {"init_from": str(tmp_path / "init")},
              "data": {"format": "chat", "train": str(REPO / "reproduce" / "tiny" / "chat.jsonl"), "tokenizer": "dolma2"},
              "train": {"run_dir": str(tmp_path / run), "sequence_length": 64, "micro_batch": 2, "grad_accum": 2,
-                       "max_steps": 2, "threads": 1, "sharding": sharding, "loss_chunk_tokens": 16},
-             "optim": {"lr": 1e-3, "warmup_steps": 1, "eps": 1e-3},
+                       "max_steps": 2, "threads": 1, "sharding": sharding, "loss_chunk_tokens": 16,
+                       **{k: v for k, v in train.items() if k != "clip"}},
+             "optim": {"lr": 1e-3, "warmup_steps": 1, "eps": 1e-3, **({"clip_grad_norm": 0} if train.get("clip") == 0 else {})},
              "debug": {"dump_gradients_steps": 2}}
         return write_toml(tmp_path / f"{run}.toml", s)
 
     for sharding in ("none", "full"):
         torchrun(2, "train", "--config", config(sharding, sharding))
     assert_equivalent(tmp_path / "none", tmp_path / "full", "SFT, 2 ranks: full vs none", steps=2)
+    torchrun(2, "train", "--config", config("none-noclip", "none", clip=0))
+    torchrun(2, "train", "--config", config("full-once", "full", clip=0, reduce_each_micro_batch=False))
+    assert_equivalent(tmp_path / "none-noclip", tmp_path / "full-once", "SFT, 2 ranks: full (reduced once per step) vs none",
+                      steps=2, bitwise=True)
 
 
 RANKS3 = dict(variant="siamese_depth", activation_checkpointing=True, grad_accum=2, **ROUNDED)
@@ -242,11 +262,15 @@ def test_each_equivalence_check_catches_a_dropped_reduce_scatter_and_a_wrong_sha
     gradient instead of the sum, or cut their shards one element off, fail the checks above at 2 ranks, 3 ranks
     and under HSDP (a dropped reduction breaks step 1's gradients, a wrong offset the weights the first forward
     reads). One step each: the check's first step already fails."""
-    checks = [("2 ranks", 2, "base-bf16", BITWISE["base-bf16"], True), ("3 ranks", 3, "ranks3", RANKS3, False),
+    checks = [("2 ranks", 2, "base-bf16", BITWISE["base-bf16"], True),
+              ("2 ranks, reduced once per step", 2, "siamese_depth-accumulation",
+               BITWISE["siamese_depth-accumulation"], True),
+              ("3 ranks", 3, "ranks3", RANKS3, False),
               ("HSDP 2 x 2", 4, "hsdp", dict(replicate_groups=2, **HSDP), False)]
     for what, ranks, reference, train, bitwise in checks:
         none = pair(setup, reference, ranks=ranks, **{k: v for k, v in train.items() if k != "replicate_groups"})[0]
         run = f"{reference}-fault-{fault}"
+        train = {k: v for k, v in train.items() if k != "full_only"} | train.get("full_only", {})
         torchrun(ranks, "train", "--config", setup(run, sharding="full", **{**train, "max_steps": 1}),
                  env={"ARCHSPACE_TEST_FAULT": fault})
         with pytest.raises(AssertionError, match="differ"):
@@ -318,6 +342,8 @@ def test_sharding_keys_are_checked(setup):
                  "HSDP replicates shard groups of train.sharding = \"full\"")
     expect_error(["train", "--config", cfg, "--set", "train.replicate_groups=0"], "train.replicate_groups",
                  "must be >= 1")
+    expect_error(["train", "--config", cfg, "--set", "train.reduce_each_micro_batch=false"],
+                 "train.reduce_each_micro_batch", "applies to train.sharding = \"full\" only")
     # Checked before the rank joins the others: one rank of 2 started alone says it.
     env = dict(os.environ, RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     expect_error(["train", "--config", setup("keys-hsdp", sharding="full", replicate_groups=3)],

@@ -96,6 +96,11 @@ struct TrainConfig {
   // "full"): shard within groups of world / R consecutive ranks, all-reduce across the R groups.
   Sharding sharding = Sharding::kNone;
   int64_t replicate_groups = 1;
+  // With "full" and grad_accum > 1: true (default) reduce-scatters every micro-batch's gradients as its backward
+  // completes (sharded between micro-batches); false keeps each rank's unsharded fp32 gradients over the step's
+  // micro-batches and reduces once, in the last backward (FSDP2's set_requires_gradient_sync(False)): a full
+  // gradient's memory for a step's worth less communication, and at 2 ranks the sums "none" forms.
+  bool reduce_each_micro_batch = true;
   // Context parallelism: each sequence split into this many contiguous slices, one per rank of a group of
   // consecutive ranks that read the same instances (train/context_parallelism.h); the data-parallel degree is
   // the world size / this. 1: off.

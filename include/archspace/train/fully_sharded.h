@@ -82,6 +82,12 @@ class FullyShardedModel : public ParameterSource {
   // ---- the training step ----
   // The 0-based step the next collectives belong to (named in their errors).
   void begin_step(int64_t step) { step_ = step; }
+  // Whether the next backward reduce-scatters its gradients (true, the default) or adds them to this rank's
+  // unreduced, unsharded sums for a later backward to reduce with its own (train.reduce_each_micro_batch =
+  // false: the step's last micro-batch syncs), as FSDP2's set_requires_gradient_sync. Deferring holds a full
+  // fp32 gradient per unit between micro-batches and reduces once per step; at 2 ranks it sums exactly as
+  // "none" does, (a1 + a2) + (b1 + b2), where reducing each micro-batch forms (a1 + b1) + (a2 + b2).
+  void set_gradient_sync(bool sync) { gradient_sync_ = sync; }
   // After a micro-batch's backward: waits for its reduce-scatters (and the HSDP all-reduces) and adds
   // the reduced shards to the gradients accumulated over the step's micro-batches; frees what is still gathered.
   void finish_backward();
@@ -139,6 +145,7 @@ class FullyShardedModel : public ParameterSource {
   std::deque<Pending> pending_;
   HeadWeights head_;  // the head's gathered views while they are in use
   int64_t step_ = 0;
+  bool gradient_sync_ = true;
   bool fault_step_done_ = false;
 };
 

@@ -33,6 +33,9 @@ struct PlanOptions {
   Sharding sharding = Sharding::kNone;  // train.sharding (--sharding; --shard-optimizer is "optimizer")
   int64_t replicate_groups = 1;         // train.replicate_groups (--replicate-groups): HSDP, with "full"
   int64_t shard_group() const { return sharding == Sharding::kFull ? world / replicate_groups : 1; }
+  // train.reduce_each_micro_batch (--reduce-once-per-step sets it false): with "full" and grad_accum > 1, false
+  // keeps each rank's unsharded fp32 gradients between micro-batches (counted in `gradients`).
+  bool reduce_each_micro_batch = true;
   bool activation_checkpointing = false;  // train.activation_checkpointing: blocks recomputed in backward
   // CUDA: bf16 attention runs the flash kernel, which takes the window itself, so sliding layers keep no
   // masks (model/layers.h attention_path). CPU (and fp32 on CUDA): SDPA with masks, as counted below.
@@ -59,7 +62,8 @@ struct MemoryPlan {
   int64_t tokens_per_step = 0;  // micro_batch x grad_accum x data-parallel ranks x sequence_length
 
   int64_t parameters = 0;        // fp32 master weights (FSDP: this rank's shards)
-  int64_t gradients = 0;         // fp32, one per parameter (FSDP: per shard element)
+  int64_t gradients = 0;         // fp32, one per parameter (FSDP: per shard element, plus the unsharded sums of
+                                 // every unit's padded flat groups when gradients are reduced once per step)
   int64_t optimizer_state = 0;   // AdamW exp_avg + exp_avg_sq, fp32 (divided by world when sharded)
   int64_t autocast_weights = 0;  // bf16 copies of the matmul weights autocast makes for the forward (not FSDP)
   // FSDP: the unsharded buffers that exist at a time: the largest unit gathered (its matmul weights in the
