@@ -595,9 +595,6 @@ void validate(TrainConfig& c, const ChoiceTexts& choices, const std::string& pat
   require(c.context_parallel == 1 || !c.document_masking, "train.document_masking",
           "is not supported with train.context_parallel > 1 (" + std::to_string(c.context_parallel) +
               ") yet: a slice would need the document boundaries of the slices before it");
-  require(c.context_parallel == 1 || c.sharding != Sharding::kFull, "train.context_parallel",
-          "= " + std::to_string(c.context_parallel) +
-              " is not supported with train.sharding = \"full\" yet (use \"optimizer\" or \"none\")");
   require(c.grad_accum >= 1, "train.grad_accum", "must be >= 1");
   require(c.dist_timeout_s >= 1, "train.dist_timeout_s", "must be >= 1");
   require(c.replicate_groups >= 1 && c.replicate_groups <= (1 << 20), "train.replicate_groups",

@@ -206,9 +206,6 @@ void PlanOptions::validate() const {
   if (context_parallel > 1 && document_masking)
     throw Error("--context-parallel " + std::to_string(context_parallel) +
                 " with --document-masking: not supported together (train.context_parallel refuses it too)");
-  if (context_parallel > 1 && sharding == Sharding::kFull)
-    throw Error("--context-parallel " + std::to_string(context_parallel) +
-                " with --sharding full: not supported together (train.context_parallel refuses it too)");
   if (!reduce_each_micro_batch && sharding != Sharding::kFull)
     throw Error("--reduce-once-per-step: applies to --sharding full only (the other modes reduce once per step)");
   if (loss_chunk_tokens < 0)

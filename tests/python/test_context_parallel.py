@@ -158,6 +158,35 @@ def test_four_ranks_as_two_data_parallel_groups_of_two_and_as_four_slices(setup)
     assert_equal_runs(tmp / reference, tmp / "dp2-cp2", "2 data-parallel x 2 context-parallel ranks")
 
 
+@pytest.mark.parametrize("case", ["variant-window-longer", "base-window-longer-than-slice-yarn-checkpointed"])
+def test_context_parallel_ranks_with_full_sharding_equal_one_process(setup, case):
+    """CP folded into FSDP's shard group, as OLMo-core folds them: the context-parallel ranks also hold 1/world of
+    every parameter, gradient and AdamW moment, gather each unit before it runs, and the gradients' reduce-scatter
+    over every rank sums the slices' gradients as the all-reduce does without sharding. The same 1e-5 against
+    one process on the whole sequences."""
+    model, yarn, ckpt, valid = CASES[case]
+    single = f"{case}-single"
+    if not (setup.tmp / single / "metrics.jsonl").exists():
+        run_cli("train", "--config", setup(single, model, yarn=yarn, valid=valid))
+    cp = setup(f"{case}-cp2-full", model, yarn=yarn, valid=valid, context_parallel=2, activation_checkpointing=ckpt,
+               sharding="full")
+    note = torchrun(2, "train", "--config", cp).stderr
+    assert "FSDP: parameters, gradients and AdamW moments sharded over 2 ranks" in note, note
+    assert_equal_runs(setup.tmp / single, setup.tmp / f"{case}-cp2-full", f"{case}: 2 context-parallel ranks, full sharding")
+
+
+def test_two_data_parallel_by_two_context_parallel_with_full_sharding(setup):
+    """World 4 = 2 data-parallel x 2 context-parallel, parameters sharded over all 4 ranks."""
+    tmp = setup.tmp
+    reference = "base-window-shorter-than-slice-single"
+    if not (tmp / reference / "metrics.jsonl").exists():
+        run_cli("train", "--config", setup(reference, "base-w6", valid=True))
+    cfg = setup("dp2-cp2-full", "base-w6", grad_accum=1, valid=True, context_parallel=2, sharding="full")
+    note = torchrun(4, "train", "--config", cfg).stderr
+    assert "2 data-parallel x 2 context-parallel" in note and "sharded over 4 ranks" in note, note
+    assert_equal_runs(tmp / reference, tmp / "dp2-cp2-full", "2 data-parallel x 2 context-parallel ranks, full sharding")
+
+
 def test_bad_context_parallel_configs_are_refused(setup):
     cfg = setup("bad", "base-w6")
     result = run_cli("train", "--config", cfg, "--set", "train.context_parallel=3", check=False)
@@ -173,15 +202,11 @@ def test_bad_context_parallel_configs_are_refused(setup):
     assert result.returncode != 0
     text = result.stdout + result.stderr
     assert "key 'train.context_parallel' is 4, which does not divide the number of ranks 2" in text, text
-    # Not combined yet: document masking (a slice would need the earlier slices' boundaries) and full sharding.
+    # Not combined yet: document masking (a slice would need the earlier slices' boundaries).
     result = run_cli("train", "--config", cfg, "--set", "train.context_parallel=2", "--set",
                      "train.document_masking=true", check=False)
     assert result.returncode != 0
     assert "key 'train.document_masking' is not supported with train.context_parallel > 1" in result.stderr
-    result = run_cli("train", "--config", cfg, "--set", "train.context_parallel=2", "--set", "train.sharding=full",
-                     check=False)
-    assert result.returncode != 0
-    assert "key 'train.context_parallel' = 2 is not supported with train.sharding = \"full\"" in result.stderr
 
 
 def test_a_context_parallel_checkpoint_resumes_on_one_process(setup):

@@ -183,7 +183,10 @@ def test_plan_context_parallel():
     expect_error(["plan", "--preset", "1B", "--sequence-length", "1004", "--world", "8", "--context-parallel", "8"],
                  "--sequence-length 1004")
     expect_error(["plan", *base, "--context-parallel", "0"], "--context-parallel")
-    expect_error(["plan", *base, "--context-parallel", "8", "--sharding", "full"], "--context-parallel 8",
-                 "--sharding full: not supported together")
+    # Folded into FSDP's shard group: the state of "--sharding full" over all 8 ranks, the activations of a slice.
+    both = plan_json(*base, "--activation-checkpointing", "--context-parallel", "8", "--sharding", "full")["bytes"]
+    full = plan_json(*base, "--activation-checkpointing", "--sharding", "full")["bytes"]
+    assert both["activations"] == cp["bytes"]["activations"]
+    assert all(both[k] == full[k] for k in ("parameters", "gradients", "optimizer_state", "sharding_buffers"))
     expect_error(["plan", *base, "--context-parallel", "8", "--document-masking"], "--context-parallel 8",
                  "--document-masking: not supported together")
