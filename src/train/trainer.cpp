@@ -25,6 +25,7 @@
 #include "archspace/train/step_profiler.h"
 #include "archspace/util/error.h"
 #include "archspace/util/files.h"
+#include "archspace/util/malloc_policy.h"
 
 namespace archspace {
 
@@ -121,6 +122,8 @@ class StopSignals {
 
 Trainer::Trainer(const TrainConfig& config, const TrainOptions& options)
     : cfg_(config), options_(options), progress_(std::make_unique<ProgressLine>("train", options.progress)) {
+  // Before the model and the first step allocate: every step's large tensors then reuse mapped memory.
+  if (const std::string note = keep_freed_memory_for_reuse(); !note.empty()) progress_->note(note);
   setup_device();
   setup_dist();
   setup_run_dir();
