@@ -5,6 +5,12 @@ measured in the same run: the fp32 and bf16 GEMM peaks (torch.mm of 4096 x 4096,
 bandwidth. Each side's step is also shown as achieved FLOP/s (6 x parameters in matmuls x tokens plus the attention
 scores, forward and backward) and as a percentage of its dtype's GEMM peak.
 
+Memory: `archspace train` keeps freed memory for reuse (util/malloc_policy.h: glibc's M_MMAP_MAX = 0), where PyTorch
+in this process runs with glibc's defaults, under which every large tensor of a step is a fresh mmap faulted in page
+by page. That alone made the engine's 190M bf16 step 1.46x faster. To compare the two with the same malloc policy, run
+the bench under GLIBC_TUNABLES=glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=2147483647 (both sides inherit
+it; the JSON records the variable).
+
 The sides run in alternating rounds (engine fp32, PyTorch fp32, engine bf16, PyTorch bf16, then again), so a busy
 neighbour slows both sides of a ratio alike; each ratio is reported as the median over rounds with its range.
 
@@ -118,7 +124,8 @@ def main():
     args = parser.parse_args()
     load_before = pathlib.Path("/proc/loadavg").read_text().strip()
     print(f"CPU flags: {' '.join(cpu_flags())}; load before: {load_before}")
-    result = {"benchmark": "train_step_roofline", "preset": args.preset, "sequence_length": args.seq, "micro_batch": 1,
+    result = {"benchmark": "train_step_roofline", "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""),
+              "preset": args.preset, "sequence_length": args.seq, "micro_batch": 1,
               "threads": args.threads, "cpu_flags": cpu_flags(), "loadavg_before": load_before}
     with tempfile.TemporaryDirectory() as t:
         tmp = pathlib.Path(t)
