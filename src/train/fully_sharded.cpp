@@ -481,12 +481,13 @@ at::Tensor FullyShardedModel::full_of_group(const FlatGroup& g, const at::Tensor
   return full.to(device);
 }
 
-NamedTensors FullyShardedModel::full_parameters(at::Device device) {
+NamedTensors FullyShardedModel::full_tensors(at::Device device,
+                                             const std::function<at::Tensor(const FlatGroup&)>& shard_values) {
   c10::NoGradGuard no_grad;
   std::vector<at::Tensor> out(specs_.size());
   for (const auto& unit : units_) {
     for (const auto& g : unit->groups) {
-      const at::Tensor full = full_of_group(g, g.shard.detach(), device);
+      const at::Tensor full = full_of_group(g, shard_values(g), device);
       for (size_t j = 0; j < g.params.size(); ++j) {
         const ParamSpec& spec = specs_[g.params[j]];
         out[g.params[j]] = full.narrow(0, g.offsets[j], numel_of(spec.shape)).view(spec.shape).clone();
@@ -498,22 +499,14 @@ NamedTensors FullyShardedModel::full_parameters(at::Device device) {
   return named;
 }
 
+NamedTensors FullyShardedModel::full_parameters(at::Device device) {
+  return full_tensors(device, [](const FlatGroup& g) { return g.shard.detach(); });
+}
+
 NamedTensors FullyShardedModel::full_gradients(at::Device device) {
-  c10::NoGradGuard no_grad;
-  std::vector<at::Tensor> out(specs_.size());
-  for (const auto& unit : units_) {
-    for (const auto& g : unit->groups) {
-      const at::Tensor full =
-          full_of_group(g, g.grad.defined() ? g.grad : at::zeros({g.shard_numel}, g.shard.options()), device);
-      for (size_t j = 0; j < g.params.size(); ++j) {
-        const ParamSpec& spec = specs_[g.params[j]];
-        out[g.params[j]] = full.narrow(0, g.offsets[j], numel_of(spec.shape)).view(spec.shape).clone();
-      }
-    }
-  }
-  NamedTensors named;
-  for (size_t i = 0; i < specs_.size(); ++i) named.emplace_back(specs_[i].name, out[i]);
-  return named;
+  return full_tensors(device, [](const FlatGroup& g) {
+    return g.grad.defined() ? g.grad : at::zeros({g.shard_numel}, g.shard.options());
+  });
 }
 
 NamedTensors FullyShardedModel::full_optimizer_state(const AdamW& optimizer, at::Device device) {

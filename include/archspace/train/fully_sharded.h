@@ -26,6 +26,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -129,6 +130,8 @@ class FullyShardedModel : public ParameterSource {
   void reduce(Unit& unit, const std::vector<at::Tensor>& grads);
   void wait_oldest();
   at::Tensor full_of_group(const FlatGroup& g, const at::Tensor& shard_values, at::Device device);
+  // Every parameter's whole tensor, gathered from each group's `shard_values` (its shards or their gradients).
+  NamedTensors full_tensors(at::Device device, const std::function<at::Tensor(const FlatGroup&)>& shard_values);
   std::string unit_what(const std::string& op, const Unit& unit) const;
   friend struct GatherUnit;
   friend struct GatherBeforeBackward;
