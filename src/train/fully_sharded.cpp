@@ -375,12 +375,17 @@ void FullyShardedModel::reduce(Unit& unit, const std::vector<at::Tensor>& grads)
     FlatGroup& g = unit.groups[gi];
     // At most kFsdpReductionsInFlight packed buffers exist at a time (the memory plan counts them).
     while (pending_.size() >= kFsdpReductionsInFlight) wait_oldest();
-    // One fp32 buffer per group (whatever dtype the views had): one collective, fp32 sums.
-    at::Tensor flat = at::zeros({S * g.shard_numel}, g.shard.options().requires_grad(false));
+    // One fp32 buffer per group (whatever dtype the views had): one collective, fp32 sums. Filled by the
+    // copies; only the padding and the parameters without a gradient are zeroed (no unit-size zero fill).
+    at::Tensor flat = at::empty({S * g.shard_numel}, g.shard.options().requires_grad(false));
     for (size_t j = 0; j < g.params.size(); ++j, ++k) {
+      at::Tensor piece = flat.narrow(0, g.offsets[j], numel_of(specs_[g.params[j]].shape));
       if (k < grads.size() && grads[k].defined())
-        flat.narrow(0, g.offsets[j], grads[k].numel()).copy_(grads[k].reshape({-1}));
+        piece.copy_(grads[k].reshape({-1}));
+      else
+        piece.zero_();
     }
+    flat.narrow(0, g.numel, flat.numel() - g.numel).zero_();
     // Without sync the micro-batch's gradients add to this rank's own sum (in micro-batch order, as autograd
     // accumulates an unsharded parameter's), which the step's last micro-batch reduces once.
     if (g.unreduced.defined()) flat = g.unreduced.add_(flat);
