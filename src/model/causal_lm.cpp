@@ -331,10 +331,10 @@ at::Tensor CausalLM::forward(const at::Tensor& input_ids, const ForwardOptions& 
   ParameterSource* source = options.parameters;
   at::Tensor x;
   if (source) {
-    x = at::embedding(source->embedding(), ids);
+    x = at::embedding(source->embedding(), ids, -1, false, options.sparse_embedding_gradient);
     source->embedding_done();
   } else {
-    x = at::embedding(weights_.embed_tokens, ids);
+    x = at::embedding(weights_.embed_tokens, ids, -1, false, options.sparse_embedding_gradient);
   }
   if (recorder) recorder->record("model.embeddings", x);
   Streams streams = initial_streams(x);

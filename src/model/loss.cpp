@@ -53,8 +53,8 @@ at::ScalarType accumulate_dtype(at::ScalarType matmul) { return matmul == at::kD
 // matmul more: a third of the head's unchunked forward + backward.
 struct ChunkedHeadLoss : torch::autograd::Function<ChunkedHeadLoss> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& hidden,
-                                                const at::Tensor& weight, const at::Tensor& labels, double z_loss_coeff,
-                                                int64_t chunk) {
+                                                const at::Tensor& weight, const at::Tensor& weight_values,
+                                                const at::Tensor& labels, double z_loss_coeff, int64_t chunk) {
     const at::ScalarType mm = matmul_dtype(hidden, weight), acc = accumulate_dtype(mm);
     // The casts are made here explicitly, as autocast would make them; nothing below may autocast again.
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
@@ -68,7 +68,9 @@ struct ChunkedHeadLoss : torch::autograd::Function<ChunkedHeadLoss> {
     const bool all = n == N;
     // Only labelled rows go through the head (SFT masks most of a sequence).
     const at::Tensor hs = (all ? h : h.index_select(0, rows)).to(mm);
-    const at::Tensor w = weight.detach().to(mm);
+    // `weight_values`: the weight detached, or the caller's copy of it in the matmul dtype (made once per
+    // optimizer step), which makes this cast a no-op.
+    const at::Tensor w = weight_values.to(mm);
     const at::Tensor ts = all ? target : target.index_select(0, rows);
     at::Tensor lse = at::empty({n}, h.options().dtype(acc)), picked = at::empty({n}, h.options().dtype(acc));
     // One chunk keeps its logits (in the matmul dtype) for backward instead of computing them again.
@@ -163,14 +165,15 @@ struct ChunkedHeadLoss : torch::autograd::Function<ChunkedHeadLoss> {
                         : at::zeros({N, D}, grad_hs.options().dtype(h_dtype)).index_copy_(0, rows, grad_hs.to(h_dtype));
       grad_hidden = grad_hidden.view(shape);
     }
-    return {grad_hidden, need_w ? grad_w.to(w_dtype) : at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    return {grad_hidden, need_w ? grad_w.to(w_dtype) : at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(),
+            at::Tensor()};
   }
 };
 
 }  // namespace
 
 LossSums head_loss(const at::Tensor& hidden, const at::Tensor& head_weight, const at::Tensor& labels,
-                   double z_loss_coeff, int64_t chunk_tokens) {
+                   double z_loss_coeff, int64_t chunk_tokens, const at::Tensor& head_weight_cast) {
   if (chunk_tokens < 0) throw Error("head_loss: the chunk size must be >= 0, got " + std::to_string(chunk_tokens));
   const int64_t D = hidden.size(-1), rows = D > 0 ? hidden.numel() / D : 0;
   if (labels.numel() != rows) {
@@ -180,7 +183,9 @@ LossSums head_loss(const at::Tensor& hidden, const at::Tensor& head_weight, cons
   // 0: the unchunked form, the logits through next_token_loss and ATen's autograd (the reference the chunked
   // form is tested against). A micro-batch of at most one chunk keeps that chunk's logits for backward.
   if (chunk_tokens == 0) return next_token_loss(archspace::linear(hidden, head_weight), labels, z_loss_coeff);
-  const auto sums = ChunkedHeadLoss::apply(hidden, head_weight, labels, z_loss_coeff, chunk_tokens);
+  const auto sums = ChunkedHeadLoss::apply(
+      hidden, head_weight, head_weight_cast.defined() ? head_weight_cast.detach() : head_weight.detach(), labels,
+      z_loss_coeff, chunk_tokens);
   return {sums[0], sums[1], (labels != kIgnoreIndex).sum().item<int64_t>()};
 }
 

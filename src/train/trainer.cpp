@@ -306,6 +306,17 @@ void Trainer::setup_optimizer() {
       progress_->note("ZeRO-1: the ranks keep the AdamW moments of " + shares + " parameter elements");
     }
   }
+  // One process on the CPU: the embedding's gradient stays allocated and only the rows a step touched are zeroed
+  // (train/embedding_gradient.h). Data-parallel ranks keep the dense gradient the reducer's buckets expect.
+  if (!dist_ && device_.is_cpu()) {
+    for (size_t i = 0; i < specs.size(); ++i) {
+      if (specs[i].kind != ParamKind::kEmbedding || params_[i].param.is_same(model_->head_weight())) continue;
+      embedding_grad_ = std::make_unique<EmbeddingGradient>(params_[i].param);
+      embedding_param_ = static_cast<int64_t>(i);
+    }
+  }
+  // bf16: the matmul weights cast once per optimizer step, not once per micro-batch and recomputation.
+  if (cfg_.dtype == DType::kBf16) weight_casts_ = std::make_unique<StepWeightCasts>(*model_, at::kBFloat16);
 }
 
 // FSDP: the optimizer updates this rank's shards; the model's own tensors are released (the forward reads
@@ -335,7 +346,13 @@ void Trainer::setup_full_sharding() {
 
 void Trainer::zero_gradients() {
   if (fsdp_) return fsdp_->zero_gradients();
-  for (const auto& g : params_) g.param.mutable_grad().reset();
+  for (size_t i = 0; i < params_.size(); ++i) {
+    at::Tensor& grad = params_[i].param.mutable_grad();
+    if (static_cast<int64_t>(i) == embedding_param_)
+      embedding_grad_->zero();  // the rows the step's lookups touched: the only nonzero ones
+    else
+      grad.reset();
+  }
 }
 
 // ZeRO-1: each parameter's owner updated it; every rank takes the new values from there.
@@ -567,8 +584,17 @@ StepStats Trainer::train_step(int64_t step) {
     throw Error("step " + std::to_string(step) +
                 ": the batch has no labelled tokens (SFT examples without assistant tokens?)");
 
+  if (embedding_grad_)  // the embedding's gradient rows this step's backward will write
+    for (const Batch& b : micro) embedding_grad_->will_touch(b.input_ids);
   double ce = 0, z = 0;
   if (fsdp_) fsdp_->begin_step(step);
+  // The step's bf16 weights go before the optimizer changes the fp32 ones, also when this step throws.
+  struct EndOfCasts {
+    StepWeightCasts* casts;
+    ~EndOfCasts() {
+      if (casts) casts->end_step();
+    }
+  } end_of_casts{weight_casts_.get()};
   for (size_t m = 0; m < micro.size(); ++m) {
     const Batch& b = micro[m];
     LossSums sums;
@@ -577,7 +603,7 @@ StepStats Trainer::train_step(int64_t step) {
       AutocastGuard autocast(autocast_, device_.type());
       const at::Tensor hidden = model_->forward(b.input_ids.to(device_), forward_options(true));
       sums = head_loss(hidden, fsdp_ ? fsdp_->head().lm_head : model_->head_weight(), b.labels.to(device_), cfg_.z_loss,
-                       cfg_.loss_chunk_tokens);
+                       cfg_.loss_chunk_tokens, weight_casts_ ? weight_casts_->head_weight_cast() : at::Tensor());
     }
     at::Tensor loss = (sums.ce_sum + sums.z_sum) / static_cast<double>(labelled);
     if (fsdp_) {
@@ -602,6 +628,7 @@ StepStats Trainer::train_step(int64_t step) {
     ce += sums.ce_sum.item<double>();
     z += sums.z_sum.item<double>();
   }
+  if (weight_casts_) weight_casts_->end_step();  // freed before the optimizer's step
   std::string hash;
   if (dist_) {  // report the global batch's values, as one process would
     at::Tensor sums = at::tensor({ce, z}, at::kDouble);
@@ -705,7 +732,9 @@ ForwardOptions Trainer::forward_options(bool training) const {
   forward.final_hidden_only = true;  // the head runs in the loss (model/loss.h), chunk by chunk
   forward.context_parallel = cp_.get();
   forward.document_eos_id = document_eos_;  // validation sees the instances as training does
-  forward.parameters = fsdp_.get();         // FSDP: each unit's weights gathered as it runs
+  // FSDP: each unit's weights gathered as it runs; bf16 training: the step's casts.
+  forward.parameters = fsdp_ ? static_cast<ParameterSource*>(fsdp_.get()) : training ? weight_casts_.get() : nullptr;
+  forward.sparse_embedding_gradient = training && embedding_grad_ != nullptr;
   return forward;
 }
 

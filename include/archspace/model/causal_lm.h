@@ -50,6 +50,10 @@ struct ForwardOptions {
   // The position of the first input token when there is no cache (0: the start). A document of a packed
   // instance runs alone at the positions it had there (tests of document masking).
   int64_t first_position = 0;
+  // Training: the embedding lookup's gradient as sparse rows (one per input token) that autograd adds into the
+  // table's dense gradient, which the caller keeps allocated and zeroes row by row (train/trainer.cpp): no
+  // [V, d] zero fill per backward. The caller must have set the dense gradient before backward.
+  bool sparse_embedding_gradient = false;
   // Each unit's weights from this source instead of the model's own tensors (model/parameter_source.h:
   // FSDP's gathered shards); it must outlive the backward of this forward. Null: the model's own.
   ParameterSource* parameters = nullptr;

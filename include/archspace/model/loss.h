@@ -31,9 +31,11 @@ LossSums next_token_loss(const at::Tensor& logits, const at::Tensor& labels, dou
 // unchunked form). The chunked form is one autograd node (chunked_cross_entropy.cpp): forward keeps h (in the
 // matmul dtype), the labelled rows' labels and log-sum-exps, and backward recomputes each chunk's logits to
 // form its gradient (one more head matmul than the unchunked form, the price of never holding [N, V]).
-// Under bf16 autocast it casts as the unchunked form's linear does (h and W to bf16, logits bf16 then fp32).
+// Under bf16 autocast it casts as the unchunked form's linear does (h and W to bf16, logits bf16 then fp32);
+// `head_weight_cast`, when given in that dtype, is head_weight already cast (train/weight_casts.h: once per
+// optimizer step) and is used instead of a cast of its own. The gradient still goes to head_weight, in its dtype.
 LossSums head_loss(const at::Tensor& hidden, const at::Tensor& head_weight, const at::Tensor& labels,
-                   double z_loss_coeff, int64_t chunk_tokens);
+                   double z_loss_coeff, int64_t chunk_tokens, const at::Tensor& head_weight_cast = {});
 
 // For callers that need more of a chunk's distribution than the label's log-probability (argmax, top-k):
 // rows [first_row, first_row + logprobs.size(0)) of hidden, their fp32 log-softmax [rows, V]. Nothing of it

@@ -21,11 +21,13 @@
 #include "archspace/model/loss.h"
 #include "archspace/train/batches.h"
 #include "archspace/train/context_parallelism.h"
+#include "archspace/train/embedding_gradient.h"
 #include "archspace/train/fully_sharded.h"
 #include "archspace/train/metrics_log.h"
 #include "archspace/train/optimizer.h"
 #include "archspace/train/stability.h"
 #include "archspace/train/token_data.h"
+#include "archspace/train/weight_casts.h"
 #include "archspace/util/progress.h"
 
 namespace archspace {
@@ -114,7 +116,12 @@ class Trainer {
   // same shard (null without train.replicate_groups); the sharded model the forward reads its weights from.
   std::unique_ptr<DistGroup> shard_group_, replicate_group_;
   std::unique_ptr<FullyShardedModel> fsdp_;
-  std::unique_ptr<ContextParallelism> cp_;  // train.context_parallel > 1
+  std::unique_ptr<ContextParallelism> cp_;         // train.context_parallel > 1
+  std::unique_ptr<StepWeightCasts> weight_casts_;  // bf16 without FSDP: the matmul weights cast once per step
+  // One process on the CPU: the embedding's gradient, kept across steps and zeroed row by row
+  // (train/embedding_gradient.h), and its index in params_; null and -1: a dense gradient per step.
+  std::unique_ptr<EmbeddingGradient> embedding_grad_;
+  int64_t embedding_param_ = -1;
 
   std::unique_ptr<CausalLM> model_;
   std::unique_ptr<BatchSource> train_batches_;
