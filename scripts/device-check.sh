@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU path, checked and measured in one command: builds the engine on the GPU machine, then runs
-# scripts/device_check.py, which prints ONE JSON summary (the checks and figures are listed there).
+# scripts/device_check.py, which prints ONE JSON summary (the checks and figures are listed there; the sharded
+# ones run 2 ranks under torchrun when 2 GPUs are visible and record the reason when they are skipped).
 #
 # The GPU machine has torch 2.11 (cu130) and transformers 5.17 in its system python3, CMake and a C++
 # compiler, but not the -dev packages the build needs (nlohmann-json, CLI11, toml++, PCRE2, OpenSSL's

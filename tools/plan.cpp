@@ -74,7 +74,8 @@ void print_plan(const ModelConfig& c, const PlanOptions& o, const MemoryPlan& p)
   row("optimizer state", p.optimizer_state,
       o.sharding != Sharding::kNone && o.world > 1 ? "AdamW, 2 fp32 moments" + per : "AdamW, 2 fp32 moments");
   if (full) {
-    row("sharding buffers", p.sharding_buffers, "one unit gathered, gradients being reduce-scattered");
+    row("sharding buffers", p.sharding_buffers,
+        "one unit gathered with its gradients, gradients being reduce-scattered");
   } else {
     row("autocast weights", p.autocast_weights, "bf16 copies of the matmul weights");
   }

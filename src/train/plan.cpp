@@ -245,6 +245,9 @@ MemoryPlan plan_memory(const ModelConfig& c, const PlanOptions& o) {
     // gradient and moments. The matmul weights arrive in the autocast dtype per unit and are freed after, so
     // no autocast copies are kept; one unit is gathered at a time (the next block's all-gather in backward
     // starts after the previous block's gradients are packed: the autograd engine runs the later node first).
+    // When a unit's backward completes, autograd holds its whole (unsharded) gradients, one per gathered view
+    // in the view's dtype, while they are packed into the fp32 flat buffers; each buffer being reduce-scattered
+    // has its 1/S output beside it. tests/unit/test_plan_sharded.cpp measures these with the counting allocator.
     const int64_t S = o.shard_group(), L = c.num_hidden_layers;
     std::vector<std::pair<int64_t, int64_t>> units(static_cast<size_t>(L + 2));  // (autocast, fp32) elements
     for (const auto& spec : parameter_specs(c)) {
@@ -254,6 +257,7 @@ MemoryPlan plan_memory(const ModelConfig& c, const PlanOptions& o) {
       (at.autocasts ? units[at.unit].first : units[at.unit].second) += numel;
     }
     auto padded = [S](int64_t n) { return (n + S - 1) / S * S; };
+    const int64_t matmul = b.bf16 ? 2 : 4;
     int64_t shard = 0, gathered = 0;
     std::vector<int64_t> groups;
     for (const auto& [autocast, fp32] : units) {
@@ -262,11 +266,13 @@ MemoryPlan plan_memory(const ModelConfig& c, const PlanOptions& o) {
           shard += padded(n) / S;
           groups.push_back(padded(n));
         }
-      gathered = std::max(gathered, padded(autocast) * (b.bf16 ? 2 : 4) + padded(fp32) * 4);
+      // The gathered buffers and autograd's gradients of their views.
+      gathered = std::max(gathered, padded(autocast) * matmul + padded(fp32) * 4 + autocast * matmul + fp32 * 4);
     }
     std::sort(groups.rbegin(), groups.rend());
-    int64_t reducing = 0;
-    for (size_t i = 0; i < std::min(groups.size(), kFsdpReductionsInFlight); ++i) reducing += 4 * groups[i];
+    int64_t reducing = 0;  // the packed fp32 gradients and their reduced shards
+    for (size_t i = 0; i < std::min(groups.size(), kFsdpReductionsInFlight); ++i)
+      reducing += 4 * (groups[i] + groups[i] / S);
     p.parameters = p.gradients = 4 * shard;
     if (!o.reduce_each_micro_batch && o.grad_accum > 1)  // every unit's own sums, held over the micro-batches
       for (int64_t n : groups) p.gradients += 4 * n;

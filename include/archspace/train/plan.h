@@ -67,8 +67,9 @@ struct MemoryPlan {
   int64_t optimizer_state = 0;   // AdamW exp_avg + exp_avg_sq, fp32 (divided by world when sharded)
   int64_t autocast_weights = 0;  // bf16 copies of the matmul weights autocast makes for the forward (not FSDP)
   // FSDP: the unsharded buffers that exist at a time: the largest unit gathered (its matmul weights in the
-  // autocast dtype, the rest fp32) and kFsdpReductionsInFlight packed fp32 gradients of the largest flat
-  // groups being reduce-scattered (an upper bound: they exist together only in backward). 0 otherwise.
+  // autocast dtype, the rest fp32) with the whole gradients autograd forms for it in backward (the same dtypes),
+  // and kFsdpReductionsInFlight packed fp32 gradients of the largest flat groups being reduce-scattered, each
+  // with its 1/S reduced output (an upper bound: they exist together only in backward). 0 otherwise.
   int64_t sharding_buffers = 0;
   int64_t activations = 0;  // sum of the parts below
 
