@@ -65,7 +65,7 @@ struct MemoryPlan {
   int64_t gradients = 0;         // fp32, one per parameter (FSDP: per shard element, plus the unsharded sums of
                                  // every unit's padded flat groups when gradients are reduced once per step)
   int64_t optimizer_state = 0;   // AdamW exp_avg + exp_avg_sq, fp32 (divided by world when sharded)
-  int64_t autocast_weights = 0;  // bf16 copies of the matmul weights autocast makes for the forward (not FSDP)
+  int64_t autocast_weights = 0;  // bf16 copies of the matmul weights, held through a step (not FSDP)
   // FSDP: the unsharded buffers that exist at a time: the largest unit gathered (its matmul weights in the
   // autocast dtype, the rest fp32) with the whole gradients autograd forms for it in backward (the same dtypes),
   // and kFsdpReductionsInFlight packed fp32 gradients of the largest flat groups being reduce-scattered, each
