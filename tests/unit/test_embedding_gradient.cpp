@@ -11,7 +11,8 @@ namespace {
 // The gradient of sum(lookup(ids) * weights) over `batches` micro-batches, each its own backward.
 at::Tensor accumulate(at::Tensor& table, const std::vector<at::Tensor>& ids, const std::vector<at::Tensor>& upstream,
                       bool sparse) {
-  for (size_t m = 0; m < ids.size(); ++m) (at::embedding(table, ids[m], -1, false, sparse) * upstream[m]).sum().backward();
+  for (size_t m = 0; m < ids.size(); ++m)
+    (at::embedding(table, ids[m], -1, false, sparse) * upstream[m]).sum().backward();
   return table.grad().clone();
 }
 
@@ -52,8 +53,7 @@ TEST(EmbeddingGradient, AnotherSummationOrderIsCaught) {
   }
   const at::Tensor expected = accumulate(table, ids, upstream, false);
   at::Tensor one_by_one = at::zeros({V, d});
-  for (size_t m = 0; m < ids.size(); ++m)
-    one_by_one.index_add_(0, ids[m].reshape({-1}), upstream[m].reshape({-1, d}));
+  for (size_t m = 0; m < ids.size(); ++m) one_by_one.index_add_(0, ids[m].reshape({-1}), upstream[m].reshape({-1, d}));
   EXPECT_FALSE(at::equal(one_by_one, expected));
 }
 

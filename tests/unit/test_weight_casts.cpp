@@ -57,8 +57,8 @@ TEST(StepWeightCasts, OneCastPerWeightAndStepSameGradientsAsAutocast) {
       const StepResult reference = step(model, batches, checkpointing, nullptr);
       StepWeightCasts casts(model, at::kBFloat16);
       const StepResult sourced = step(model, batches, checkpointing, &casts);
-      const std::string what = std::string(variant == Variant::kBase ? "base" : "siamese_depth") +
-                               (checkpointing ? ", checkpointing" : "");
+      const std::string what =
+          std::string(variant == Variant::kBase ? "base" : "siamese_depth") + (checkpointing ? ", checkpointing" : "");
       EXPECT_EQ(sourced.losses, reference.losses) << what;
       ASSERT_EQ(sourced.grads.size(), reference.grads.size());
       for (size_t i = 0; i < reference.grads.size(); ++i)
