@@ -75,23 +75,27 @@ def test_a_killed_sweep_resumes_exactly(tmp_path):
 
 def test_a_diverging_point_is_recorded_and_the_others_run(tmp_path):
     config = sweep_setup(tmp_path)
-    # Without clipping, lr 10 overflows the gradient within a few steps (training stops: non-finite; seen at step 2
-    # with the per-tensor AdamW, step 6 with the fused one); lr 3 trains to the end with its loss far above where it
-    # began; lr 1e-3 learns.
-    grid = ["--grid", "optim.lr=10,3,1e-3", "--set", "optim.clip_grad_norm=0", "--set", "optim.warmup_steps=0", "--no-plot"]
+    # Without clipping, lr 3 trains to the end with its loss far above where it began; lr 1e-3 learns. A z-loss
+    # coefficient of 1e38 makes the first step's loss infinite on any CPU (the fp32 z-loss sum is lse^2 >= 1 per
+    # token times 1e38: above fp32's largest 3.4e38 for 4 tokens already), so those points stop as diverged.
+    # (lr 10 used to be the diverging point: whether its gradient norm of ~1e19 overflows depends on the kernels.)
+    grid = ["--grid", "optim.lr=3,1e-3", "--grid", "optim.z_loss=1e-4,1e38", "--set", "optim.clip_grad_norm=0",
+            "--set", "optim.warmup_steps=0", "--no-plot"]
     run_cli("sweep", "--config", config, *grid)
     runs = summary(tmp_path / "sweep")
-    assert runs["lr=10"]["status"] == "diverged" and runs["lr=10"]["diverged"] and 1 <= runs["lr=10"]["steps"] < 6
-    assert "training diverged" in runs["lr=10"]["message"]
-    assert runs["lr=3"]["status"] == "finished" and runs["lr=3"]["diverged"]
-    assert runs["lr=3"]["final_loss"] > runs["lr=3"]["first_loss"]
-    assert runs["lr=1e-3"]["status"] == "finished" and not runs["lr=1e-3"]["diverged"]
-    assert runs["lr=1e-3"]["final_loss"] < runs["lr=1e-3"]["first_loss"]
-    # A rerun keeps the diverged point as it is unless asked to retry it.
+    for lr in ("3", "1e-3"):
+        point = runs[f"lr={lr},z_loss=1e38"]
+        assert point["status"] == "diverged" and point["diverged"] and point["steps"] == 0, point
+        assert "training diverged" in point["message"]
+    assert runs["lr=3,z_loss=1e-4"]["status"] == "finished" and runs["lr=3,z_loss=1e-4"]["diverged"]
+    assert runs["lr=3,z_loss=1e-4"]["final_loss"] > runs["lr=3,z_loss=1e-4"]["first_loss"]
+    assert runs["lr=1e-3,z_loss=1e-4"]["status"] == "finished" and not runs["lr=1e-3,z_loss=1e-4"]["diverged"]
+    assert runs["lr=1e-3,z_loss=1e-4"]["final_loss"] < runs["lr=1e-3,z_loss=1e-4"]["first_loss"]
+    # A rerun keeps the diverged points as they are unless asked to retry them.
     again = run_cli("sweep", "--config", config, *grid)
-    assert "lr=10: diverged" in again.stderr and "[train]" not in again.stderr
+    assert "lr=3,z_loss=1e38: diverged" in again.stderr and "[train]" not in again.stderr
     retried = run_cli("sweep", "--config", config, *grid, "--retry-diverged")
-    assert "[train]" in retried.stderr and summary(tmp_path / "sweep")["lr=10"]["status"] == "diverged"
+    assert "[train]" in retried.stderr and summary(tmp_path / "sweep")["lr=3,z_loss=1e38"]["status"] == "diverged"
 
 
 def test_bad_grids_fail_before_any_training(tmp_path):
