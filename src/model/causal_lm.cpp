@@ -128,6 +128,14 @@ CausalLM CausalLM::random_init(const ModelConfig& config, uint64_t seed, at::Sca
   return CausalLM(config, std::move(params));
 }
 
+std::vector<at::Tensor> CausalLM::block_parameters(int64_t l) const {
+  const std::string prefix = layer_prefix(l);
+  std::vector<at::Tensor> params;
+  for (const auto& [name, p] : params_)
+    if (name.rfind(prefix, 0) == 0) params.push_back(p);
+  return params;
+}
+
 void CausalLM::LayerContext::record(const char* name, const at::Tensor& t) const {
   if (options.recorder) options.recorder->record(layer_prefix(index) + name, t);
 }
@@ -209,9 +217,7 @@ CausalLM::Streams CausalLM::checkpointed_block(const LayerContext& ctx, const St
   if (source) {
     params = source->block_leaves(l);
   } else {
-    const std::string prefix = layer_prefix(l);
-    for (const auto& [name, p] : params_)
-      if (name.rfind(prefix, 0) == 0) params.push_back(p);
+    params = block_parameters(l);
   }
   // Everything by value: the function runs again in backward, after forward() has returned.
   ForwardOptions options;

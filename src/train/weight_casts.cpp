@@ -26,13 +26,7 @@ BlockWeights StepWeightCasts::block(int64_t l) {
   return w;
 }
 
-std::vector<at::Tensor> StepWeightCasts::block_leaves(int64_t l) {
-  const std::string prefix = layer_prefix(l);
-  std::vector<at::Tensor> params;
-  for (const auto& [name, p] : model_.parameters())
-    if (name.rfind(prefix, 0) == 0) params.push_back(p);
-  return params;
-}
+std::vector<at::Tensor> StepWeightCasts::block_leaves(int64_t l) { return model_.block_parameters(l); }
 
 HeadWeights StepWeightCasts::head() {
   HeadWeights h;

@@ -74,6 +74,9 @@ class CausalLM {
 
   const ModelConfig& config() const { return config_; }
   const NamedTensors& parameters() const { return params_; }
+  // The parameters of block l (named model.layers.<l>.*), in parameters() order: what activation checkpointing
+  // differentiates a recomputed block through.
+  std::vector<at::Tensor> block_parameters(int64_t l) const;
   const at::Tensor& parameter(const std::string& name) const;
   at::ScalarType dtype() const { return params_.front().second.scalar_type(); }
   at::Device device() const { return params_.front().second.device(); }
