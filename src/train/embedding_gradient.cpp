@@ -20,6 +20,11 @@ void EmbeddingGradient::zero() {
   touched_.clear();
 }
 
+at::Tensor EmbeddingGradient::touched_rows() const {
+  if (touched_.empty()) return at::empty({0}, at::kLong);
+  return std::get<0>(at::_unique2(at::cat(touched_).to(at::kCPU, at::kLong), /*sorted=*/true));
+}
+
 at::Tensor EmbeddingGradient::sum_rows_in_order(const at::Tensor& grad) {
   if (!grad.is_sparse()) return grad;
   c10::NoGradGuard no_grad;

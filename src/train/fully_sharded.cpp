@@ -10,6 +10,7 @@
 #include <map>
 
 #include "archspace/dist/test_fault.h"
+#include "archspace/train/gradient_norm.h"
 #include "archspace/train/stability.h"
 #include "archspace/util/error.h"
 
@@ -449,17 +450,17 @@ double FullyShardedModel::clip_grad_norm(double max_norm) {
   at::Tensor squares = at::zeros({1}, f64);
   for (const auto& unit : units_)
     for (const auto& g : unit->groups)
-      if (g.grad.defined()) squares += g.grad.to(at::kDouble).pow(2).sum();
+      if (g.grad.defined()) squares += sum_of_squares(g.grad);
   shard_group_.all_reduce_sum(squares, "summing the squared gradient norms of step " + std::to_string(step_ + 1));
-  // The norm as the unsharded clip_grad_norm holds it (an fp32 tensor), and its coefficient from there.
-  const at::Tensor total = squares.sqrt().to(at::kFloat).squeeze();
+  // The norm as the unsharded clip_grad_norm holds it (fp64 squares rounded once to fp32), and its coefficient.
+  const float total = squares.sqrt().item<float>();
   if (max_norm > 0) {
-    const at::Tensor coef = at::clamp_max(max_norm / (total + 1e-6), 1.0);
+    const float coef = clip_coefficient(total, max_norm);
     for (auto& unit : units_)
       for (auto& g : unit->groups)
-        if (g.grad.defined()) g.grad.mul_(coef);
+        if (g.grad.defined()) scale_gradient(g.grad, coef);
   }
-  return total.item<double>();
+  return total;
 }
 
 nlohmann::json FullyShardedModel::layer_grad_norms(int64_t num_layers) {

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <map>
 
+#include "archspace/train/gradient_norm.h"
 #include "archspace/util/error.h"
 
 namespace archspace {
@@ -112,16 +113,26 @@ double scheduled_lr(int64_t step, int64_t max_steps, int64_t warmup, double lr, 
   return lr * (final_factor + (1 - final_factor) * 0.5 * (1 + std::cos(kPi * progress)));
 }
 
-double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm) {
+double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm,
+                      const std::vector<at::Tensor>& nonzero_rows) {
   c10::NoGradGuard no_grad;
-  std::vector<at::Tensor> norms;
-  for (const auto& p : params) norms.push_back(at::linalg_vector_norm(p.grad(), 2));
-  const at::Tensor total = at::linalg_vector_norm(at::stack(norms), 2);
-  if (max_norm > 0) {
-    const at::Tensor coef = at::clamp_max(max_norm / (total + 1e-6), 1.0);
-    for (const auto& p : params) p.mutable_grad().mul_(coef);
+  if (!nonzero_rows.empty() && nonzero_rows.size() != params.size())
+    throw Error("clip_grad_norm: nonzero_rows must have one entry per parameter");
+  const auto rows = [&](size_t i) { return nonzero_rows.empty() ? at::Tensor() : nonzero_rows[i]; };
+  at::Tensor squares;  // fp64, in parameter order
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (!params[i].grad().defined()) continue;
+    const at::Tensor s = sum_of_squares(params[i].grad(), rows(i));
+    squares = squares.defined() ? squares + s : s;
   }
-  return total.item<double>();
+  if (!squares.defined()) return 0.0;
+  const float total = squares.sqrt().item<float>();  // rounded once to the fp32 value clip_grad_norm_ reports
+  if (max_norm > 0) {
+    const float coef = clip_coefficient(total, max_norm);
+    for (size_t i = 0; i < params.size(); ++i)
+      if (params[i].grad().defined()) scale_gradient(params[i].mutable_grad(), coef, rows(i));
+  }
+  return total;
 }
 
 }  // namespace archspace

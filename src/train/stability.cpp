@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "archspace/train/gradient_norm.h"
+
 namespace archspace {
 
 using nlohmann::json;
@@ -15,7 +17,7 @@ std::vector<double> layer_grad_squares(const std::vector<std::string>& names, co
   for (size_t i = 0; i < names.size(); ++i) {
     const at::Tensor& g = params[i].grad();
     if (!g.defined()) continue;
-    const double sq = g.to(at::kDouble).pow(2).sum().item<double>();
+    const double sq = sum_of_squares(g).item<double>();
     if (names[i].rfind(prefix, 0) == 0) {
       const int64_t l = std::stoll(names[i].substr(prefix.size()));
       if (l >= 0 && l < num_layers) squares[static_cast<size_t>(l) + 2] += sq;

@@ -655,7 +655,14 @@ StepStats Trainer::train_step(int64_t step) {
     stats.layer_grad_norms = fsdp_ ? fsdp_->layer_grad_norms(L) : layer_grad_norms(names, params, L);
   }
   // FSDP: the norm of the whole gradient from every rank's shards (collective).
-  stats.grad_norm = fsdp_ ? fsdp_->clip_grad_norm(cfg_.clip_grad_norm) : clip_grad_norm(params, cfg_.clip_grad_norm);
+  // One process: clipping reads and scales only the embedding rows the step looked up (the rest are zeros).
+  std::vector<at::Tensor> nonzero_rows;
+  if (embedding_grad_) {
+    nonzero_rows.resize(params.size());
+    nonzero_rows[static_cast<size_t>(embedding_param_)] = embedding_grad_->touched_rows();
+  }
+  stats.grad_norm =
+      fsdp_ ? fsdp_->clip_grad_norm(cfg_.clip_grad_norm) : clip_grad_norm(params, cfg_.clip_grad_norm, nonzero_rows);
   stats.loss = ce / labelled;
   stats.z_loss = z / labelled;
   stats.batch_hash = hash;

@@ -4,7 +4,6 @@
 // carry.
 #include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
-#include <torch/nn/utils/clip_grad.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -261,28 +260,7 @@ TEST(Loss, SumsEqualCrossEntropyOverLabelledPositions) {
 
 // ---- optimizer side --------------------------------------------------------------------------------
 
-TEST(Clipping, EqualsTorchClipGradNorm) {
-  for (double max_norm : {0.5, 1e3}) {  // clipped, and a norm below the limit (left as it is)
-    at::manual_seed(1);
-    std::vector<at::Tensor> ours, theirs;
-    for (auto shape : {std::vector<int64_t>{7, 5}, {5}, {3, 2, 4}}) {
-      const at::Tensor grad = at::randn(shape);
-      for (auto* list : {&ours, &theirs}) {
-        at::Tensor p = at::zeros(shape).requires_grad_(true);
-        p.mutable_grad() = grad.clone();
-        list->push_back(p);
-      }
-    }
-    const double norm = clip_grad_norm(ours, max_norm);
-    EXPECT_EQ(norm, torch::nn::utils::clip_grad_norm_(theirs, max_norm));
-    for (size_t i = 0; i < ours.size(); ++i) EXPECT_TRUE(at::equal(ours[i].grad(), theirs[i].grad())) << i;
-  }
-  // max_norm 0: the norm is measured, the gradients are left alone.
-  at::Tensor p = at::zeros({2}).requires_grad_(true);
-  p.mutable_grad() = at::tensor({3.0f, 4.0f});
-  EXPECT_NEAR(clip_grad_norm({p}, 0), 5.0, 1e-6);
-  EXPECT_TRUE(at::equal(p.grad(), at::tensor({3.0f, 4.0f})));
-}
+// Clipping: tests/unit/test_gradient_norm.cpp.
 
 TEST(Schedule, WarmupThenCosineToTheFinalFactor) {
   const double lr = 1e-3;

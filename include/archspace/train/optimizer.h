@@ -62,7 +62,11 @@ class AdamW {
 double scheduled_lr(int64_t step, int64_t max_steps, int64_t warmup, double lr, double final_factor);
 
 // The global L2 norm of the gradients of `params` (before clipping), and, when max_norm > 0, the
-// gradients scaled by min(1, max_norm / (norm + 1e-6)) in place: torch.nn.utils.clip_grad_norm_.
-double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm);
+// gradients scaled by min(1, max_norm / (norm + 1e-6)) in place: torch.nn.utils.clip_grad_norm_, with the
+// norm from fp64 sums of squares rounded once to fp32 (train/gradient_norm.h; clip_grad_norm_ rounds an fp32
+// norm per parameter, off by up to ~1e-5 relative for a 100k-row embedding). `nonzero_rows`: empty, or one
+// entry per parameter, undefined or the sorted rows outside which its gradient is zero (not read or scaled).
+double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm,
+                      const std::vector<at::Tensor>& nonzero_rows = {});
 
 }  // namespace archspace
