@@ -14,7 +14,7 @@ it; the JSON records the variable).
 The sides run in alternating rounds (engine fp32, PyTorch fp32, engine bf16, PyTorch bf16, then again), so a busy
 neighbour slows both sides of a ratio alike; each ratio is reported as the median over rounds with its range.
 
-    .venv/bin/python bench/bench_train_step.py [--preset 190M] [--seq 512] [--steps 6] [--rounds 3] [--threads N]
+    .venv/bin/python bench/bench_train_step.py [--preset 190M] [--seq 512] [--steps 10] [--rounds 3] [--threads N]
 
 Goal (issue 25): bf16 >= 1.5x PyTorch eager with fused AdamW and >= 40% of the bf16 GEMM peak on CPUs with
 AVX512-BF16 or AMX; fp32 >= 1.1x. Results: bench/results/train-step-<time>.json and a table on stdout.
@@ -40,7 +40,11 @@ from bench_threads import cpu_flags  # noqa: E402
 from test_train import metrics, write_shards, write_toml  # noqa: E402
 
 BINARY = REPO / "build" / "archspace"
-WARMUP = 2  # steps not counted on either side (allocator and kernel caches)
+# Steps not counted on either side: kernel caches, and the engine's heap, which grows over the first steps
+# (AdamW's moments appear at step 1, then the allocator's free lists settle) until no step faults in a new
+# page (perf stat -e page-faults: none from step ~5 of the 190M preset). Steady state is what a run of
+# thousands of steps sees.
+WARMUP = 4
 
 
 def gemm_peak(dtype, threads, n=4096, repeat=5):
@@ -118,7 +122,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", default="190M")
     parser.add_argument("--seq", type=int, default=512)
-    parser.add_argument("--steps", type=int, default=6, help="steps per run (the first 2 are not counted)")
+    parser.add_argument("--steps", type=int, default=10, help=f"steps per run (the first {WARMUP} are not counted)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     args = parser.parse_args()
