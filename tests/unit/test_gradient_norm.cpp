@@ -115,8 +115,8 @@ TEST(Clipping, MatchesTorchClipGradNormWithAnFp64Norm) {
     for (size_t i = 0; i < ours.size(); ++i) {
       EXPECT_TRUE(at::equal(ours[i].grad(), original[i] * coef)) << i;
       // torch's coefficient differs from ours by the two norms' difference: relatively, a few fp32 roundings.
-      const double worst = ((ours[i].grad() - theirs[i].grad()).abs() / original[i].abs().clamp_min(1e-30)).max()
-                               .item<double>();
+      const double worst =
+          ((ours[i].grad() - theirs[i].grad()).abs() / original[i].abs().clamp_min(1e-30)).max().item<double>();
       EXPECT_LE(worst, tolerance::gamma(100 * 768) + 6 * tolerance::kFp32Unit) << i;
     }
   }
