@@ -112,6 +112,13 @@ c10::intrusive_ptr<c10d::ProcessGroup> make_process_group(const c10::intrusive_p
                                                             size, opts);
     pg->setDefaultBackend(c10d::ProcessGroup::BackendType::GLOO);
     pg->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::GLOO, gloo);
+    // Gloo's full-mesh connect can return on one rank while a peer still completes its side of their pair:
+    // a rank that then fails at once (an error every rank meets, such as a vocabulary mismatch) would close
+    // the pair under that peer, which reports "cannot join" instead of the real error (seen once in CI).
+    // No rank leaves here before every rank has its group (PyTorch's TORCH_DIST_INIT_BARRIER=1 does the same).
+    c10d::BarrierOptions joined_everywhere;
+    joined_everywhere.timeout = timeout;
+    pg->barrier(joined_everywhere)->wait();
   }
   return pg;
 }
