@@ -116,9 +116,12 @@ c10::intrusive_ptr<c10d::ProcessGroup> make_process_group(const c10::intrusive_p
     // a rank that then fails at once (an error every rank meets, such as a vocabulary mismatch) would close
     // the pair under that peer, which reports "cannot join" instead of the real error (seen once in CI).
     // No rank leaves here before every rank has its group (PyTorch's TORCH_DIST_INIT_BARRIER=1 does the same).
+    // Gloo's own barrier, not ProcessGroup::barrier: that one keeps its 1-byte tensor in a function-local static
+    // every call replaces, a race when ranks run as threads of one process (test_plan_sharded.cpp saw one rank's
+    // byte freed by another's barrier).
     c10d::BarrierOptions joined_everywhere;
     joined_everywhere.timeout = timeout;
-    pg->barrier(joined_everywhere)->wait();
+    gloo->barrier(joined_everywhere)->wait();
   }
   return pg;
 }
@@ -305,7 +308,9 @@ void DistGroup::barrier(const std::string& what, std::chrono::milliseconds timeo
     c10d::BarrierOptions o;
     o.timeout = timeout;
     if (impl_->device.is_cuda()) o.device_ids = {impl_->device.index()};
-    impl_->pg->barrier(o)->wait();
+    // The backend's barrier, as c10d's barrier op calls it: ProcessGroup::barrier's static tensor is shared by
+    // every group of the process (see make_process_group).
+    impl_->pg->getBackend(impl_->device.type())->barrier(o)->wait();
   });
 }
 
