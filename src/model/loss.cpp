@@ -6,6 +6,7 @@
 
 #include <string>
 
+#include "archspace/model/bf16_gemm.h"
 #include "archspace/model/cross_entropy_rows.h"
 #include "archspace/model/linear.h"
 #include "archspace/util/error.h"
@@ -145,13 +146,20 @@ struct ChunkedHeadLoss : torch::autograd::Function<ChunkedHeadLoss> {
         dm = d.to(mm);
       }
       if (need_h) grad_hs.narrow(0, s, c).copy_(at::mm(dm, w));
-      if (need_w) {
+      if (need_w && mm == at::kBFloat16 && acc == at::kFloat && hc.is_cpu() && fp32_output_bf16_gemm_is_fast()) {
+        // bf16 x bf16 products summed in fp32 straight into the fp32 gradient, chunk after chunk: no bf16 [V, D]
+        // product and no cast pass over it (autocast would round each chunk's product to bf16 first). Only where
+        // MKL runs it on AMX: elsewhere oneDNN's bf16 GEMM and the cast below are faster.
+        const bool first = !grad_w.defined();
+        if (first) grad_w = at::empty({V, D}, hc.options().dtype(acc));
+        bf16_matmul_into_fp32(grad_w, dm.t(), hc, /*accumulate=*/!first);
+      } else if (need_w) {
         if (!grad_w.defined())
           grad_w = at::mm(dm.t(), hc).to(acc);
         else if (mm == acc)
           grad_w.addmm_(dm.t(), hc);
         else
-          grad_w.add_(at::mm(dm.t(), hc));  // each chunk's product rounded to bf16 once, summed in fp32
+          grad_w.add_(at::mm(dm.t(), hc));  // each chunk's product rounded to its dtype once, summed in fp32
       }
     }
     if (need_w && !grad_w.defined()) grad_w = at::zeros({V, D}, w.options().dtype(acc));  // no labelled rows

@@ -336,8 +336,10 @@ MemoryPlan plan_memory(const ModelConfig& c, const PlanOptions& o) {
   // logit gradient and its bf16 [V, d] weight-gradient product; fp32 forms that in place). One chunk (N <=
   // loss_chunk_tokens): as chunked, and the chunk's logits in the matmul dtype kept from forward to backward
   // (where they become their gradient in place); the working set is the bf16 weight-gradient product under
-  // autocast. Counting every token as labelled: the copies of the labelled rows' labels and indices that SFT
-  // masks (and a window's last position) make are at most 16 bytes a token more.
+  // autocast (on a CPU with AMX, where MKL's fp32-output bf16 GEMM sums the products into the fp32 gradient,
+  // model/bf16_gemm.h, that product is never formed: the row is then 2 V d bytes over). Counting every token as
+  // labelled: the copies of the labelled rows' labels and indices that SFT masks (and a window's last position) make
+  // are at most 16 bytes a token more.
   int64_t head = (siamese(c) ? 3 : 1) * rms_norm_saved(w.d) + b.linear_input(1) * w.d;
   const int64_t chunk = o.loss_chunk_tokens;
   if (chunk > 0 && N > chunk) {

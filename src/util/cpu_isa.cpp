@@ -6,6 +6,10 @@
 
 #include "archspace/util/error.h"
 
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
+
 namespace archspace {
 
 const char* cpu_isa_name(CpuIsa isa) {
@@ -29,6 +33,16 @@ CpuIsa detected_cpu_isa() {
   return avx2 ? CpuIsa::kAvx2 : CpuIsa::kScalar;
 #else
   return CpuIsa::kScalar;
+#endif
+}
+
+bool cpu_has_amx_bf16() {
+#if defined(__x86_64__)
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
+  return (edx >> 22) & 1;  // CPUID.(EAX=7,ECX=0):EDX[22] = AMX-BF16
+#else
+  return false;
 #endif
 }
 

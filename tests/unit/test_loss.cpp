@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "archspace/eval/perplexity.h"
+#include "archspace/model/bf16_gemm.h"
 #include "archspace/model/causal_lm.h"
 #include "archspace/model/linear.h"
 #include "archspace/model/loss.h"
@@ -137,10 +138,11 @@ TEST(HeadLoss, BackwardMatchesFiniteDifferencesInFp64) {
 
 // bf16 autocast: both forms round h and W to bf16 and multiply them in bf16 (fp32 accumulation), the
 // logits rounded to bf16 and then fp32. The losses read the same bf16 logits. The gradients: each side
-// rounds the logits' gradient to bf16 (relative 2^-8) and its products to bf16 (2^-8; the chunked weight
-// gradient once per chunk, summed in fp32), so each is within 2 x 2^-8 of the exact product of the
-// gradient with the bf16 operands, elementwise relative to the product of magnitudes, and the two within
-// 4 x 2^-8 of each other. Also: bf16 differs from fp32 (autocast did apply).
+// rounds the logits' gradient to bf16 (relative 2^-8) and at most rounds its products to bf16 (2^-8; the
+// chunked weight gradient sums its bf16 x bf16 products in fp32 on CPUs with AMX, model/bf16_gemm.h, else
+// rounds once per chunk and sums in fp32), so each is within 2 x 2^-8 of the
+// exact product of the gradient with the bf16 operands, elementwise relative to the product of magnitudes,
+// and the two within 4 x 2^-8 of each other. Also: bf16 differs from fp32 (autocast did apply).
 TEST(HeadLoss, ChunkedEqualsUnchunkedUnderBf16Autocast) {
   at::manual_seed(7);
   const int64_t N = 90, D = 32, V = 301;
@@ -159,15 +161,21 @@ TEST(HeadLoss, ChunkedEqualsUnchunkedUnderBf16Autocast) {
   const double u = 0x1p-8;
   const at::Tensor bound_h = 4 * u * at::matmul(dl, w.to(at::kDouble).abs()) + 1e-30;
   const at::Tensor bound_w = 4 * u * at::matmul(dl.t(), h.to(at::kDouble).abs()) + 1e-30;
-  for (int64_t chunk : {7, 64}) {
-    const Result got = run(h, w, labels, 1e-2, chunk, true);
-    EXPECT_NEAR(got.ce, ref.ce, 1e-6 * std::abs(ref.ce)) << chunk;
-    EXPECT_NEAR(got.z, ref.z, 1e-6 * std::abs(ref.z)) << chunk;
-    EXPECT_EQ(got.grad_h.scalar_type(), at::kFloat);
-    EXPECT_TRUE(((got.grad_h - ref.grad_h).abs().to(at::kDouble) <= bound_h).all().item<bool>()) << chunk;
-    EXPECT_TRUE(((got.grad_w - ref.grad_w).abs().to(at::kDouble) <= bound_w).all().item<bool>()) << chunk;
-    std::printf("bf16 chunk %ld: grad_h %.3g grad_w %.3g relative (bf16 unit 3.9e-3)\n", long(chunk),
-                relative(got.grad_h, ref.grad_h), relative(got.grad_w, ref.grad_w));
+  // Both ways to the weight gradient, whichever this CPU takes (AMX's fp32 sums or the bf16 product and a cast).
+  for (bool fp32_sums : {false, true}) {
+    if (fp32_sums && !has_fp32_output_bf16_gemm()) continue;
+    ScopedFp32OutputBf16GemmChoice choice(fp32_sums);
+    for (int64_t chunk : {7, 64}) {
+      const Result got = run(h, w, labels, 1e-2, chunk, true);
+      const std::string what = std::to_string(chunk) + (fp32_sums ? " fp32 sums" : " bf16 products");
+      EXPECT_NEAR(got.ce, ref.ce, 1e-6 * std::abs(ref.ce)) << what;
+      EXPECT_NEAR(got.z, ref.z, 1e-6 * std::abs(ref.z)) << what;
+      EXPECT_EQ(got.grad_h.scalar_type(), at::kFloat);
+      EXPECT_TRUE(((got.grad_h - ref.grad_h).abs().to(at::kDouble) <= bound_h).all().item<bool>()) << what;
+      EXPECT_TRUE(((got.grad_w - ref.grad_w).abs().to(at::kDouble) <= bound_w).all().item<bool>()) << what;
+      std::printf("bf16 chunk %s: grad_h %.3g grad_w %.3g relative (bf16 unit 3.9e-3)\n", what.c_str(),
+                  relative(got.grad_h, ref.grad_h), relative(got.grad_w, ref.grad_w));
+    }
   }
 }
 

@@ -15,6 +15,10 @@ const char* cpu_isa_name(CpuIsa isa);  // "scalar", "avx2", "avx512_bf16"
 // What this CPU supports (cpuid), before the cap.
 CpuIsa detected_cpu_isa();
 
+// Whether this CPU has AMX with its bf16 tile multiply (cpuid leaf 7: Intel since Sapphire Rapids), where MKL's
+// bf16 GEMMs run on the tiles (model/bf16_gemm.h). Not an instruction set of the engine's own kernels.
+bool cpu_has_amx_bf16();
+
 // min(detected, ARCHSPACE_MAX_CPU_ISA), read once. Throws archspace::Error naming the variable and the valid
 // values when it is set to anything else.
 CpuIsa max_cpu_isa();
