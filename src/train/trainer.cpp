@@ -473,6 +473,13 @@ void Trainer::sync_ranks() {
 
 TrainResult Trainer::run() {
   resume();
+  // --stop-after stops at the one step it names: one the resumed run has already passed would never come,
+  // and the run would go on to max_steps (a test that read `latest` while a newer checkpoint was published
+  // but not yet named did exactly that).
+  if (options_.stop_after_step > 0 && options_.stop_after_step <= start_step_) {
+    throw Error("--stop-after " + std::to_string(options_.stop_after_step) + ": the run resumes at step " +
+                std::to_string(start_step_) + " (" + resume_from_ + "), past it; nothing was trained");
+  }
   sync_ranks();
   // The shares the mixture realised, beside the run (each start of the same run writes the same file).
   if (rank_ == 0 && !mixture_record_.is_null())

@@ -1,6 +1,7 @@
 """Shared helpers for the Python-side tests: the engine binary and tiny random transformers models."""
 import os
 import pathlib
+import signal
 import subprocess
 
 import numpy as np
@@ -12,9 +13,70 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 BINARY = pathlib.Path(os.environ.get("ARCHSPACE_BIN", REPO / "build" / "archspace"))
 
 
-def run_cli(*args, check=True):
+# Each test's wall-clock bound. The slowest test takes about 2 minutes on two idle cores; a test still running
+# after this is stuck, and fails by name (with whatever it started killed) instead of holding CI until its limit.
+TEST_TIMEOUT_S = int(os.environ.get("ARCHSPACE_TEST_TIMEOUT_S", "600"))
+
+
+class TestTimedOut(Exception):
+    pass
+
+
+def _descendants(pid):
+    """The processes below `pid` (from /proc): a timed-out test's engines, torchrun agents and their ranks."""
+    children = {}
+    for entry in pathlib.Path("/proc").iterdir():
+        try:
+            # /proc/PID/stat: "pid (comm) state ppid ...", comm may hold spaces or parentheses.
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append(int(entry.name))
+        except (ValueError, OSError, IndexError):
+            continue
+    found, stack = [], [pid]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            found.append(child)
+            stack.append(child)
+    return found
+
+
+@pytest.fixture(autouse=True)
+def bounded_test_time(request):
+    """SIGALRM after TEST_TIMEOUT_S: the test fails with TestTimedOut, and every process it left is killed."""
+    if TEST_TIMEOUT_S <= 0:
+        yield
+        return
+
+    def expired(signum, frame):
+        for pid in _descendants(os.getpid()):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        raise TestTimedOut(f"{request.node.nodeid} still ran after {TEST_TIMEOUT_S} s (ARCHSPACE_TEST_TIMEOUT_S); "
+                           "its processes were killed")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.alarm(TEST_TIMEOUT_S)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+# No engine command of the suite takes a minute on two cores; a run that goes on for this long is stuck (or
+# training toward a max_steps it was never meant to reach) and fails by name instead of holding CI until its limit.
+RUN_CLI_TIMEOUT_S = 300
+
+
+def run_cli(*args, check=True, timeout=RUN_CLI_TIMEOUT_S):
     """Runs build/archspace with the given arguments; returns the CompletedProcess."""
-    result = subprocess.run([str(BINARY), *map(str, args)], capture_output=True, text=True)
+    try:
+        result = subprocess.run([str(BINARY), *map(str, args)], capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        tail = (e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else e.stderr or "")[-2000:]
+        raise AssertionError(f"archspace {' '.join(map(str, args))} still ran after {timeout} s (killed):\n{tail}")
     if check and result.returncode != 0:
         raise AssertionError(f"archspace {' '.join(map(str, args))} failed ({result.returncode}):\n{result.stderr}")
     return result

@@ -269,6 +269,12 @@ def test_kill_between_publishing_and_latest_then_resume(tmp_path, resume_setup):
     assert result.returncode == -signal.SIGKILL
     ckpts = tmp_path / "crashed" / "checkpoints"
     assert (ckpts / "latest").read_text().strip() == "step-00000004" and (ckpts / "step-00000006").is_dir()
+    # --stop-after at the step it resumes from would never be reached: refused before any step, not a run on
+    # to max_steps; the checkpoints stay as they were.
+    before = sorted((p.name, p.stat().st_mtime_ns) for p in ckpts.iterdir())
+    expect_error(["train", "--config", resume_setup("crashed"), "--resume", "--stop-after", "6"], "--stop-after 6",
+                 "resumes at step 6", "step-00000006", "nothing was trained", timeout=120)
+    assert sorted((p.name, p.stat().st_mtime_ns) for p in ckpts.iterdir()) == before
     out = run_cli("train", "--config", resume_setup("crashed"), "--resume")
     assert "step-00000006 at step 6" in out.stdout + out.stderr
     assert_same_run(tmp_path / "straight", tmp_path / "crashed")
