@@ -13,7 +13,7 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 BINARY = pathlib.Path(os.environ.get("ARCHSPACE_BIN", REPO / "build" / "archspace"))
 
 
-# Each test's wall-clock bound. The slowest test takes about 2 minutes on two idle cores; a test still running
+# Each test's wall-clock bound. The slowest test took 56 s on two idle cores (2026-12-03); a test still running
 # after this is stuck, and fails by name (with whatever it started killed) instead of holding CI until its limit.
 TEST_TIMEOUT_S = int(os.environ.get("ARCHSPACE_TEST_TIMEOUT_S", "600"))
 
@@ -65,7 +65,7 @@ def bounded_test_time(request):
         signal.signal(signal.SIGALRM, previous)
 
 
-# No engine command of the suite takes a minute on two cores; a run that goes on for this long is stuck (or
+# No engine command of the suite takes a minute on two idle cores; a run that goes on for 300 s is stuck (or
 # training toward a max_steps it was never meant to reach) and fails by name instead of holding CI until its limit.
 RUN_CLI_TIMEOUT_S = 300
 
