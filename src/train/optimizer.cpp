@@ -6,6 +6,7 @@
 #include <cmath>
 #include <map>
 
+#include "archspace/train/adamw_kernel.h"
 #include "archspace/train/gradient_norm.h"
 #include "archspace/util/error.h"
 
@@ -49,10 +50,44 @@ void AdamW::fused_step(double lr, double weight_decay) {
   }
 }
 
-void AdamW::step(double lr, double weight_decay) {
+void AdamW::kernel_step(double lr, double weight_decay, float grad_scale,
+                        const std::vector<at::Tensor>& low_precision) {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const at::Tensor& param = params_[i].param;
+    if (!param.grad().defined() || !owns(i)) continue;
+    const AdamWScalars s =
+        adamw_scalars(lr, params_[i].decay ? weight_decay : 0.0, o_.beta1, o_.beta2, o_.eps, step_, grad_scale);
+    adamw_update(param, param.grad(), exp_avg_[i], exp_avg_sq_[i],
+                 low_precision.empty() ? at::Tensor() : low_precision[i], s);
+    param.unsafeGetTensorImpl()->bump_version();  // written through its data pointer: changed as an in-place op
+  }
+}
+
+void AdamW::step(double lr, double weight_decay, float grad_scale, const std::vector<at::Tensor>& low_precision) {
   c10::NoGradGuard no_grad;
+  if (!low_precision.empty() && low_precision.size() != params_.size())
+    throw Error("AdamW::step: " + std::to_string(low_precision.size()) + " low-precision copies for " +
+                std::to_string(params_.size()) + " parameters");
   ++step_;
-  if (o_.fused) return fused_step(lr, weight_decay);
+  bool kernel = o_.fused;
+  for (size_t i = 0; i < params_.size() && kernel; ++i)
+    if (params_[i].param.grad().defined() && owns(i))
+      kernel = adamw_kernel_applies(params_[i].param, params_[i].param.grad(),
+                                    low_precision.empty() ? at::Tensor() : low_precision[i]);
+  if (kernel) return kernel_step(lr, weight_decay, grad_scale, low_precision);
+  // ATen's ops: the gradients scaled before, the copies written after.
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (params_[i].param.grad().defined() && owns(i)) scale_gradient(params_[i].param.mutable_grad(), grad_scale);
+  if (o_.fused)
+    fused_step(lr, weight_decay);
+  else
+    loop_step(lr, weight_decay);
+  for (size_t i = 0; i < low_precision.size(); ++i)
+    if (low_precision[i].defined() && params_[i].param.grad().defined() && owns(i))
+      low_precision[i].copy_(params_[i].param);
+}
+
+void AdamW::loop_step(double lr, double weight_decay) {
   const double bias_correction1 = 1 - std::pow(o_.beta1, static_cast<double>(step_));
   const double bias_correction2 = 1 - std::pow(o_.beta2, static_cast<double>(step_));
   const double step_size = lr / bias_correction1;
@@ -113,26 +148,33 @@ double scheduled_lr(int64_t step, int64_t max_steps, int64_t warmup, double lr, 
   return lr * (final_factor + (1 - final_factor) * 0.5 * (1 + std::cos(kPi * progress)));
 }
 
-double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm,
-                      const std::vector<at::Tensor>& nonzero_rows) {
+GradientClip clip_gradient_norm(const std::vector<at::Tensor>& params, double max_norm,
+                                const std::vector<at::Tensor>& nonzero_rows) {
   c10::NoGradGuard no_grad;
   if (!nonzero_rows.empty() && nonzero_rows.size() != params.size())
     throw Error("clip_grad_norm: nonzero_rows must have one entry per parameter");
-  const auto rows = [&](size_t i) { return nonzero_rows.empty() ? at::Tensor() : nonzero_rows[i]; };
   at::Tensor squares;  // fp64, in parameter order
   for (size_t i = 0; i < params.size(); ++i) {
     if (!params[i].grad().defined()) continue;
-    const at::Tensor s = sum_of_squares(params[i].grad(), rows(i));
+    const at::Tensor s = sum_of_squares(params[i].grad(), nonzero_rows.empty() ? at::Tensor() : nonzero_rows[i]);
     squares = squares.defined() ? squares + s : s;
   }
-  if (!squares.defined()) return 0.0;
+  GradientClip clip;
+  if (!squares.defined()) return clip;
   const float total = squares.sqrt().item<float>();  // rounded once to the fp32 value clip_grad_norm_ reports
-  if (max_norm > 0) {
-    const float coef = clip_coefficient(total, max_norm);
-    for (size_t i = 0; i < params.size(); ++i)
-      if (params[i].grad().defined()) scale_gradient(params[i].mutable_grad(), coef, rows(i));
-  }
-  return total;
+  clip.norm = total;
+  if (max_norm > 0) clip.coefficient = clip_coefficient(total, max_norm);
+  return clip;
+}
+
+double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm,
+                      const std::vector<at::Tensor>& nonzero_rows) {
+  const GradientClip clip = clip_gradient_norm(params, max_norm, nonzero_rows);
+  c10::NoGradGuard no_grad;
+  for (size_t i = 0; i < params.size() && clip.coefficient != 1; ++i)
+    if (params[i].grad().defined())
+      scale_gradient(params[i].mutable_grad(), clip.coefficient, nonzero_rows.empty() ? at::Tensor() : nonzero_rows[i]);
+  return clip.norm;
 }
 
 }  // namespace archspace

@@ -315,8 +315,10 @@ void Trainer::setup_optimizer() {
       embedding_param_ = static_cast<int64_t>(i);
     }
   }
-  // bf16: the matmul weights cast once per optimizer step, not once per micro-batch and recomputation.
-  if (cfg_.dtype == DType::kBf16) weight_casts_ = std::make_unique<StepWeightCasts>(*model_, at::kBFloat16);
+  // bf16: the matmul weights cast once, then rewritten by each optimizer step, not cast once per micro-batch and
+  // recomputation. ZeRO-1: the owners' updates arrive by broadcast, which the copies would miss: cast every step.
+  if (cfg_.dtype == DType::kBf16)
+    weight_casts_ = std::make_unique<StepWeightCasts>(*model_, at::kBFloat16, /*kept_across_steps=*/owner_.empty());
 }
 
 // FSDP: the optimizer updates this rank's shards; the model's own tensors are released (the forward reads
@@ -635,7 +637,7 @@ StepStats Trainer::train_step(int64_t step) {
     ce += sums.ce_sum.item<double>();
     z += sums.z_sum.item<double>();
   }
-  if (weight_casts_) weight_casts_->end_step();  // freed before the optimizer's step
+  if (weight_casts_) weight_casts_->end_step();  // the step's graph handles dropped before the optimizer's step
   std::string hash;
   if (dist_) {  // report the global batch's values, as one process would
     at::Tensor sums = at::tensor({ce, z}, at::kDouble);
@@ -668,8 +670,17 @@ StepStats Trainer::train_step(int64_t step) {
     nonzero_rows.resize(params.size());
     nonzero_rows[static_cast<size_t>(embedding_param_)] = embedding_grad_->touched_rows();
   }
-  stats.grad_norm =
-      fsdp_ ? fsdp_->clip_grad_norm(cfg_.clip_grad_norm) : clip_grad_norm(params, cfg_.clip_grad_norm, nonzero_rows);
+  // The optimizer's one-pass kernel applies the clip's coefficient as it reads each gradient (no pass of its own).
+  float grad_scale = 1;
+  if (fsdp_) {
+    stats.grad_norm = fsdp_->clip_grad_norm(cfg_.clip_grad_norm);
+  } else if (optimizer_->single_pass(device_)) {
+    const GradientClip clip = clip_gradient_norm(params, cfg_.clip_grad_norm, nonzero_rows);
+    stats.grad_norm = clip.norm;
+    grad_scale = clip.coefficient;
+  } else {
+    stats.grad_norm = clip_grad_norm(params, cfg_.clip_grad_norm, nonzero_rows);
+  }
   stats.loss = ce / labelled;
   stats.z_loss = z / labelled;
   stats.batch_hash = hash;
@@ -717,7 +728,11 @@ StepStats Trainer::train_step(int64_t step) {
   {
     RECORD_USER_SCOPE("archspace::optimizer_step");
     if (fsdp_) fsdp_->attach_gradients();  // each optimizer group's part of the (clipped) shard gradients
-    optimizer_->step(stats.lr, cfg_.weight_decay);
+    // bf16: the optimizer also writes the next step's bf16 weights (StepWeightCasts' copies, kept across steps).
+    const std::vector<at::Tensor> copies =
+        weight_casts_ ? weight_casts_->copies_for(params) : std::vector<at::Tensor>{};
+    optimizer_->step(stats.lr, cfg_.weight_decay, grad_scale, copies);
+    if (weight_casts_) weight_casts_->copies_written(params);
   }
   broadcast_updates();
   zero_gradients();

@@ -15,8 +15,10 @@
 #include "archspace/config/train_config.h"
 #include "archspace/data/instance_loader.h"
 #include "archspace/model/loss.h"
+#include "archspace/train/adamw_kernel.h"
 #include "archspace/train/autocast.h"
 #include "archspace/train/batches.h"
+#include "archspace/train/gradient_norm.h"
 #include "archspace/train/metrics_log.h"
 #include "archspace/train/optimizer.h"
 #include "archspace/train/run_tokenizer.h"
@@ -488,6 +490,107 @@ TEST(AdamW, FusedUpdatesOnlyOwnedParameters) {
   EXPECT_LE(weights, 2e-6);
   EXPECT_LE(moments, 1e-6);
   EXPECT_TRUE(at::equal(fused.groups()[1].param, init[1]));
+}
+
+// ---- the one-pass AdamW kernel (train/adamw_kernel.h) ------------------------------------------------
+
+namespace {
+
+struct KernelState {
+  at::Tensor p, g, m, v, low;
+};
+
+KernelState kernel_state(int64_t n, uint64_t seed) {
+  at::manual_seed(seed);
+  return {at::randn({n}), at::randn({n}), at::randn({n}) * 0.1, at::rand({n}) * 0.01, at::empty({n}, at::kBFloat16)};
+}
+
+}  // namespace
+
+// The AVX2 and scalar paths perform the same IEEE operations in the same order: equal bit for bit, tails
+// (n not a multiple of 8, or of a thread's share) included; the copy is the updated weight rounded as
+// at::BFloat16(float) rounds it (to nearest even).
+TEST(AdamWKernel, PathsAgreeBitForBitAndTheCopyIsTheRoundedWeight) {
+  const AdamWScalars s = adamw_scalars(1e-2, 0.1, 0.9, 0.95, 1e-8, /*step=*/3, /*grad_scale=*/0.37f);
+  for (int64_t n : {1, 7, 8, 9, 1000, 70001}) {
+    KernelState a = kernel_state(n, 11), b = kernel_state(n, 11);
+    adamw_update(a.p, a.g, a.m, a.v, a.low, s, CpuIsa::kScalar);
+    adamw_update(b.p, b.g, b.m, b.v, b.low, s, max_cpu_isa());
+    for (auto [x, y] : {std::pair{a.p, b.p}, {a.m, b.m}, {a.v, b.v}, {a.low, b.low}})
+      EXPECT_TRUE(at::equal(x, y)) << "n=" << n << ", isa " << cpu_isa_name(max_cpu_isa());
+    EXPECT_TRUE(at::equal(b.low, b.p.to(at::kBFloat16))) << n;
+    EXPECT_TRUE(at::equal(a.g, kernel_state(n, 11).g)) << "the gradient is read, not scaled in place";
+  }
+}
+
+// grad_scale is clip_grad_norm_'s multiplication folded into the pass: the same as scaling the gradient first
+// (scale_gradient, an fp32 product each) and updating with 1, bit for bit.
+TEST(AdamWKernel, TheGradScaleIsTheClipsMultiplication) {
+  const float coef = 0.123f;
+  KernelState a = kernel_state(4099, 5), b = kernel_state(4099, 5);
+  adamw_update(a.p, a.g, a.m, a.v, {}, adamw_scalars(3e-3, 0.1, 0.9, 0.95, 1e-8, 1, coef));
+  scale_gradient(b.g, coef);
+  adamw_update(b.p, b.g, b.m, b.v, {}, adamw_scalars(3e-3, 0.1, 0.9, 0.95, 1e-8, 1, 1.0f));
+  EXPECT_TRUE(at::equal(a.p, b.p));
+  EXPECT_TRUE(at::equal(a.m, b.m));
+  EXPECT_TRUE(at::equal(a.v, b.v));
+}
+
+// The first moment is ATen's lerp_ bit for bit, for 1 - beta1 below 0.5 (the usual) and from 0.5 up, where
+// ATen computes it from the gradient's end.
+TEST(AdamWKernel, TheFirstMomentIsAtensLerp) {
+  for (double beta1 : {0.9, 0.3}) {
+    KernelState a = kernel_state(1003, 9);
+    const at::Tensor expected = a.m.clone().lerp_(a.g, 1 - beta1);
+    for (CpuIsa isa : {CpuIsa::kScalar, max_cpu_isa()}) {
+      KernelState b = kernel_state(1003, 9);
+      adamw_update(b.p, b.g, b.m, b.v, {}, adamw_scalars(1e-3, 0, beta1, 0.95, 1e-8, 1, 1), isa);
+      EXPECT_TRUE(at::equal(b.m, expected)) << "beta1 " << beta1 << ", isa " << cpu_isa_name(isa);
+    }
+  }
+}
+
+TEST(AdamWKernel, BadOperandsAreRefused) {
+  KernelState a = kernel_state(16, 1);
+  const AdamWScalars s = adamw_scalars(1e-3, 0, 0.9, 0.95, 1e-8, 1, 1);
+  expect_error([&] { adamw_update(a.p, a.g.narrow(0, 0, 8), a.m, a.v, {}, s); }, {"adamw_update", "one shape"});
+  expect_error([&] { adamw_update(a.p, a.g.to(at::kDouble), a.m, a.v, {}, s); }, {"fp32"});
+  expect_error([&] { adamw_update(a.p, a.g, a.m, a.v, at::empty({16}), s); }, {"bf16"});
+}
+
+// AdamW::step's grad_scale and low-precision copies on both paths: the fused one (the kernel: gradients left
+// as they were) and the per-tensor loop (ATen's ops: gradients scaled in place, copies written after). The
+// weights agree within the fused-vs-loop bound above; each copy is its own path's weight rounded to bf16.
+TEST(AdamW, GradScaleAndLowPrecisionCopiesOnBothPaths) {
+  at::manual_seed(3);
+  const std::vector<at::Tensor> init = {at::randn({64, 32}), at::randn({32}), at::randn({7, 5, 3})};
+  AdamW loop = adamw_of(init, false), fused = adamw_of(init, true);
+  ASSERT_TRUE(fused.single_pass(at::kCPU));
+  ASSERT_FALSE(loop.single_pass(at::kCPU));
+  for (int s = 0; s < 5; ++s) {
+    std::vector<at::Tensor> loop_copies, fused_copies, grads;
+    for (size_t i = 0; i < init.size(); ++i) {
+      grads.push_back(at::randn(init[i].sizes()));
+      loop.groups()[i].param.mutable_grad() = grads[i].clone();
+      fused.groups()[i].param.mutable_grad() = grads[i].clone();
+      // The second parameter has no copy: not every weight is a matmul weight.
+      loop_copies.push_back(i == 1 ? at::Tensor() : at::empty(init[i].sizes(), at::kBFloat16));
+      fused_copies.push_back(i == 1 ? at::Tensor() : at::empty(init[i].sizes(), at::kBFloat16));
+    }
+    const float coef = 0.5f + 0.1f * static_cast<float>(s);
+    loop.step(1e-2, 0.1, coef, loop_copies);
+    fused.step(1e-2, 0.1, coef, fused_copies);
+    for (size_t i = 0; i < init.size(); ++i) {
+      const at::Tensor &a = loop.groups()[i].param, &b = fused.groups()[i].param;
+      EXPECT_LE((a - b).abs().max().item<double>(), 2e-6) << "step " << s << " parameter " << i;
+      EXPECT_TRUE(at::equal(b.grad(), grads[i])) << "the kernel reads the gradient without scaling it";
+      EXPECT_TRUE(at::equal(a.grad(), grads[i] * coef)) << "the loop scales it first, as clip_grad_norm_ does";
+      if (i == 1) continue;
+      EXPECT_TRUE(at::equal(loop_copies[i], a.to(at::kBFloat16)));
+      EXPECT_TRUE(at::equal(fused_copies[i], b.to(at::kBFloat16)));
+    }
+  }
+  expect_error([&] { fused.step(1e-2, 0.1, 1.0f, {at::Tensor()}); }, {"1 low-precision copies for 3 parameters"});
 }
 
 // ---- sweeps (train/sweep.h) ----------------------------------------------------------------------

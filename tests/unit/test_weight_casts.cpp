@@ -8,6 +8,7 @@
 #include "archspace/model/causal_lm.h"
 #include "archspace/model/loss.h"
 #include "archspace/train/autocast.h"
+#include "archspace/train/optimizer.h"
 #include "archspace/train/weight_casts.h"
 #include "test_support.h"
 
@@ -73,6 +74,52 @@ TEST(StepWeightCasts, OneCastPerWeightAndStepSameGradientsAsAutocast) {
       step(model, batches, checkpointing, &casts);  // the next step casts again (the weights would have changed)
       EXPECT_EQ(casts.casts_made(), 2 * (matmul_weights + 1)) << what;
     }
+  }
+}
+
+// kept_across_steps (the Trainer's unsharded runs): the optimizer's pass rewrites the copies, so the next step
+// casts nothing and still computes autocast's losses and gradients bit for bit from the updated weights; a
+// weight changed any other way (an in-place op bumps its version) is cast again, alone.
+TEST(StepWeightCasts, KeptCopiesAreRewrittenByTheOptimizerNotCastAgain) {
+  for (bool fused : {true, false}) {
+    CausalLM model = CausalLM::random_init(preset("tiny"), 5);
+    std::vector<AdamW::Group> groups;
+    std::vector<at::Tensor> params;
+    for (auto& [name, p] : model.parameters()) {
+      p.requires_grad_(true);
+      groups.push_back({name, p, true});
+      params.push_back(p);
+    }
+    AdamW optimizer(groups, {0.9, 0.95, 1e-8, fused});
+    const int64_t V = model.config().vocab_size;
+    std::vector<at::Tensor> batches;
+    for (int m = 0; m < 2; ++m) batches.push_back(at::randint(V, {2, 9}, at::kLong));
+    StepWeightCasts casts(model, at::kBFloat16, /*kept_across_steps=*/true);
+    step(model, batches, false, &casts);
+    const int64_t first = casts.casts_made();
+    const std::vector<at::Tensor> copies = casts.copies_for(params);
+    int64_t with_copies = 0;
+    for (const at::Tensor& c : copies) with_copies += c.defined();
+    EXPECT_EQ(with_copies, first);  // one per matmul weight and the head
+    optimizer.step(1e-2, 0.1, 0.7f, copies);
+    casts.copies_written(params);
+
+    const StepResult reference = step(model, batches, false, nullptr);
+    const StepResult kept = step(model, batches, false, &casts);
+    EXPECT_EQ(casts.casts_made(), first) << "fused " << fused;
+    EXPECT_EQ(kept.losses, reference.losses) << "fused " << fused;
+    for (size_t i = 0; i < reference.grads.size(); ++i)
+      EXPECT_TRUE(at::equal(kept.grads[i].second, reference.grads[i].second)) << reference.grads[i].first;
+
+    {
+      c10::NoGradGuard no_grad;
+      model.layers()[0].q_proj.add_(0.25);
+    }
+    const StepResult changed_reference = step(model, batches, false, nullptr);
+    const StepResult changed = step(model, batches, false, &casts);
+    EXPECT_EQ(casts.casts_made(), first + 1) << "fused " << fused;
+    EXPECT_EQ(changed.losses, changed_reference.losses) << "fused " << fused;
+    EXPECT_NE(changed.losses, kept.losses);
   }
 }
 

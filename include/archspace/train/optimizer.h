@@ -14,8 +14,9 @@ namespace archspace {
 
 struct AdamWOptions {
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
-  // at::_fused_adamw_ (torch.optim.AdamW(fused=True)): one kernel over all parameters instead of five ops
-  // per tensor. The same formula, evaluated in another order: equal up to fp32 rounding (test_train.cpp).
+  // One pass per parameter instead of five ops per tensor: on the CPU the engine's kernel
+  // (train/adamw_kernel.h: the loop's arithmetic, with the clip and the bf16 copies in the same pass), on CUDA
+  // at::_fused_adamw_ (torch.optim.AdamW(fused=True)); equal to the loop up to fp32 rounding (test_train.cpp).
   bool fused = false;
 };
 
@@ -32,8 +33,15 @@ class AdamW {
   AdamW(std::vector<Group> params, AdamWOptions options);
 
   // One update with learning rate `lr` and weight decay `weight_decay` (applied to decay params only).
-  void step(double lr, double weight_decay);
+  // `grad_scale` multiplies every gradient first (clip_grad_norm_'s coefficient: clip_gradient_norm below
+  // computes it without scaling, and the update applies it); the gradients are left unscaled on the fused
+  // CPU path and scaled in place on the others. `low_precision`: empty, or one entry per parameter, undefined
+  // or a bf16 tensor of the parameter's shape that receives the updated weight (train/weight_casts.h).
+  void step(double lr, double weight_decay, float grad_scale = 1.0f, const std::vector<at::Tensor>& low_precision = {});
   int64_t steps_taken() const { return step_; }
+  // Whether step() runs the engine's one-pass kernel for parameters on `device` (fused, on the CPU), where a
+  // grad_scale and low-precision copies cost no pass of their own.
+  bool single_pass(const at::Device& device) const { return o_.fused && device.is_cpu(); }
 
   NamedTensors state() const;  // "exp_avg.NAME", "exp_avg_sq.NAME" (of the owned parameters)
   // Reads the moments of the owned parameters from a full state (every parameter's).
@@ -49,6 +57,8 @@ class AdamW {
 
  private:
   void fused_step(double lr, double weight_decay);
+  void loop_step(double lr, double weight_decay);
+  void kernel_step(double lr, double weight_decay, float grad_scale, const std::vector<at::Tensor>& low_precision);
 
   std::vector<Group> params_;
   std::vector<at::Tensor> exp_avg_, exp_avg_sq_;
@@ -60,6 +70,15 @@ class AdamW {
 // lr at (0-based) step: (step + 1) / warmup * lr during warm-up, then a cosine from lr down to
 // final_factor * lr at the last step.
 double scheduled_lr(int64_t step, int64_t max_steps, int64_t warmup, double lr, double final_factor);
+
+// The global L2 norm of the gradients of `params` and the coefficient clipping to max_norm multiplies them by,
+// min(1, max_norm / (norm + 1e-6)) (1 when max_norm <= 0), without scaling them: AdamW::step applies it.
+struct GradientClip {
+  double norm = 0;
+  float coefficient = 1;
+};
+GradientClip clip_gradient_norm(const std::vector<at::Tensor>& params, double max_norm,
+                                const std::vector<at::Tensor>& nonzero_rows = {});
 
 // The global L2 norm of the gradients of `params` (before clipping), and, when max_norm > 0, the
 // gradients scaled by min(1, max_norm / (norm + 1e-6)) in place: torch.nn.utils.clip_grad_norm_, with the
