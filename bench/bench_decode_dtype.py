@@ -1,13 +1,13 @@
-"""bf16 weights against fp32 for decoding (issue 25 items 1 and 4): batch-1 decode tokens/s of `archspace
-generate --dtype bf16` and `--dtype fp32` on the same model and prompt, run in alternating pairs (so both see
-the same machine), the ratio per pair with its median and range; and the roofline measured in the same run:
+"""bf16 and int8 weights against fp32 for decoding (issue 25 items 1 and 4): batch-1 decode tokens/s of `archspace
+generate --dtype fp32`, `--dtype bf16` and `--quantization int8` on the same model and prompt, run in rotating
+rounds (so all see the same machine), the ratio to fp32 per round with its median and range; and the roofline measured in the same run:
 memory read bandwidth (a torch.sum over a 1 GiB fp32 tensor with the same threads, larger than any cache), so
 each decode rate is also shown as a percentage of what reading its weights at that bandwidth would allow
 (the weights a token reads: every linear layer and the head, not the embedding table, which is gathered).
 
     .venv/bin/python bench/bench_decode_dtype.py [--preset 190M] [--prompt 128] [--new 32] [--pairs 5]
 
-Goal (issue 25): bf16 decode >= 1.8x fp32 on the 190M preset at batch 1. Results: bench/results/decode-dtype-<time>.json.
+Goals (issue 25): bf16 decode >= 1.8x fp32, int8 >= 3x, on the 190M preset at batch 1. Results: bench/results/decode-dtype-<time>.json.
 """
 import argparse
 import json
@@ -27,10 +27,14 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 BINARY = REPO / "build" / "archspace"
 
 
-def decode_rate(d, prompt, new, threads, dtype):
+# variant -> (generate's flags, bytes a weight): int8 keeps fp32 activations with int8 matmul weights.
+VARIANTS = {"fp32": (["--dtype", "fp32"], 4), "bf16": (["--dtype", "bf16"], 2), "int8": (["--quantization", "int8"], 1)}
+
+
+def decode_rate(d, prompt, new, threads, variant):
     r = subprocess.run([str(BINARY), "--threads", str(threads), "generate", "--model", str(d), "--tokenizer", "dolma2",
-                        "--prompt-tokens", " ".join(map(str, prompt)), "--max-new-tokens", str(new), "--dtype", dtype],
-                       capture_output=True, text=True, check=True)
+                        "--prompt-tokens", " ".join(map(str, prompt)), "--max-new-tokens", str(new),
+                        *VARIANTS[variant][0]], capture_output=True, text=True, check=True)
     m = re.search(r"decode (\d+) tokens in ([0-9.]+) s", r.stderr)
     return int(m.group(1)) / float(m.group(2))
 
@@ -65,7 +69,7 @@ def main():
     parser.add_argument("--prompt", type=int, default=128)
     parser.add_argument("--new", type=int, default=32)
     parser.add_argument("--threads", type=int, default=os.cpu_count())
-    parser.add_argument("--pairs", type=int, default=5)
+    parser.add_argument("--pairs", type=int, default=5, help="rounds, each running every variant once")
     parser.add_argument("--model-cache", default=str(REPO / "bench" / "results" / "models"))
     args = parser.parse_args()
     load_before = pathlib.Path("/proc/loadavg").read_text().strip()
@@ -73,35 +77,39 @@ def main():
     prompt = np.random.default_rng(0).integers(0, 100000, args.prompt).tolist()
     d = model_dir(args.preset, "base", args.model_cache)
     bandwidth = [read_bandwidth(args.threads)]
-    fp32, bf16 = [], []
-    for i in range(args.pairs):  # alternate which goes first, so a drift in the machine falls on both
-        order = ("fp32", "bf16") if i % 2 == 0 else ("bf16", "fp32")
-        for dtype in order:
-            (fp32 if dtype == "fp32" else bf16).append(decode_rate(d, prompt, args.new, args.threads, dtype))
+    variants = list(VARIANTS)
+    rates = {v: [] for v in variants}
+    for i in range(args.pairs):  # rotate which goes first, so a drift in the machine falls on all
+        for v in variants[i % len(variants):] + variants[:i % len(variants)]:
+            rates[v].append(decode_rate(d, prompt, args.new, args.threads, v))
     bandwidth.append(read_bandwidth(args.threads))
-    ratios = [b / f for f, b in zip(fp32, bf16)]
+    ratios = {v: [r / f for f, r in zip(rates["fp32"], rates[v])] for v in variants if v != "fp32"}
     params = weights_read_per_token(d)
     gbs = statistics.median(bandwidth)
-    limit = {"fp32": gbs * 1e9 / (4 * params), "bf16": gbs * 1e9 / (2 * params)}  # tokens/s at the roofline
-    med = {"fp32": statistics.median(fp32), "bf16": statistics.median(bf16)}
+    limit = {v: gbs * 1e9 / (VARIANTS[v][1] * params) for v in variants}  # tokens/s at the roofline
+    med = {v: statistics.median(rates[v]) for v in variants}
     result = {"benchmark": "decode-dtype", "preset": args.preset, "prompt_tokens": args.prompt, "new_tokens": args.new,
               "threads": args.threads, "cpu_flags": cpu_flags(), "load_before": load_before,
               "load_after": pathlib.Path("/proc/loadavg").read_text().strip(),
               "read_bandwidth_gb_s": bandwidth, "weights_read_per_token": params,
-              "fp32_decode_tok_s": fp32, "bf16_decode_tok_s": bf16, "bf16_over_fp32": ratios,
-              "bf16_over_fp32_median": statistics.median(ratios),
+              **{f"{v}_decode_tok_s": rates[v] for v in variants},
+              **{f"{v}_over_fp32": ratios[v] for v in ratios},
+              **{f"{v}_over_fp32_median": statistics.median(ratios[v]) for v in ratios},
               "roofline_tok_s": limit, "percent_of_roofline": {k: 100 * med[k] / limit[k] for k in med}}
     out = REPO / "bench" / "results" / f"decode-dtype-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"\nbatch-1 decode, {args.preset}, prompt {args.prompt}, {args.new} new tokens, {args.threads} threads, "
-          f"{args.pairs} alternating pairs")
+          f"{args.pairs} rotating rounds")
     print(f"  read bandwidth {gbs:.1f} GB/s (before/after: {bandwidth[0]:.1f}/{bandwidth[1]:.1f}); "
           f"{params / 1e6:.0f}M weights read per token")
-    for k, runs in (("fp32", fp32), ("bf16", bf16)):
+    for k in variants:
+        runs = rates[k]
         print(f"  {k}: median {med[k]:.1f} tok/s (range {min(runs):.1f}-{max(runs):.1f}); roofline "
               f"{limit[k]:.1f} tok/s: {100 * med[k] / limit[k]:.0f}% of it")
-    print(f"  bf16 / fp32: median {statistics.median(ratios):.2f}x (range {min(ratios):.2f}-{max(ratios):.2f}; goal 1.8x)")
+    for k, goal in (("bf16", 1.8), ("int8", 3.0)):
+        r = ratios[k]
+        print(f"  {k} / fp32: median {statistics.median(r):.2f}x (range {min(r):.2f}-{max(r):.2f}; goal {goal}x)")
     print(f"  load after: {result['load_after']}; wrote {out}")
 
 

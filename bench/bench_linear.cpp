@@ -1,14 +1,14 @@
 // Decode-shaped matrix products: the engine's streaming kernel (model/linear) against at::linear, on the
-// weight shapes of a preset, for 1 and 4 rows, fp32 or bf16 (--dtype), CPU. Reports GB/s of weights read and
-// the ratio (at::linear time / streaming time: > 1 means the kernel is faster), the median of --repeat
-// timings, and checks the two results agree. With --dtype bf16 it also times the fp32 streaming kernel on
-// the same shape, side by side: "vs fp32" is fp32 streaming time / bf16 streaming time (2 would be all of
-// the halved bytes). JSON to bench/results/linear-<time>.json (--out), a table on stdout.
-// A weight that fits in the last-level cache stays there across repeats, so its GB/s can exceed memory
-// bandwidth; in a real decode step the 12 layers' weights do not fit, and the lm_head row (hundreds of
-// MB) is the memory-bound case.
+// weight shapes of a preset, for 1 and 4 rows, fp32, bf16 or int8 weights (--dtype; int8: model/int8_weights,
+// fp32 activations, its at::linear column the fp32 GEMV on the unquantized weight), CPU. Reports GB/s of weights read
+// and the ratio (at::linear time / streaming time: > 1 means the kernel is faster), the median of --repeat timings, and
+// checks the two results agree. With --dtype bf16 or int8 it also times the fp32 streaming kernel on the same shape,
+// side by side: "vs fp32" is fp32 streaming time / this dtype's streaming time (2 for bf16, 4 for int8 would be all of
+// the saved bytes). JSON to bench/results/linear-<time>.json (--out), a table on stdout. A weight that fits in the
+// last-level cache stays there across repeats, so its GB/s can exceed memory bandwidth; in a real decode step the 12
+// layers' weights do not fit, and the lm_head row (hundreds of MB) is the memory-bound case.
 //
-//     build/bench_linear [--preset 190M] [--threads N] [--repeat 20] [--rows 1,4] [--dtype fp32|bf16] [--out FILE]
+//     build/bench_linear [--preset 190M] [--threads N] [--repeat 20] [--rows 1,4] [--dtype fp32|bf16|int8] [--out FILE]
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/core/InferenceMode.h>
@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "archspace/config/model_config.h"
+#include "archspace/model/int8_weights.h"
 #include "archspace/model/linear.h"
 #include "archspace/util/cpu_isa.h"
 
@@ -57,7 +58,7 @@ int main(int argc, char** argv) {
       repeat = std::stoi(value);
     else if (flag == "--out")
       out = value;
-    else if (flag == "--dtype" && (value == "fp32" || value == "bf16"))
+    else if (flag == "--dtype" && (value == "fp32" || value == "bf16" || value == "int8"))
       dtype_name = value;
     else if (flag == "--rows") {
       row_counts.clear();
@@ -85,28 +86,35 @@ int main(int argc, char** argv) {
                                      {"gate_proj", c.intermediate_size, d},
                                      {"down_proj", d, c.intermediate_size},
                                      {"lm_head", c.vocab_size, d}};
-  const bool bf16 = dtype_name == "bf16";
-  const at::ScalarType dtype = bf16 ? at::kBFloat16 : at::kFloat;
+  const bool bf16 = dtype_name == "bf16", int8 = dtype_name == "int8", narrow = bf16 || int8;
+  const at::ScalarType dtype = bf16 ? at::kBFloat16 : at::kFloat;  // of x (and of W unless int8)
   nlohmann::ordered_json rows = nlohmann::json::array();
   std::printf("decode-shaped linear, preset %s, %s CPU, %d threads, kernel path %s (median of %d)\n",
               preset_name.c_str(), dtype_name.c_str(), at::get_num_threads(), cpu_isa_name(max_cpu_isa()), repeat);
   std::printf("  %-10s %5s %18s %14s %14s %8s%s\n", "weight", "rows", "shape", "at::linear GB/s", "streaming GB/s",
-              "ratio", bf16 ? "  fp32 streaming GB/s  vs fp32" : "");
+              "ratio", narrow ? "  fp32 streaming GB/s  vs fp32" : "");
   for (const Shape& s : shapes) {
     at::Tensor w32 = at::randn({s.out, s.in});
-    at::Tensor w = w32.to(dtype);
-    const double gigabytes = static_cast<double>(w.numel()) * w.element_size() / 1e9;
+    at::Tensor w = int8 ? quantize_int8_rows(w32, s.name) : w32.to(dtype);
+    const at::Tensor w_aten = int8 ? w32 : w;  // at::linear has no int8-weight GEMV: the fp32 one
+    const auto stream = [&](const at::Tensor& x) {
+      return int8 ? int8_streaming_linear(x, w) : streaming_linear(x, w);
+    };
+    const double gigabytes = static_cast<double>(w.numel()) * (int8 ? 1 : w.element_size()) / 1e9;
+    const double aten_gigabytes = static_cast<double>(w_aten.numel()) * w_aten.element_size() / 1e9;
     for (int64_t m : row_counts) {
       at::Tensor x32 = at::randn({m, s.in});
       at::Tensor x = x32.to(dtype);
-      const double diff = (streaming_linear(x, w) - at::linear(x, w)).abs().max().item<double>();
-      const double t_aten = median_seconds(repeat, [&] { at::linear(x, w); });
-      const double t_stream = median_seconds(repeat, [&] { streaming_linear(x, w); });
-      const double t_fp32 = bf16 ? median_seconds(repeat, [&] { streaming_linear(x32, w32); }) : t_stream;
+      const at::Tensor w_ref = int8 ? dequantize_int8_rows(w) : w;  // what the kernel multiplies by
+      const double diff = (stream(x) - at::linear(x, w_ref)).abs().max().item<double>();
+      const double t_aten = median_seconds(repeat, [&] { at::linear(x, w_aten); });
+      const double t_stream = median_seconds(repeat, [&] { stream(x); });
+      const double t_fp32 = narrow ? median_seconds(repeat, [&] { streaming_linear(x32, w32); }) : t_stream;
       const std::string shape = std::to_string(s.out) + "x" + std::to_string(s.in);
       std::printf("  %-10s %5lld %18s %14.1f %14.1f %7.2fx", s.name.c_str(), (long long)m, shape.c_str(),
-                  gigabytes / t_aten, gigabytes / t_stream, t_aten / t_stream);
-      if (bf16) std::printf("  %20.1f %6.2fx", 2 * gigabytes / t_fp32, t_fp32 / t_stream);
+                  aten_gigabytes / t_aten, gigabytes / t_stream, t_aten / t_stream);
+      if (narrow)
+        std::printf("  %20.1f %6.2fx", 4 * static_cast<double>(w32.numel()) / 1e9 / t_fp32, t_fp32 / t_stream);
       std::printf("\n");
       nlohmann::ordered_json row = {{"weight", s.name},
                                     {"rows", m},
@@ -114,11 +122,11 @@ int main(int argc, char** argv) {
                                     {"in", s.in},
                                     {"aten_seconds", t_aten},
                                     {"streaming_seconds", t_stream},
-                                    {"aten_gb_s", gigabytes / t_aten},
+                                    {"aten_gb_s", aten_gigabytes / t_aten},
                                     {"streaming_gb_s", gigabytes / t_stream},
                                     {"speedup", t_aten / t_stream},
                                     {"max_abs_diff", diff}};
-      if (bf16) {
+      if (narrow) {
         row["fp32_streaming_seconds"] = t_fp32;
         row["speedup_vs_fp32_streaming"] = t_fp32 / t_stream;
       }

@@ -71,6 +71,15 @@ CLI::Option* add_dtype_option(CLI::App* app, std::string& value, const std::stri
       ->capture_default_str();
 }
 
+CLI::Option* add_quantization_option(CLI::App* app, std::string& value) {
+  return app
+      ->add_option("--quantization", value,
+                   "matmul weights as int8 with one scale per output row (CPU; decoding reads a quarter of fp32's "
+                   "bytes), or none")
+      ->check(choice_validator([](const std::string& s) { parse_quantization(s, ""); }, "none|int8"))
+      ->capture_default_str();
+}
+
 CLI::Option* add_device_option(CLI::App* app, std::string& value) {
   return app->add_option("--device", value, "compute device")
       ->check(choice_validator([](const std::string& s) { parse_device(s, ""); }, "cpu|cuda[:N]"))

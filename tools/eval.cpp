@@ -33,6 +33,7 @@ namespace {
 
 struct PplArgs {
   std::string model, data, tokenizer, out, dtype = "fp32", device = "cpu", token_dtype, profile;
+  std::string quantization = "none";
   int64_t max_tokens = 0;
   PerplexityOptions options;
 };
@@ -53,6 +54,7 @@ void check_writable(const std::string& path) {
 struct DownstreamArgs {
   std::string model, tasks, format = "rc", out, requests_out, tokenizer, dtype = "fp32", device = "cpu", rescore, suite,
                             profile;
+  std::string quantization = "none";
   std::vector<std::string> tasks_dirs;
   bool chat = false;
   std::optional<int64_t> shots;
@@ -299,8 +301,9 @@ int run_downstream(const DownstreamArgs& a, bool limit_given) {
   }
 
   const std::string model_dir = resolve_model_dir(a.model);
-  CausalLM model = load_model(
-      model_dir, {scalar_type(parse_dtype(a.dtype, "--dtype")), parse_device(a.device, "--device").device()});
+  CausalLM model =
+      load_model(model_dir, {scalar_type(parse_dtype(a.dtype, "--dtype")), parse_device(a.device, "--device").device(),
+                             false, parse_quantization(a.quantization, "--quantization")});
   auto tokenizer = model_tokenizer(model_dir, a.tokenizer, model.config().vocab_size);
   CommandProfile profile(a.profile);                        // the evaluation's work, not the loading
   const double scoring_start = progress.elapsed_seconds();  // tokenizing and scoring, for throughput figures
@@ -389,6 +392,7 @@ int run_downstream(const DownstreamArgs& a, bool limit_given) {
   if (!a.out.empty()) {
     nlohmann::json j = {{"model", a.model},
                         {"dtype", a.dtype},
+                        {"quantization", a.quantization},
                         {"device", a.device},
                         {"tokenizer", tokenizer->name()},
                         {"elapsed_seconds", progress.elapsed_seconds()},
@@ -409,8 +413,9 @@ int run_ppl(const PplArgs& a) {
   namespace fs = std::filesystem;
   if (!a.out.empty()) check_writable(a.out);
   const std::string model_dir = resolve_model_dir(a.model);  // a run directory or checkpoint names its model
-  CausalLM model = load_model(
-      model_dir, {scalar_type(parse_dtype(a.dtype, "--dtype")), parse_device(a.device, "--device").device()});
+  CausalLM model =
+      load_model(model_dir, {scalar_type(parse_dtype(a.dtype, "--dtype")), parse_device(a.device, "--device").device(),
+                             false, parse_quantization(a.quantization, "--quantization")});
   std::vector<int64_t> tokens;
   std::string tokenizer_name;
   if (detect_token_format(a.data)) {
@@ -464,6 +469,8 @@ int run_ppl(const PplArgs& a) {
   const nlohmann::json j = {{"model", a.model},
                             {"data", a.data},
                             {"tokenizer", tokenizer_name},
+                            {"dtype", a.dtype},
+                            {"quantization", a.quantization},
                             {"tokens", tokens.size()},
                             {"scored_tokens", r.scored_tokens},
                             {"nll_sum", r.nll_sum},
@@ -505,6 +512,7 @@ Command add(CLI::App& parent) {
                   "tokenizer for text data (default: the one the model directory carries)");
   ppl->add_option("--out", a->out, "also write the JSON result here");
   add_dtype_option(ppl, a->dtype, "compute dtype");
+  add_quantization_option(ppl, a->quantization);
   add_device_option(ppl, a->device);
   add_profile_option(ppl, a->profile);
 
@@ -548,6 +556,7 @@ Command add(CLI::App& parent) {
                  "\"generation\" rows, without a model (gsm8k, minerva_math_*, drop, naturalqs_open, squad, coqa, "
                  "jeopardy, ifeval, bbh_*, popqa, codex_humaneval, codex_mbpp: their programs run in the sandbox)");
   add_dtype_option(ds, d->dtype, "compute dtype");
+  add_quantization_option(ds, d->quantization);
   add_device_option(ds, d->device);
   add_profile_option(ds, d->profile);
   return {eval, [a, ppl, d, ds, limit]() -> int {

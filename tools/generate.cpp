@@ -15,6 +15,7 @@ namespace {
 
 struct GenerateArgs {
   std::string model, prompt_tokens, messages, prompts_file, tokenizer, dtype = "fp32", device = "cpu", profile;
+  std::string quantization = "none";
   std::vector<std::string> prompts, stops;
   bool chat = false;
   GenerateOptions options;
@@ -71,7 +72,8 @@ int run(GenerateArgs a) {
   auto tokenizer = model_tokenizer(a.model, a.tokenizer, config.vocab_size);
   const Prompts prompts = gather_prompts(a, *tokenizer, config.vocab_size);
   CausalLM model =
-      load_model(a.model, {scalar_type(parse_dtype(a.dtype, "--dtype")), parse_device(a.device, "--device").device()});
+      load_model(a.model, {scalar_type(parse_dtype(a.dtype, "--dtype")), parse_device(a.device, "--device").device(),
+                           false, parse_quantization(a.quantization, "--quantization")});
   a.options.stop_ids = stop_token_ids(*tokenizer, model.config(), prompts.chat);
 
   CommandProfile profile(a.profile);
@@ -121,6 +123,7 @@ Command add(CLI::App& parent) {
   app->add_option("--stop", a->stops, "stop when the text contains this string (repeatable)");
   app->add_option("--tokenizer", a->tokenizer, "tokenizer (default: the one the model directory carries)");
   add_dtype_option(app, a->dtype, "compute dtype");
+  add_quantization_option(app, a->quantization);
   add_device_option(app, a->device);
   add_profile_option(app, a->profile);
   return {app, [a] { return run(*a); }};

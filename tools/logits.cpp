@@ -13,6 +13,7 @@ namespace {
 
 struct LogitsArgs {
   std::string model, tokens, out, dtype = "fp32", device = "cpu", attention = "sdpa";
+  std::string quantization = "none";
   int repeat = 1;  // >1: run the forward again and report each run's time (for bench/)
   bool allow_nonfinite = false;
 };
@@ -20,7 +21,8 @@ struct LogitsArgs {
 int run(const LogitsArgs& a) {
   const at::Device device = parse_device(a.device, "--device").device();
   const AttentionImpl impl = a.attention == "reference" ? AttentionImpl::kReference : AttentionImpl::kSdpa;
-  CausalLM model = load_model(a.model, {scalar_type(parse_dtype(a.dtype, "--dtype")), device, a.allow_nonfinite});
+  CausalLM model = load_model(a.model, {scalar_type(parse_dtype(a.dtype, "--dtype")), device, a.allow_nonfinite,
+                                        parse_quantization(a.quantization, "--quantization")});
   const std::vector<int64_t> ids = parse_token_ids(a.tokens, model.config().vocab_size, "--tokens");
   const at::Tensor input = at::tensor(ids, at::kLong).unsqueeze(0);
   at::Tensor logits;
@@ -50,6 +52,7 @@ Command add(CLI::App& parent) {
   app->add_option("--tokens", a->tokens, "token ids, space or comma separated, e.g. \"1 2 3\"")->required();
   app->add_option("--out", a->out, "output .safetensors file")->required();
   add_dtype_option(app, a->dtype, "compute dtype (the file is always fp32)");
+  add_quantization_option(app, a->quantization);
   add_device_option(app, a->device);
   app->add_option("--attention", a->attention,
                   "sdpa (fused kernels) or reference (the plain fp32 path tests compare against)")

@@ -18,6 +18,7 @@ namespace {
 
 struct ServeArgs {
   std::string model, tokenizer, model_name, dtype = "fp32", device = "cpu";
+  std::string quantization = "none";
   bool log_stats = true;
   serve::ServerOptions server;
 };
@@ -53,7 +54,8 @@ int run(ServeArgs a) {
   const ModelConfig config = load_model_config(a.model);
   auto tokenizer = model_tokenizer(a.model, a.tokenizer, config.vocab_size);
   CausalLM model =
-      load_model(a.model, {scalar_type(parse_dtype(a.dtype, "--dtype")), parse_device(a.device, "--device").device()});
+      load_model(a.model, {scalar_type(parse_dtype(a.dtype, "--dtype")), parse_device(a.device, "--device").device(),
+                           false, parse_quantization(a.quantization, "--quantization")});
   a.server.model_id = a.model_name;
   if (!a.log_stats) a.server.stats_interval_s = 0;
 
@@ -143,6 +145,7 @@ Command add(CLI::App& parent) {
       ->check(CLI::Range(int64_t{1}, int64_t{65536}));
   app->add_option("--tokenizer", a->tokenizer, "tokenizer (default: the one the model directory carries)");
   add_dtype_option(app, a->dtype, "compute dtype");
+  add_quantization_option(app, a->quantization);
   add_device_option(app, a->device);
   return {app, [a] { return run(*a); }};
 }

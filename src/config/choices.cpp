@@ -35,6 +35,10 @@ const std::vector<std::string>& data_format_choices() {
   static const std::vector<std::string> c = {"tokens", "chat"};
   return c;
 }
+const std::vector<std::string>& quantization_choices() {
+  static const std::vector<std::string> c = {"none", "int8"};
+  return c;
+}
 const std::vector<std::string>& sharding_choices() {
   static const std::vector<std::string> c = {"none", "optimizer", "full"};
   return c;
@@ -78,6 +82,12 @@ DataFormat parse_data_format(const std::string& text, const std::string& where) 
   unknown(where, "data format", text, listed(data_format_choices()));
 }
 
+Quantization parse_quantization(const std::string& text, const std::string& where) {
+  if (text == "none") return Quantization::kNone;
+  if (text == "int8") return Quantization::kInt8;
+  unknown(where, "quantization", text, listed(quantization_choices()));
+}
+
 Sharding parse_sharding(const std::string& text, const std::string& where) {
   const auto& names = sharding_choices();
   for (size_t i = 0; i < names.size(); ++i) {
@@ -109,6 +119,7 @@ std::string DeviceSpec::name() const {
 }
 
 const char* dtype_name(DType d) { return d == DType::kFp32 ? "fp32" : "bf16"; }
+const char* quantization_name(Quantization q) { return q == Quantization::kNone ? "none" : "int8"; }
 const char* data_format_name(DataFormat f) { return f == DataFormat::kTokens ? "tokens" : "chat"; }
 const char* sharding_name(Sharding s) {
   return s == Sharding::kNone ? "none" : s == Sharding::kOptimizer ? "optimizer" : "full";

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "archspace/model/activation_checkpoint.h"
+#include "archspace/model/int8_weights.h"
 #include "archspace/model/linear.h"
 #include "archspace/model/trace.h"
 #include "archspace/util/error.h"
@@ -80,7 +81,13 @@ CausalLM::CausalLM(ModelConfig config, NamedTensors params) : config_(std::move(
       throw Error("CausalLM: parameter " + std::to_string(i) + " is '" + name + "' " + shape_string(t.sizes().vec()) +
                   ", expected '" + specs[i].name + "' " + shape_string(specs[i].shape));
     }
-    if (t.scalar_type() != params_[0].second.scalar_type() || t.device() != params_[0].second.device()) {
+    if (is_int8_weight(t)) {  // --quantization int8: matmul weights only, on the CPU, zero points 0
+      if (specs[i].kind != ParamKind::kLinear || !params_[0].second.device().is_cpu() ||
+          !at::equal(t.q_per_channel_zero_points(), at::zeros({t.size(0)}, at::kLong))) {
+        throw Error("CausalLM: parameter '" + name +
+                    "' is int8, which only a matmul weight of a CPU model (zero points 0) may be");
+      }
+    } else if (t.scalar_type() != params_[0].second.scalar_type() || t.device() != params_[0].second.device()) {
       throw Error("CausalLM: parameter '" + name + "' differs in dtype or device from the others");
     }
     index_[name] = i;

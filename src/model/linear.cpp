@@ -7,13 +7,17 @@
 #include <algorithm>
 #include <cstring>
 
+#include "archspace/model/int8_weights.h"
 #include "archspace/util/cpu_isa.h"
+#include "streaming_gemv.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
 
 namespace archspace {
+
+using namespace streaming_gemv;  // the prefetch, sums and thread split shared with the int8 kernel
 
 namespace {
 
@@ -54,42 +58,6 @@ void dot_rows_bf16_scalar(const uint16_t* W, const float* x, c10::BFloat16* y, i
 }
 
 #if defined(__x86_64__)
-// Software prefetch: a weight matrix is one sequential stream, but the hardware prefetchers restart at every
-// 4 KB page and, while the kernel computes on several rows of x, do not keep enough lines in flight. Each
-// block of four rows asks for the block 64 KB ahead (within this thread's range of rows). Measured on
-// evaluation's decode (micro preset, gsm8k, 5-8 rows, the head [100278 x 64] read from memory every step;
-// Zen 5, 2 threads, medians of 4-5 alternating runs): AVX512 kernel 1.20-1.38x, AVX2 kernel 1.22x requests/s;
-// 32-128 KB ahead within noise of each other, 4 KB and 256 KB slower; batch-1 decode of the 190M preset (fp32
-// and bf16) unchanged within noise.
-constexpr int64_t kPrefetchAheadBytes = 64 * 1024;
-
-class WeightPrefetch {
- public:
-  WeightPrefetch(int64_t K, int64_t element_bytes)
-      : row_bytes_(std::max<int64_t>(1, K * element_bytes)),
-        ahead_rows_((kPrefetchAheadBytes / row_bytes_ + 4) / 4 * 4) {}
-
-  // Prefetches the block of four rows `ahead_rows_` after row n of W, if it is before n1.
-  void operator()(const void* W, int64_t n, int64_t n1) const {
-    if (n + ahead_rows_ + 4 > n1) return;
-    const char* p = static_cast<const char*>(W) + (n + ahead_rows_) * row_bytes_;
-    for (int64_t b = 0; b < 4 * row_bytes_; b += 64) _mm_prefetch(p + b, _MM_HINT_T0);
-  }
-
- private:
-  int64_t row_bytes_;
-  int64_t ahead_rows_;  // a multiple of the four-row block, at least kPrefetchAheadBytes
-};
-
-// The eight sums of a0..a7's lanes, in that order, in one vector: three rounds of pairwise adds instead of
-// eight separate horizontal sums (which cost as much as the FMAs when K is small).
-__attribute__((target("avx2,fma"))) inline __m256 horizontal_sums8(__m256 a0, __m256 a1, __m256 a2, __m256 a3,
-                                                                   __m256 a4, __m256 a5, __m256 a6, __m256 a7) {
-  const __m256 s0123 = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
-  const __m256 s4567 = _mm256_hadd_ps(_mm256_hadd_ps(a4, a5), _mm256_hadd_ps(a6, a7));
-  return _mm256_add_ps(_mm256_permute2f128_ps(s0123, s4567, 0x20), _mm256_permute2f128_ps(s0123, s4567, 0x31));
-}
-
 __attribute__((target("avx2,fma"))) void dot_rows_avx2(const float* W, const float* x, float* y, int64_t M, int64_t N,
                                                        int64_t K, int64_t n0, int64_t n1) {
   const int64_t K8 = K - K % 8;
@@ -421,14 +389,6 @@ bool uses_streaming_linear(const at::Tensor& x, const at::Tensor& weight) {
 
 namespace {
 
-// Splits the output features over threads in blocks of four rows; 256 rows per task at least so that small
-// matrices do not pay for waking threads. `rows(n0, n1)` computes features [n0, n1) for every row of x.
-template <typename Rows>
-void for_feature_blocks(int64_t N, const Rows& rows) {
-  const int64_t blocks = (N + 3) / 4;
-  at::parallel_for(0, blocks, 64, [&](int64_t b0, int64_t b1) { rows(b0 * 4, std::min(N, b1 * 4)); });
-}
-
 void streaming_linear_fp32(const at::Tensor& x, const at::Tensor& weight, at::Tensor& y, CpuIsa isa) {
   const int64_t K = weight.size(1), N = weight.size(0), M = x.size(0);
   const float* W = weight.const_data_ptr<float>();
@@ -485,6 +445,7 @@ at::Tensor streaming_linear(const at::Tensor& x, const at::Tensor& weight, CpuIs
 }
 
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight) {
+  if (is_int8_weight(weight)) return int8_linear(x, weight);  // --quantization int8 (model/int8_weights.h)
   if (uses_streaming_linear(x, weight)) {
     // Named in profiles (util/profiler.h): it is not an ATen op, and in decoding it is most of the time.
     RECORD_FUNCTION("archspace::streaming_linear", c10::ArrayRef<const c10::IValue>{});

@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <set>
 
+#include "archspace/model/int8_weights.h"
 #include "archspace/util/error.h"
 
 namespace archspace {
@@ -56,8 +57,17 @@ CausalLM load_model(const std::string& dir, const LoadOptions& options) {
   ModelConfig config = load_model_config(dir);
   TensorStore store = TensorStore::open_dir(dir);
   check_weights(config, store, dir);
+  const bool int8 = options.quantization == Quantization::kInt8;
+  if (int8 && !options.device.is_cpu()) {
+    throw Error("int8 weights (--quantization int8) run on the CPU only, not on " + options.device.str());
+  }
   NamedTensors params;
   for (const auto& spec : parameter_specs(config)) {
+    if (int8 && spec.kind == ParamKind::kLinear) {  // read from the mapping a block of rows at a time
+      params.emplace_back(spec.name, quantize_int8_rows(store.tensor(spec.name),
+                                                        store.file_of(spec.name) + ": tensor '" + spec.name + "'"));
+      continue;
+    }
     // copy=true: never keep a view of the read-only mapping as a parameter.
     params.emplace_back(spec.name, store.tensor(spec.name).to(options.device, options.dtype, false, /*copy=*/true));
     if (!options.allow_nonfinite && !at::isfinite(params.back().second).all().item<bool>()) {
@@ -74,7 +84,8 @@ CausalLM load_model(const std::string& dir, const LoadOptions& options) {
 void save_model(const CausalLM& model, const std::string& dir, at::ScalarType dtype, uint64_t max_shard_bytes) {
   fs::create_directories(dir);
   NamedTensors out;
-  for (const auto& [name, t] : model.parameters()) out.emplace_back(name, t.to(at::kCPU, dtype));
+  for (const auto& [name, t] : model.parameters())
+    out.emplace_back(name, is_int8_weight(t) ? dequantize_int8_rows(t, dtype) : t.to(at::kCPU, dtype));
   save_model_weights(dir, out, max_shard_bytes);
   model.config().save((fs::path(dir) / "config.json").string());
 }

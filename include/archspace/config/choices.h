@@ -18,6 +18,9 @@ enum class DataFormat { kTokens, kChat };  // pretraining token shards | SFT cha
 // Data-parallel sharding (train.sharding): none (DDP: everything replicated), optimizer (ZeRO-1: the AdamW
 // moments divided over the ranks), full (FSDP/ZeRO-3: parameters, gradients and moments divided).
 enum class Sharding { kNone, kOptimizer, kFull };
+// Weight-only quantization of the matmul weights for inference (--quantization; model/int8_weights.h): none,
+// or int8 with one scale per output row.
+enum class Quantization { kNone, kInt8 };
 
 // A compute device as a user names it: "cpu", "cuda" or "cuda:N".
 struct DeviceSpec {
@@ -34,6 +37,7 @@ DeviceSpec parse_device(const std::string& text, const std::string& where);
 DataFormat parse_data_format(const std::string& text, const std::string& where);
 NormTopology parse_norm_topology(const std::string& text, const std::string& where);
 Sharding parse_sharding(const std::string& text, const std::string& where);
+Quantization parse_quantization(const std::string& text, const std::string& where);
 
 // The spellings accepted, for --help and CLI11 checks.
 const std::vector<std::string>& variant_choices();        // base, siamese_depth
@@ -41,12 +45,14 @@ const std::vector<std::string>& dtype_choices();          // fp32, bf16
 const std::vector<std::string>& data_format_choices();    // tokens, chat
 const std::vector<std::string>& norm_topology_choices();  // reordered, pre, peri, ... (SPEC.md section 7)
 const std::vector<std::string>& sharding_choices();       // none, optimizer, full
+const std::vector<std::string>& quantization_choices();   // none, int8
 
 std::string listed_choices(const std::vector<std::string>& choices);  // "a, b, c"
 
 const char* dtype_name(DType d);  // "fp32" / "bf16"
 const char* data_format_name(DataFormat f);
 const char* sharding_name(Sharding s);
+const char* quantization_name(Quantization q);
 at::ScalarType scalar_type(DType d);
 
 }  // namespace archspace

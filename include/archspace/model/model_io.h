@@ -5,6 +5,7 @@
 
 #include <string>
 
+#include "archspace/config/choices.h"
 #include "archspace/io/safetensors.h"
 #include "archspace/model/causal_lm.h"
 
@@ -16,6 +17,9 @@ struct LoadOptions {
   // NaN/Inf weights make every output NaN (generate then prints nothing): refused, naming the tensor,
   // unless a caller inspecting a broken checkpoint asks for them.
   bool allow_nonfinite = false;
+  // kInt8: every matmul weight (attention, MLP, head) held as int8 with one scale per output row
+  // (model/int8_weights.h), quantized from the file's values; the rest in `dtype`. CPU only, inference only.
+  Quantization quantization = Quantization::kNone;
 };
 
 // Reads DIR/config.json. Errors name the file and the field.

@@ -1,0 +1,36 @@
+// Weight-only int8 for inference (`--quantization int8` on generate, serve, eval and logits): each matmul
+// weight [out, in] held as int8 values with one scale per output row, symmetric (scale = max|w_row| / 127,
+// q = w / scale rounded half to even, zero point 0). Decoding is bound by reading the weights, and int8 reads
+// 1 byte a weight where fp32 reads 4 and bf16 2; the activations, the embedding, the norms and the KV cache
+// stay in the model's dtype. A weight is LibTorch's per-channel quantized tensor (kQInt8, axis 0), so it
+// travels through the model's weight structs like any other tensor and model/linear.h's linear() sends it here.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <string>
+
+#include "archspace/util/cpu_isa.h"
+
+namespace archspace {
+
+// `weight` [N, K], floating point, finite (an error naming `what` otherwise), on the CPU. Quantizes a block of
+// rows at a time, so the fp32 temporaries stay small whatever the matrix.
+at::Tensor quantize_int8_rows(const at::Tensor& weight, const std::string& what);
+
+// Whether t is a weight quantize_int8_rows made: 2-D, contiguous, kQInt8 per-channel along axis 0.
+bool is_int8_weight(const at::Tensor& t);
+
+// q * scale per row, computed in fp32 (then cast to `dtype`): the weight the int8 kernel multiplies by.
+at::Tensor dequantize_int8_rows(const at::Tensor& q, at::ScalarType dtype = at::kFloat);
+
+// y = x W^T for an int8 W, in x's dtype (fp32 or bf16). Up to kStreamingLinearMaxRows rows without autograd take
+// the streaming kernel; more rows (prefill) dequantize a block of weight rows at a time into at::linear.
+at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& weight);
+
+// The streaming kernel itself, whatever the row count (for tests): y[m, n] = scale[n] * sum_k q[n, k] x[m, k]
+// with fp32 sums (each int8 value is exact in fp32), x fp32 or bf16 (widened once). `isa` picks the path,
+// capped at what the CPU has: AVX512F 16-wide at kAvx512Bf16, AVX2 8-wide at kAvx2, scalar.
+at::Tensor int8_streaming_linear(const at::Tensor& x, const at::Tensor& weight, CpuIsa isa = max_cpu_isa());
+
+}  // namespace archspace

@@ -1,0 +1,234 @@
+#include "archspace/model/int8_weights.h"
+
+#include <ATen/core/grad_mode.h>
+#include <ATen/record_function.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "archspace/model/linear.h"
+#include "archspace/util/error.h"
+#include "streaming_gemv.h"
+
+namespace archspace {
+
+namespace {
+
+using namespace streaming_gemv;
+
+// Rows of weights quantized or dequantized per block: [4096, 4096] fp32 is 64 MB, whatever the matrix.
+constexpr int64_t kRowBlock = 4096;
+
+const int8_t* int8_values(const at::Tensor& q) { return static_cast<const int8_t*>(q.const_data_ptr()); }
+
+// Rows [n0, n1) of y[m, n] = scale[n] * sum_k W[n, k] x[m, k], every row of x through the same sums.
+void dot_rows_int8_scalar(const int8_t* W, const double* scale, const float* x, float* y, int64_t M, int64_t N,
+                          int64_t K, int64_t n0, int64_t n1) {
+  for (int64_t n = n0; n < n1; ++n) {
+    const int8_t* w = W + n * K;
+    for (int64_t m = 0; m < M; ++m) {
+      float acc = 0;
+      for (int64_t k = 0; k < K; ++k) acc += static_cast<float>(w[k]) * x[m * K + k];
+      y[m * N + n] = acc * static_cast<float>(scale[n]);
+    }
+  }
+}
+
+#if defined(__x86_64__)
+__attribute__((target("avx2,fma"))) inline __m256 load_int8x8(const int8_t* p) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+
+// Four weight rows at a time (four FMA chains), one row of x per pass: the 4 x K block of int8 stays in L1
+// across the rows of x, and each row's sums do not depend on how many rows the call has.
+__attribute__((target("avx2,fma"))) void dot_rows_int8_avx2(const int8_t* W, const double* scale, const float* x,
+                                                            float* y, int64_t M, int64_t N, int64_t K, int64_t n0,
+                                                            int64_t n1) {
+  const int64_t K8 = K - K % 8;
+  const WeightPrefetch prefetch(K, sizeof(int8_t));
+  int64_t n = n0;
+  for (; n + 4 <= n1; n += 4) {
+    prefetch(W, n, n1);
+    const int8_t* w0 = W + n * K;
+    const int8_t* w1 = w0 + K;
+    const int8_t* w2 = w1 + K;
+    const int8_t* w3 = w2 + K;
+    for (int64_t m = 0; m < M; ++m) {
+      const float* xm = x + m * K;
+      __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+      for (int64_t k = 0; k < K8; k += 8) {
+        const __m256 xv = _mm256_loadu_ps(xm + k);
+        a0 = _mm256_fmadd_ps(load_int8x8(w0 + k), xv, a0);
+        a1 = _mm256_fmadd_ps(load_int8x8(w1 + k), xv, a1);
+        a2 = _mm256_fmadd_ps(load_int8x8(w2 + k), xv, a2);
+        a3 = _mm256_fmadd_ps(load_int8x8(w3 + k), xv, a3);
+      }
+      alignas(32) float s[8];
+      _mm256_store_ps(s, horizontal_sums8(a0, a1, a2, a3, a0, a1, a2, a3));
+      for (int64_t k = K8; k < K; ++k) {
+        s[0] += static_cast<float>(w0[k]) * xm[k];
+        s[1] += static_cast<float>(w1[k]) * xm[k];
+        s[2] += static_cast<float>(w2[k]) * xm[k];
+        s[3] += static_cast<float>(w3[k]) * xm[k];
+      }
+      for (int i = 0; i < 4; ++i) y[m * N + n + i] = s[i] * static_cast<float>(scale[n + i]);
+    }
+  }
+  dot_rows_int8_scalar(W, scale, x, y, M, N, K, n, n1);
+}
+
+// AVX512F: 16 weights widened per load. GCC 12's AVX512 cast intrinsics start from _mm256_undefined_*(), which
+// -Wmaybe-uninitialized reports (a false positive: every lane is written).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#define ARCHSPACE_AVX512 __attribute__((target("avx2,fma,avx512f")))
+
+ARCHSPACE_AVX512 inline __m512 load_int8x16(const int8_t* p) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+
+ARCHSPACE_AVX512 inline __m256 fold16(__m512 a) {  // lanes 0-7 plus lanes 8-15
+  return _mm512_castps512_ps256(_mm512_add_ps(a, _mm512_shuffle_f32x4(a, a, 0x4E)));
+}
+
+ARCHSPACE_AVX512 void dot_rows_int8_avx512(const int8_t* W, const double* scale, const float* x, float* y, int64_t M,
+                                           int64_t N, int64_t K, int64_t n0, int64_t n1) {
+  const int64_t K16 = K - K % 16;
+  const WeightPrefetch prefetch(K, sizeof(int8_t));
+  int64_t n = n0;
+  for (; n + 4 <= n1; n += 4) {
+    prefetch(W, n, n1);
+    const int8_t* w0 = W + n * K;
+    const int8_t* w1 = w0 + K;
+    const int8_t* w2 = w1 + K;
+    const int8_t* w3 = w2 + K;
+    for (int64_t m = 0; m < M; ++m) {
+      const float* xm = x + m * K;
+      __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
+      for (int64_t k = 0; k < K16; k += 16) {
+        const __m512 xv = _mm512_loadu_ps(xm + k);
+        a0 = _mm512_fmadd_ps(load_int8x16(w0 + k), xv, a0);
+        a1 = _mm512_fmadd_ps(load_int8x16(w1 + k), xv, a1);
+        a2 = _mm512_fmadd_ps(load_int8x16(w2 + k), xv, a2);
+        a3 = _mm512_fmadd_ps(load_int8x16(w3 + k), xv, a3);
+      }
+      alignas(32) float s[8];
+      const __m256 f0 = fold16(a0), f1 = fold16(a1), f2 = fold16(a2), f3 = fold16(a3);
+      _mm256_store_ps(s, horizontal_sums8(f0, f1, f2, f3, f0, f1, f2, f3));
+      for (int64_t k = K16; k < K; ++k) {
+        s[0] += static_cast<float>(w0[k]) * xm[k];
+        s[1] += static_cast<float>(w1[k]) * xm[k];
+        s[2] += static_cast<float>(w2[k]) * xm[k];
+        s[3] += static_cast<float>(w3[k]) * xm[k];
+      }
+      for (int i = 0; i < 4; ++i) y[m * N + n + i] = s[i] * static_cast<float>(scale[n + i]);
+    }
+  }
+  dot_rows_int8_scalar(W, scale, x, y, M, N, K, n, n1);
+}
+#undef ARCHSPACE_AVX512
+#pragma GCC diagnostic pop
+#endif
+
+// Rows [r, r + b) of q as q * scale in fp32, then cast to dtype.
+at::Tensor dequantized_rows(const at::Tensor& q, int64_t r, int64_t b, at::ScalarType dtype) {
+  const at::Tensor values =
+      at::from_blob(const_cast<int8_t*>(int8_values(q) + r * q.size(1)), {b, q.size(1)}, at::kChar);
+  const at::Tensor scales = q.q_per_channel_scales().narrow(0, r, b).to(at::kFloat);
+  return values.to(at::kFloat).mul_(scales.unsqueeze(1)).to(dtype);
+}
+
+void check_int8_weight(const at::Tensor& weight, const char* who) {
+  if (!is_int8_weight(weight)) {
+    throw Error(std::string(who) + ": the weight is not an int8 weight of quantize_int8_rows (got " +
+                (weight.defined() ? std::string(c10::toString(weight.scalar_type())) : std::string("undefined")) + ")");
+  }
+}
+
+}  // namespace
+
+at::Tensor quantize_int8_rows(const at::Tensor& weight, const std::string& what) {
+  if (!weight.defined() || weight.dim() != 2 || !weight.is_floating_point()) {
+    throw Error(what + ": int8 quantization takes a 2-D floating-point weight, got " +
+                (weight.defined() ? std::string(c10::toString(weight.scalar_type())) + " with " +
+                                        std::to_string(weight.dim()) + " dimensions"
+                                  : std::string("undefined")));
+  }
+  const int64_t N = weight.size(0), K = weight.size(1);
+  at::Tensor q = at::empty({N, K}, at::kChar);
+  at::Tensor scales = at::empty({N}, at::kFloat);
+  for (int64_t r = 0; r < N; r += kRowBlock) {
+    const int64_t b = std::min(kRowBlock, N - r);
+    const at::Tensor w = weight.narrow(0, r, b).to(at::kCPU, at::kFloat);
+    if (!at::isfinite(w).all().item<bool>()) {
+      throw Error(what + ": holds NaN or infinite values, which int8 quantization cannot represent");
+    }
+    at::Tensor s = w.abs().amax(1).div_(127.0f);
+    // An all-zero row (or one so small that max/127 underflows) quantizes to zeros with any scale.
+    s = at::where(s > 0, s, at::ones_like(s));
+    // round() is half to even; |w / s| <= 127 up to one rounding, so the clamp only guards that rounding.
+    q.narrow(0, r, b).copy_(w.div(s.unsqueeze(1)).round_().clamp_(-127, 127));
+    scales.narrow(0, r, b).copy_(s);
+  }
+  return at::_make_per_channel_quantized_tensor(q, scales.to(at::kDouble), at::zeros({N}, at::kLong), 0);
+}
+
+bool is_int8_weight(const at::Tensor& t) {
+  return t.defined() && t.is_quantized() && t.scalar_type() == at::kQInt8 && t.qscheme() == at::kPerChannelAffine &&
+         t.q_per_channel_axis() == 0 && t.dim() == 2 && t.is_contiguous() && t.device().is_cpu();
+}
+
+at::Tensor dequantize_int8_rows(const at::Tensor& q, at::ScalarType dtype) {
+  check_int8_weight(q, "dequantize_int8_rows");
+  return dequantized_rows(q, 0, q.size(0), dtype);
+}
+
+at::Tensor int8_streaming_linear(const at::Tensor& x, const at::Tensor& weight, CpuIsa isa) {
+  check_int8_weight(weight, "int8_streaming_linear");
+  const int64_t N = weight.size(0), K = weight.size(1);
+  if (!x.device().is_cpu() || (x.scalar_type() != at::kFloat && x.scalar_type() != at::kBFloat16) || x.size(-1) != K) {
+    throw Error("int8_streaming_linear: x must be fp32 or bf16 on the CPU with " + std::to_string(K) +
+                " features, got " + std::string(c10::toString(x.scalar_type())) + " with " +
+                std::to_string(x.size(-1)));
+  }
+  const at::Tensor xf = x.reshape({-1, K}).to(at::kFloat).contiguous();  // a few rows: widened once
+  const int64_t M = xf.size(0);
+  std::vector<int64_t> out_shape = x.sizes().vec();
+  out_shape.back() = N;
+  at::Tensor y = at::empty({M, N}, at::kFloat);
+  const int8_t* W = int8_values(weight);
+  const at::Tensor scales = weight.q_per_channel_scales().contiguous();
+  const double* sp = scales.const_data_ptr<double>();
+  const float* xp = xf.const_data_ptr<float>();
+  float* yp = y.mutable_data_ptr<float>();
+  isa = std::min(isa, detected_cpu_isa());
+  for_feature_blocks(N, [&](int64_t n0, int64_t n1) {
+#if defined(__x86_64__)
+    if (isa >= CpuIsa::kAvx512Bf16) return dot_rows_int8_avx512(W, sp, xp, yp, M, N, K, n0, n1);
+    if (isa >= CpuIsa::kAvx2) return dot_rows_int8_avx2(W, sp, xp, yp, M, N, K, n0, n1);
+#endif
+    dot_rows_int8_scalar(W, sp, xp, yp, M, N, K, n0, n1);
+  });
+  return y.to(x.scalar_type()).view(out_shape);
+}
+
+at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& weight) {
+  check_int8_weight(weight, "int8_linear");
+  const int64_t N = weight.size(0);
+  const int64_t rows = x.size(-1) > 0 ? x.numel() / x.size(-1) : 0;
+  const bool needs_grad = at::GradMode::is_enabled() && x.requires_grad();
+  if (rows <= kStreamingLinearMaxRows && !needs_grad) {
+    // Named in profiles (util/profiler.h) beside the fp32/bf16 kernel: in decoding it is most of the time.
+    RECORD_FUNCTION("archspace::int8_streaming_linear", c10::ArrayRef<const c10::IValue>{});
+    return int8_streaming_linear(x, weight);
+  }
+  // Many rows (prefill, scoring): compute-bound, so at::linear's GEMM on a block of dequantized rows at a time
+  // (the temporary stays one block whatever the matrix; the cat keeps autograd's path through x).
+  std::vector<at::Tensor> parts;
+  for (int64_t r = 0; r < N; r += kRowBlock)
+    parts.push_back(at::linear(x, dequantized_rows(weight, r, std::min(kRowBlock, N - r), x.scalar_type())));
+  return parts.size() == 1 ? parts.front() : at::cat(parts, -1);
+}
+
+}  // namespace archspace
