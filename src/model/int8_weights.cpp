@@ -1,6 +1,8 @@
 #include "archspace/model/int8_weights.h"
 
 #include <ATen/core/grad_mode.h>
+#include <ATen/quantized/QTensorImpl.h>
+#include <ATen/quantized/Quantizer.h>
 #include <ATen/record_function.h>
 
 #include <algorithm>
@@ -20,6 +22,21 @@ using namespace streaming_gemv;
 constexpr int64_t kRowBlock = 4096;
 
 const int8_t* int8_values(const at::Tensor& q) { return static_cast<const int8_t*>(q.const_data_ptr()); }
+
+// The per-row scales [N] (double) of t when it is an int8 weight, else an undefined tensor. Read from the
+// tensor's quantizer, not through the dispatcher (qscheme(), q_per_channel_axis() and q_per_channel_scales()
+// are operators, about a microsecond each): linear() asks for every weight of every decode step.
+at::Tensor int8_scales_or_undefined(const at::Tensor& t) {
+  if (!t.defined() || !t.is_quantized() || t.scalar_type() != at::kQInt8 || t.dim() != 2 || !t.is_contiguous() ||
+      !t.device().is_cpu())
+    return {};
+  const at::QuantizerPtr q = at::get_qtensorimpl(t)->quantizer();
+  if (q->qscheme() != at::kPerChannelAffine) return {};
+  const auto* per_channel = static_cast<const at::PerChannelAffineQuantizer*>(q.get());
+  at::Tensor scales = per_channel->scales();  // the kernel reads them as contiguous doubles
+  if (per_channel->axis() != 0 || scales.scalar_type() != at::kDouble || !scales.is_contiguous()) return {};
+  return scales;
+}
 
 // Rows [n0, n1) of y[m, n] = scale[n] * sum_k W[n, k] x[m, k], every row of x through the same sums.
 void dot_rows_int8_scalar(const int8_t* W, const double* scale, const float* x, float* y, int64_t M, int64_t N,
@@ -132,18 +149,22 @@ ARCHSPACE_AVX512 void dot_rows_int8_avx512(const int8_t* W, const double* scale,
 #endif
 
 // Rows [r, r + b) of q as q * scale in fp32, then cast to dtype.
-at::Tensor dequantized_rows(const at::Tensor& q, int64_t r, int64_t b, at::ScalarType dtype) {
+at::Tensor dequantized_rows(const at::Tensor& q, const at::Tensor& all_scales, int64_t r, int64_t b,
+                            at::ScalarType dtype) {
   const at::Tensor values =
       at::from_blob(const_cast<int8_t*>(int8_values(q) + r * q.size(1)), {b, q.size(1)}, at::kChar);
-  const at::Tensor scales = q.q_per_channel_scales().narrow(0, r, b).to(at::kFloat);
+  const at::Tensor scales = all_scales.narrow(0, r, b).to(at::kFloat);
   return values.to(at::kFloat).mul_(scales.unsqueeze(1)).to(dtype);
 }
 
-void check_int8_weight(const at::Tensor& weight, const char* who) {
-  if (!is_int8_weight(weight)) {
+// The scales of an int8 weight; an error naming `who` for anything else.
+at::Tensor checked_int8_scales(const at::Tensor& weight, const char* who) {
+  at::Tensor scales = int8_scales_or_undefined(weight);
+  if (!scales.defined()) {
     throw Error(std::string(who) + ": the weight is not an int8 weight of quantize_int8_rows (got " +
                 (weight.defined() ? std::string(c10::toString(weight.scalar_type())) : std::string("undefined")) + ")");
   }
+  return scales;
 }
 
 }  // namespace
@@ -174,18 +195,14 @@ at::Tensor quantize_int8_rows(const at::Tensor& weight, const std::string& what)
   return at::_make_per_channel_quantized_tensor(q, scales.to(at::kDouble), at::zeros({N}, at::kLong), 0);
 }
 
-bool is_int8_weight(const at::Tensor& t) {
-  return t.defined() && t.is_quantized() && t.scalar_type() == at::kQInt8 && t.qscheme() == at::kPerChannelAffine &&
-         t.q_per_channel_axis() == 0 && t.dim() == 2 && t.is_contiguous() && t.device().is_cpu();
-}
+bool is_int8_weight(const at::Tensor& t) { return t.is_quantized() && int8_scales_or_undefined(t).defined(); }
 
 at::Tensor dequantize_int8_rows(const at::Tensor& q, at::ScalarType dtype) {
-  check_int8_weight(q, "dequantize_int8_rows");
-  return dequantized_rows(q, 0, q.size(0), dtype);
+  return dequantized_rows(q, checked_int8_scales(q, "dequantize_int8_rows"), 0, q.size(0), dtype);
 }
 
 at::Tensor int8_streaming_linear(const at::Tensor& x, const at::Tensor& weight, CpuIsa isa) {
-  check_int8_weight(weight, "int8_streaming_linear");
+  const at::Tensor scales = checked_int8_scales(weight, "int8_streaming_linear");
   const int64_t N = weight.size(0), K = weight.size(1);
   if (!x.device().is_cpu() || (x.scalar_type() != at::kFloat && x.scalar_type() != at::kBFloat16) || x.size(-1) != K) {
     throw Error("int8_streaming_linear: x must be fp32 or bf16 on the CPU with " + std::to_string(K) +
@@ -198,7 +215,6 @@ at::Tensor int8_streaming_linear(const at::Tensor& x, const at::Tensor& weight, 
   out_shape.back() = N;
   at::Tensor y = at::empty({M, N}, at::kFloat);
   const int8_t* W = int8_values(weight);
-  const at::Tensor scales = weight.q_per_channel_scales().contiguous();
   const double* sp = scales.const_data_ptr<double>();
   const float* xp = xf.const_data_ptr<float>();
   float* yp = y.mutable_data_ptr<float>();
@@ -214,7 +230,7 @@ at::Tensor int8_streaming_linear(const at::Tensor& x, const at::Tensor& weight, 
 }
 
 at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& weight) {
-  check_int8_weight(weight, "int8_linear");
+  const at::Tensor scales = checked_int8_scales(weight, "int8_linear");
   const int64_t N = weight.size(0);
   const int64_t rows = x.size(-1) > 0 ? x.numel() / x.size(-1) : 0;
   const bool needs_grad = at::GradMode::is_enabled() && x.requires_grad();
@@ -227,7 +243,7 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& weight) {
   // (the temporary stays one block whatever the matrix; the cat keeps autograd's path through x).
   std::vector<at::Tensor> parts;
   for (int64_t r = 0; r < N; r += kRowBlock)
-    parts.push_back(at::linear(x, dequantized_rows(weight, r, std::min(kRowBlock, N - r), x.scalar_type())));
+    parts.push_back(at::linear(x, dequantized_rows(weight, scales, r, std::min(kRowBlock, N - r), x.scalar_type())));
   return parts.size() == 1 ? parts.front() : at::cat(parts, -1);
 }
 
