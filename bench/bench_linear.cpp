@@ -6,9 +6,13 @@
 // side by side: "vs fp32" is fp32 streaming time / this dtype's streaming time (2 for bf16, 4 for int8 would be all of
 // the saved bytes). JSON to bench/results/linear-<time>.json (--out), a table on stdout. A weight that fits in the
 // last-level cache stays there across repeats, so its GB/s can exceed memory bandwidth; in a real decode step the 12
-// layers' weights do not fit, and the lm_head row (hundreds of MB) is the memory-bound case.
+// layers' weights do not fit, and the lm_head row (hundreds of MB) is the memory-bound case. The last row, "step",
+// is that case whole: every layer's seven weights and the head, distinct tensors in the order a decode step reads
+// them (one row of x each), timed together, so the weights come from memory and each call pays its start-up as in
+// decoding; its at::linear column is left out (fp32 weights of a whole model twice over are not worth the memory).
 //
-//     build/bench_linear [--preset 190M] [--threads N] [--repeat 20] [--rows 1,4] [--dtype fp32|bf16|int8] [--out FILE]
+//     build/bench_linear [--preset 190M] [--threads N] [--repeat 20] [--rows 1,4] [--dtype fp32|bf16|int8]
+//                        [--shapes all|step] [--out FILE]
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/core/InferenceMode.h>
@@ -45,7 +49,7 @@ double median_seconds(int repeat, F&& f) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string preset_name = "190M", out, dtype_name = "fp32";
+  std::string preset_name = "190M", out, dtype_name = "fp32", which_shapes = "all";
   int threads = 0, repeat = 20;
   std::vector<int64_t> row_counts = {1, 4};
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -60,6 +64,8 @@ int main(int argc, char** argv) {
       out = value;
     else if (flag == "--dtype" && (value == "fp32" || value == "bf16" || value == "int8"))
       dtype_name = value;
+    else if (flag == "--shapes" && (value == "all" || value == "step"))
+      which_shapes = value;
     else if (flag == "--rows") {
       row_counts.clear();
       for (size_t at = 0; at < value.size();) {
@@ -94,6 +100,7 @@ int main(int argc, char** argv) {
   std::printf("  %-10s %5s %18s %14s %14s %8s%s\n", "weight", "rows", "shape", "at::linear GB/s", "streaming GB/s",
               "ratio", narrow ? "  fp32 streaming GB/s  vs fp32" : "");
   for (const Shape& s : shapes) {
+    if (which_shapes == "step") break;
     at::Tensor w32 = at::randn({s.out, s.in});
     at::Tensor w = int8 ? quantize_int8_rows(w32, s.name) : w32.to(dtype);
     const at::Tensor w_aten = int8 ? w32 : w;  // at::linear has no int8-weight GEMV: the fp32 one
@@ -132,6 +139,52 @@ int main(int argc, char** argv) {
       }
       rows.push_back(row);
     }
+  }
+  {
+    // One decode step's weights in reading order: q, k, v, o, gate, up, down per layer, then the head.
+    std::vector<Shape> step_shapes;
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+      for (const Shape& s : {Shape{"q", q, d}, Shape{"k", kv, d}, Shape{"v", kv, d}, Shape{"o", d, q},
+                             Shape{"gate", c.intermediate_size, d}, Shape{"up", c.intermediate_size, d},
+                             Shape{"down", d, c.intermediate_size}})
+        step_shapes.push_back(s);
+    }
+    step_shapes.push_back(shapes.back());
+    std::vector<at::Tensor> ws, ws32, xs, xs32;
+    double weights = 0;
+    for (const Shape& s : step_shapes) {
+      at::Tensor w32 = at::randn({s.out, s.in});
+      ws.push_back(int8 ? quantize_int8_rows(w32, s.name) : w32.to(dtype));
+      if (narrow) ws32.push_back(w32);
+      xs32.push_back(at::randn({1, s.in}));
+      xs.push_back(xs32.back().to(dtype));
+      weights += static_cast<double>(w32.numel());
+    }
+    const double gigabytes = weights * (int8 ? 1 : bf16 ? 2 : 4) / 1e9;
+    const double t_stream = median_seconds(repeat, [&] {
+      for (size_t i = 0; i < ws.size(); ++i)
+        int8 ? int8_streaming_linear(xs[i], ws[i]) : streaming_linear(xs[i], ws[i]);
+    });
+    double t_fp32 = t_stream;
+    if (narrow) {
+      ws.clear();  // the fp32 copies alone, as an fp32 model would hold
+      t_fp32 = median_seconds(repeat, [&] {
+        for (size_t i = 0; i < ws32.size(); ++i) streaming_linear(xs32[i], ws32[i]);
+      });
+    }
+    std::printf("  %-10s %5d %17.0fM %14s %14.1f %8s", "step", 1, weights / 1e6, "-", gigabytes / t_stream, "-");
+    if (narrow) std::printf("  %20.1f %6.2fx", 4 * weights / 1e9 / t_fp32, t_fp32 / t_stream);
+    std::printf("   (%.2f ms a step)\n", 1e3 * t_stream);
+    nlohmann::ordered_json row = {{"weight", "step"},
+                                  {"rows", 1},
+                                  {"weights", weights},
+                                  {"streaming_seconds", t_stream},
+                                  {"streaming_gb_s", gigabytes / t_stream}};
+    if (narrow) {
+      row["fp32_streaming_seconds"] = t_fp32;
+      row["speedup_vs_fp32_streaming"] = t_fp32 / t_stream;
+    }
+    rows.push_back(row);
   }
   if (!out.empty()) {
     nlohmann::ordered_json result = {

@@ -65,7 +65,7 @@ __attribute__((target("avx2,fma"))) void dot_rows_int8_avx2(const int8_t* W, con
   const WeightPrefetch prefetch(K, sizeof(int8_t));
   int64_t n = n0;
   for (; n + 4 <= n1; n += 4) {
-    prefetch(W, n, n1);
+    PacedPrefetch ahead = prefetch.block(W, n, n1);
     const int8_t* w0 = W + n * K;
     const int8_t* w1 = w0 + K;
     const int8_t* w2 = w1 + K;
@@ -74,6 +74,7 @@ __attribute__((target("avx2,fma"))) void dot_rows_int8_avx2(const int8_t* W, con
       const float* xm = x + m * K;
       __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
       for (int64_t k = 0; k < K8; k += 8) {
+        ahead.advance(4 * 8);
         const __m256 xv = _mm256_loadu_ps(xm + k);
         a0 = _mm256_fmadd_ps(load_int8x8(w0 + k), xv, a0);
         a1 = _mm256_fmadd_ps(load_int8x8(w1 + k), xv, a1);
@@ -90,6 +91,7 @@ __attribute__((target("avx2,fma"))) void dot_rows_int8_avx2(const int8_t* W, con
       }
       for (int i = 0; i < 4; ++i) y[m * N + n + i] = s[i] * static_cast<float>(scale[n + i]);
     }
+    ahead.finish();
   }
   dot_rows_int8_scalar(W, scale, x, y, M, N, K, n, n1);
 }
@@ -115,7 +117,7 @@ ARCHSPACE_AVX512 void dot_rows_int8_avx512(const int8_t* W, const double* scale,
   const WeightPrefetch prefetch(K, sizeof(int8_t));
   int64_t n = n0;
   for (; n + 4 <= n1; n += 4) {
-    prefetch(W, n, n1);
+    PacedPrefetch ahead = prefetch.block(W, n, n1);
     const int8_t* w0 = W + n * K;
     const int8_t* w1 = w0 + K;
     const int8_t* w2 = w1 + K;
@@ -124,6 +126,7 @@ ARCHSPACE_AVX512 void dot_rows_int8_avx512(const int8_t* W, const double* scale,
       const float* xm = x + m * K;
       __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
       for (int64_t k = 0; k < K16; k += 16) {
+        ahead.advance(4 * 16);
         const __m512 xv = _mm512_loadu_ps(xm + k);
         a0 = _mm512_fmadd_ps(load_int8x16(w0 + k), xv, a0);
         a1 = _mm512_fmadd_ps(load_int8x16(w1 + k), xv, a1);
@@ -141,6 +144,7 @@ ARCHSPACE_AVX512 void dot_rows_int8_avx512(const int8_t* W, const double* scale,
       }
       for (int i = 0; i < 4; ++i) y[m * N + n + i] = s[i] * static_cast<float>(scale[n + i]);
     }
+    ahead.finish();
   }
   dot_rows_int8_scalar(W, scale, x, y, M, N, K, n, n1);
 }

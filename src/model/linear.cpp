@@ -64,7 +64,7 @@ __attribute__((target("avx2,fma"))) void dot_rows_avx2(const float* W, const flo
   const WeightPrefetch prefetch(K, sizeof(float));
   int64_t n = n0;
   for (; n + 4 <= n1; n += 4) {
-    prefetch(W, n, n1);
+    PacedPrefetch ahead = prefetch.block(W, n, n1);
     const float* w0 = W + n * K;
     const float* w1 = w0 + K;
     const float* w2 = w1 + K;
@@ -77,6 +77,7 @@ __attribute__((target("avx2,fma"))) void dot_rows_avx2(const float* W, const flo
       __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
       __m256 b0 = _mm256_setzero_ps(), b1 = _mm256_setzero_ps(), b2 = _mm256_setzero_ps(), b3 = _mm256_setzero_ps();
       for (int64_t k = 0; k < K8; k += 8) {
+        ahead.advance(4 * 8 * sizeof(float));
         const __m256 xav = _mm256_loadu_ps(xa + k), xbv = _mm256_loadu_ps(xb + k);
         const __m256 v0 = _mm256_loadu_ps(w0 + k), v1 = _mm256_loadu_ps(w1 + k);
         a0 = _mm256_fmadd_ps(v0, xav, a0);
@@ -109,6 +110,7 @@ __attribute__((target("avx2,fma"))) void dot_rows_avx2(const float* W, const flo
       const float* xm = x + m * K;
       __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
       for (int64_t k = 0; k < K8; k += 8) {
+        ahead.advance(4 * 8 * sizeof(float));
         const __m256 xv = _mm256_loadu_ps(xm + k);
         a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w0 + k), xv, a0);
         a1 = _mm256_fmadd_ps(_mm256_loadu_ps(w1 + k), xv, a1);
@@ -125,6 +127,7 @@ __attribute__((target("avx2,fma"))) void dot_rows_avx2(const float* W, const flo
       }
       std::copy(s, s + 4, y + m * N + n);
     }
+    ahead.finish();
   }
   dot_rows_scalar(W, x, y, M, N, K, n, n1);
 }
@@ -142,7 +145,7 @@ __attribute__((target("avx2,fma"))) void dot_rows_bf16_avx2(const uint16_t* W, c
   const WeightPrefetch prefetch(K, sizeof(uint16_t));
   int64_t n = n0;
   for (; n + 4 <= n1; n += 4) {
-    prefetch(W, n, n1);
+    PacedPrefetch ahead = prefetch.block(W, n, n1);
     const uint16_t* w0 = W + n * K;
     const uint16_t* w1 = w0 + K;
     const uint16_t* w2 = w1 + K;
@@ -153,6 +156,7 @@ __attribute__((target("avx2,fma"))) void dot_rows_bf16_avx2(const uint16_t* W, c
       const float* xm = x + m * K;
       __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
       for (int64_t k = 0; k < K8; k += 8) {
+        ahead.advance(4 * 8 * sizeof(uint16_t));
         const __m256 xv = _mm256_loadu_ps(xm + k);
         a0 = _mm256_fmadd_ps(load_bf16x8(w0 + k), xv, a0);
         a1 = _mm256_fmadd_ps(load_bf16x8(w1 + k), xv, a1);
@@ -169,6 +173,7 @@ __attribute__((target("avx2,fma"))) void dot_rows_bf16_avx2(const uint16_t* W, c
       }
       for (int i = 0; i < 4; ++i) y[m * N + n + i] = c10::BFloat16(s[i]);
     }
+    ahead.finish();
   }
   dot_rows_bf16_scalar(W, x, y, M, N, K, n, n1);
 }
@@ -212,7 +217,7 @@ ARCHSPACE_AVX512_BF16 void dot_rows_bf16_avx512(const uint16_t* W, const uint16_
   const WeightPrefetch prefetch(K, sizeof(uint16_t));
   int64_t n = n0;
   for (; n + 4 <= n1; n += 4) {
-    prefetch(W, n, n1);
+    PacedPrefetch ahead = prefetch.block(W, n, n1);
     const uint16_t* w0 = W + n * K;
     const uint16_t* w1 = w0 + K;
     const uint16_t* w2 = w1 + K;
@@ -224,9 +229,11 @@ ARCHSPACE_AVX512_BF16 void dot_rows_bf16_avx512(const uint16_t* W, const uint16_
       const uint16_t* xb = xa + K;
       __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
       __m512 b[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
-      for (int64_t k = 0; k < K32; k += 32)
+      for (int64_t k = 0; k < K32; k += 32) {
+        ahead.advance(4 * 32 * sizeof(uint16_t));
         dot_4x2(a, b, load_bf16x32(w0 + k), load_bf16x32(w1 + k), load_bf16x32(w2 + k), load_bf16x32(w3 + k),
                 load_bf16x32(xa + k), load_bf16x32(xb + k));
+      }
       if (K32 < K)
         dot_4x2(a, b, load_bf16x32(w0 + K32, tail), load_bf16x32(w1 + K32, tail), load_bf16x32(w2 + K32, tail),
                 load_bf16x32(w3 + K32, tail), load_bf16x32(xa + K32, tail), load_bf16x32(xb + K32, tail));
@@ -242,6 +249,7 @@ ARCHSPACE_AVX512_BF16 void dot_rows_bf16_avx512(const uint16_t* W, const uint16_
       const uint16_t* xm = x + m * K;
       __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
       for (int64_t k = 0; k < K32; k += 32) {
+        ahead.advance(4 * 32 * sizeof(uint16_t));
         const __m512bh xv = load_bf16x32(xm + k);
         a0 = _mm512_dpbf16_ps(a0, load_bf16x32(w0 + k), xv);
         a1 = _mm512_dpbf16_ps(a1, load_bf16x32(w1 + k), xv);
@@ -260,6 +268,7 @@ ARCHSPACE_AVX512_BF16 void dot_rows_bf16_avx512(const uint16_t* W, const uint16_
       _mm256_store_ps(s, horizontal_sums8(f0, f1, f2, f3, f0, f1, f2, f3));
       for (int i = 0; i < 4; ++i) y[m * N + n + i] = c10::BFloat16(s[i]);
     }
+    ahead.finish();
   }
   // The last N % 4 rows, one at a time with the same instruction.
   for (; n < n1; ++n) {
@@ -308,13 +317,15 @@ ARCHSPACE_AVX512_BF16 inline __m128 horizontal_sums4(__m512 a, __m512 b, __m512 
     a##r##3 = _mm512_fmadd_ps(v3, xv, a##r##3);           \
   }
 #define ARCHSPACE_LOAD_WEIGHTS(lanes)                                              \
+  ahead.advance(4 * 16 * sizeof(float));                                           \
   const __m512 v0 = load_fp32x16(w0 + k, lanes), v1 = load_fp32x16(w1 + k, lanes); \
   const __m512 v2 = load_fp32x16(w2 + k, lanes), v3 = load_fp32x16(w3 + k, lanes);
 #define ARCHSPACE_ZERO_ROW(r) \
   __m512 a##r##0 = _mm512_setzero_ps(), a##r##1 = a##r##0, a##r##2 = a##r##0, a##r##3 = a##r##0;
 #define ARCHSPACE_STORE_ROW(r) _mm_storeu_ps(y + (r)*N, horizontal_sums4(a##r##0, a##r##1, a##r##2, a##r##3));
 
-ARCHSPACE_AVX512_BF16 inline void dot_block_fp32_x4(const float* w0, const float* x, float* y, int64_t N, int64_t K) {
+ARCHSPACE_AVX512_BF16 inline void dot_block_fp32_x4(const float* w0, const float* x, float* y, int64_t N, int64_t K,
+                                                    PacedPrefetch& ahead) {
   const float *w1 = w0 + K, *w2 = w1 + K, *w3 = w2 + K;
   const int64_t K16 = K - K % 16;
   ARCHSPACE_ZERO_ROW(0) ARCHSPACE_ZERO_ROW(1) ARCHSPACE_ZERO_ROW(2) ARCHSPACE_ZERO_ROW(3) int64_t k = 0;
@@ -331,7 +342,8 @@ ARCHSPACE_AVX512_BF16 inline void dot_block_fp32_x4(const float* w0, const float
   ARCHSPACE_STORE_ROW(0) ARCHSPACE_STORE_ROW(1) ARCHSPACE_STORE_ROW(2) ARCHSPACE_STORE_ROW(3)
 }
 
-ARCHSPACE_AVX512_BF16 inline void dot_block_fp32_x1(const float* w0, const float* x, float* y, int64_t N, int64_t K) {
+ARCHSPACE_AVX512_BF16 inline void dot_block_fp32_x1(const float* w0, const float* x, float* y, int64_t N, int64_t K,
+                                                    PacedPrefetch& ahead) {
   const float *w1 = w0 + K, *w2 = w1 + K, *w3 = w2 + K;
   const int64_t K16 = K - K % 16;
   ARCHSPACE_ZERO_ROW(0)
@@ -357,11 +369,12 @@ ARCHSPACE_AVX512_BF16 void dot_rows_avx512(const float* W, const float* x, float
   const WeightPrefetch prefetch(K, sizeof(float));
   int64_t n = n0;
   for (; n + 4 <= n1; n += 4) {
-    prefetch(W, n, n1);
+    PacedPrefetch ahead = prefetch.block(W, n, n1);
     const float* w = W + n * K;
     int64_t m = 0;
-    for (; m + 4 <= M; m += 4) dot_block_fp32_x4(w, x + m * K, y + m * N + n, N, K);
-    for (; m < M; ++m) dot_block_fp32_x1(w, x + m * K, y + m * N + n, N, K);
+    for (; m + 4 <= M; m += 4) dot_block_fp32_x4(w, x + m * K, y + m * N + n, N, K, ahead);
+    for (; m < M; ++m) dot_block_fp32_x1(w, x + m * K, y + m * N + n, N, K, ahead);
+    ahead.finish();
   }
   dot_rows_scalar(W, x, y, M, N, K, n, n1);
 }
