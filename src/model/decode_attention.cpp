@@ -109,36 +109,62 @@ void row_scalar(const T* q, const T* k, const T* v, const bool* mask, T* out, co
 }
 
 #if defined(__x86_64__)
+// The scores of keys j..j+3: four independent FMA chains (one chain per key would wait on each FMA's
+// latency), then the four horizontal sums at once.
+template <typename T>
+__attribute__((target("avx2,fma"))) inline __m128 dot4_avx2(const float* q, const T* k, int64_t stride, int64_t D) {
+  const T *k0 = k, *k1 = k + stride, *k2 = k1 + stride, *k3 = k2 + stride;
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  for (int64_t i = 0; i < D; i += 8) {
+    const __m256 qv = _mm256_loadu_ps(q + i);
+    a0 = _mm256_fmadd_ps(qv, load8(k0 + i), a0);
+    a1 = _mm256_fmadd_ps(qv, load8(k1 + i), a1);
+    a2 = _mm256_fmadd_ps(qv, load8(k2 + i), a2);
+    a3 = _mm256_fmadd_ps(qv, load8(k3 + i), a3);
+  }
+  const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));  // [0 1 2 3 | 0 1 2 3] halves
+  return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+
+// The weighted sum of the allowed keys' values over columns [i0, i0 + 8 * V): V accumulators of 8 columns
+// in registers (an accumulator in memory would chain every key's update through a store and a load), one
+// FMA per accumulator per key, independent of each other; each column still sums its keys in order.
+template <int V, typename T>
+__attribute__((target("avx2,fma"))) inline void weighted_sum_avx2(const T* v, const bool* mask, const Row& R,
+                                                                  int64_t i0) {
+  __m256 a[V];
+  for (int t = 0; t < V; ++t) a[t] = _mm256_setzero_ps();
+  for (int64_t j = 0; j < R.Tk; ++j) {
+    if (mask && !mask[j * R.mask_stride]) continue;
+    const __m256 p = _mm256_set1_ps(R.scores[j]);
+    const T* vj = v + j * R.v_stride + i0;
+    for (int t = 0; t < V; ++t) a[t] = _mm256_fmadd_ps(p, load8(vj + 8 * t), a[t]);
+  }
+  for (int t = 0; t < V; ++t) _mm256_storeu_ps(R.acc + i0 + 8 * t, a[t]);
+}
+
 template <typename T>
 __attribute__((target("avx2,fma"))) void row_avx2(const T* q, const T* k, const T* v, const bool* mask, T* out,
                                                   const Row& R) {
   for (int64_t i = 0; i < R.D; ++i) R.qf[i] = load(q, i);
+  int64_t j = 0;
+  for (; j + 4 <= R.Tk; j += 4)
+    _mm_storeu_ps(R.scores + j, _mm_mul_ps(_mm_set1_ps(R.scale), dot4_avx2(R.qf, k + j * R.k_stride, R.k_stride, R.D)));
+  for (; j < R.Tk; ++j) R.scores[j] = R.scale * dot_avx2(R.qf, k + j * R.k_stride, R.D);
   float max = -std::numeric_limits<float>::infinity();
-  for (int64_t j = 0; j < R.Tk; ++j) {
-    const bool allowed = !mask || mask[j * R.mask_stride];
-    R.scores[j] = allowed ? R.scale * dot_avx2(R.qf, k + j * R.k_stride, R.D) : -INFINITY;
+  for (j = 0; j < R.Tk; ++j) {  // masked keys' scores were computed from whatever their slots hold: replaced
+    if (mask && !mask[j * R.mask_stride]) R.scores[j] = -INFINITY;
     max = std::max(max, R.scores[j]);
   }
-  for (int64_t j = 0; j < R.Tk; ++j) R.scores[j] -= max;
+  for (j = 0; j < R.Tk; ++j) R.scores[j] -= max;
   exp_avx2(R.scores, R.Tk);
   float sum = 0;
-  for (int64_t j = 0; j < R.Tk; ++j)
+  for (j = 0; j < R.Tk; ++j)
     if (!mask || mask[j * R.mask_stride]) sum += R.scores[j];
-  // The weighted sum 16 columns at a time in registers (an accumulator in memory would chain every key's
-  // update through a store and a load); each column still sums its keys in order.
-  for (int64_t i0 = 0; i0 < R.D; i0 += 16) {
-    const bool two = i0 + 16 <= R.D;
-    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-    for (int64_t j = 0; j < R.Tk; ++j) {
-      if (mask && !mask[j * R.mask_stride]) continue;
-      const __m256 p = _mm256_set1_ps(R.scores[j]);
-      const T* vj = v + j * R.v_stride + i0;
-      a0 = _mm256_fmadd_ps(p, load8(vj), a0);
-      if (two) a1 = _mm256_fmadd_ps(p, load8(vj + 8), a1);
-    }
-    _mm256_storeu_ps(R.acc + i0, a0);
-    if (two) _mm256_storeu_ps(R.acc + i0 + 8, a1);
-  }
+  int64_t i0 = 0;  // D is a multiple of 8 here
+  for (; i0 + 64 <= R.D; i0 += 64) weighted_sum_avx2<8>(v, mask, R, i0);
+  for (; i0 + 16 <= R.D; i0 += 16) weighted_sum_avx2<2>(v, mask, R, i0);
+  if (i0 < R.D) weighted_sum_avx2<1>(v, mask, R, i0);
   for (int64_t i = 0; i < R.D; ++i) store(out, i, R.acc[i] / sum);
 }
 #endif
