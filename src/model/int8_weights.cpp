@@ -213,11 +213,14 @@ at::Tensor int8_streaming_linear(const at::Tensor& x, const at::Tensor& weight, 
                 " features, got " + std::string(c10::toString(x.scalar_type())) + " with " +
                 std::to_string(x.size(-1)));
   }
-  const at::Tensor xf = x.reshape({-1, K}).to(at::kFloat).contiguous();  // a few rows: widened once
-  const int64_t M = xf.size(0);
+  // A few rows: bf16 widened once. fp32 x (the usual case) is read in place and y made in its final shape,
+  // so a decode call dispatches one ATen op (the empty) besides the kernel.
+  const bool fp32 = x.scalar_type() == at::kFloat;
+  const at::Tensor xf = fp32 ? x.contiguous() : x.to(at::kFloat).contiguous();
+  const int64_t M = rows_of(x);
   std::vector<int64_t> out_shape = x.sizes().vec();
   out_shape.back() = N;
-  at::Tensor y = at::empty({M, N}, at::kFloat);
+  at::Tensor y = at::empty(out_shape, x.options().dtype(at::kFloat));
   const int8_t* W = int8_values(weight);
   const double* sp = scales.const_data_ptr<double>();
   const float* xp = xf.const_data_ptr<float>();
@@ -230,7 +233,7 @@ at::Tensor int8_streaming_linear(const at::Tensor& x, const at::Tensor& weight, 
 #endif
     dot_rows_int8_scalar(W, sp, xp, yp, M, N, K, n0, n1);
   });
-  return y.to(x.scalar_type()).view(out_shape);
+  return fp32 ? y : y.to(x.scalar_type());
 }
 
 at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& weight) {

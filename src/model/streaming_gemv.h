@@ -4,6 +4,7 @@
 #pragma once
 
 #include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -13,6 +14,13 @@
 #endif
 
 namespace archspace::streaming_gemv {
+
+// The rows of x as the kernels see it: every dimension but the last (features) flattened.
+inline int64_t rows_of(const at::Tensor& x) {
+  int64_t rows = 1;
+  for (int64_t d = 0; d + 1 < x.dim(); ++d) rows *= x.size(d);
+  return rows;
+}
 
 // Splits the output features over threads in blocks of four rows; 256 rows per task at least so that small
 // matrices do not pay for waking threads. `rows(n0, n1)` computes features [n0, n1) for every row of x.
