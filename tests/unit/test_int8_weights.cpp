@@ -14,16 +14,12 @@
 #include "archspace/model/linear.h"
 #include "archspace/util/cpu_isa.h"
 #include "archspace/util/error.h"
+#include "test_support.h"
 
 using namespace archspace;
 
 namespace {
-std::vector<CpuIsa> runnable_paths() {
-  std::vector<CpuIsa> paths;
-  for (CpuIsa isa : {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512Bf16})
-    if (isa <= detected_cpu_isa()) paths.push_back(isa);
-  return paths;
-}
+using archspace::testing::runnable_paths;
 
 // The kernel forms scale * sum_k q x with fp32 sums: each sum is off from the exact one by at most
 // K eps sum|q x| (any order), and the final product by half an ulp; the truth is fp64 with the dequantized

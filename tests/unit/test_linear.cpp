@@ -11,18 +11,13 @@
 
 #include "archspace/model/linear.h"
 #include "archspace/util/cpu_isa.h"
+#include "test_support.h"
 #include "tolerance.h"
 
 using namespace archspace;
 
 namespace {
-// The code paths this machine can run (each test checks all of them in one process).
-std::vector<CpuIsa> runnable_paths() {
-  std::vector<CpuIsa> paths;
-  for (CpuIsa isa : {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512Bf16})
-    if (isa <= detected_cpu_isa()) paths.push_back(isa);
-  return paths;
-}
+using archspace::testing::runnable_paths;
 
 // fp32 dot products of length K: the engine's and the reference's summation orders differ, so each may be
 // off from the exact value by about K * eps * sum|w x|; bound by that with the fp64 result as truth.

@@ -1,4 +1,4 @@
-// Shared by the unit tests: expected errors and fresh temporary directories.
+// Shared by the unit tests: expected errors, fresh temporary directories, and the kernel paths to check.
 #pragma once
 
 #include <fcntl.h>
@@ -11,9 +11,18 @@
 #include <string>
 #include <vector>
 
+#include "archspace/util/cpu_isa.h"
 #include "archspace/util/error.h"
 
 namespace archspace::testing {
+
+// The kernel paths (util/cpu_isa) this machine can run: a kernel test checks each of them in one process.
+inline std::vector<CpuIsa> runnable_paths() {
+  std::vector<CpuIsa> paths;
+  for (CpuIsa isa : {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512Bf16})
+    if (isa <= detected_cpu_isa()) paths.push_back(isa);
+  return paths;
+}
 
 inline void expect_error(const std::function<void()>& f, const std::vector<std::string>& fragments) {
   try {
