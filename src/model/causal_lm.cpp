@@ -152,9 +152,10 @@ at::Tensor CausalLM::attention(const BlockWeights& layer, const at::Tensor& x, c
   const int64_t B = x.size(0), T = x.size(1), h = config_.head_dim;
   const double eps = config_.rms_norm_eps;
   // Q/K RMSNorm over the whole projection width, before splitting into heads.
-  at::Tensor q = rms_norm(archspace::linear(x, layer.q_proj), layer.q_norm, eps);
-  at::Tensor k = rms_norm(archspace::linear(x, layer.k_proj), layer.k_norm, eps);
-  at::Tensor v = archspace::linear(x, layer.v_proj);
+  std::vector<at::Tensor> qkv = linear_many(x, {layer.q_proj, layer.k_proj, layer.v_proj});
+  at::Tensor q = rms_norm(qkv[0], layer.q_norm, eps);
+  at::Tensor k = rms_norm(qkv[1], layer.k_norm, eps);
+  at::Tensor v = std::move(qkv[2]);
   if (layer.v_norm.defined()) v = rms_norm(v, layer.v_norm, eps);  // HybridNorm's QKV norm
   at::Tensor q_BHTD = apply_rope(q.view({B, T, -1, h}).transpose(1, 2), ctx.cos, ctx.sin);
   at::Tensor k_BGTD = apply_rope(k.view({B, T, -1, h}).transpose(1, 2), ctx.cos, ctx.sin);

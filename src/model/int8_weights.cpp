@@ -60,12 +60,12 @@ __attribute__((target("avx2,fma"))) inline __m256 load_int8x8(const int8_t* p) {
 // across the rows of x, and each row's sums do not depend on how many rows the call has.
 __attribute__((target("avx2,fma"))) void dot_rows_int8_avx2(const int8_t* W, const double* scale, const float* x,
                                                             float* y, int64_t M, int64_t N, int64_t K, int64_t n0,
-                                                            int64_t n1) {
+                                                            int64_t n1, const char* then = nullptr) {
   const int64_t K8 = K - K % 8;
   const WeightPrefetch prefetch(K, sizeof(int8_t));
   int64_t n = n0;
   for (; n + 4 <= n1; n += 4) {
-    PacedPrefetch ahead = prefetch.block(W, n, n1);
+    PacedPrefetch ahead = prefetch.block(W, n, n1, then);
     const int8_t* w0 = W + n * K;
     const int8_t* w1 = w0 + K;
     const int8_t* w2 = w1 + K;
@@ -112,12 +112,12 @@ ARCHSPACE_AVX512 inline __m256 fold16(__m512 a) {  // lanes 0-7 plus lanes 8-15
 }
 
 ARCHSPACE_AVX512 void dot_rows_int8_avx512(const int8_t* W, const double* scale, const float* x, float* y, int64_t M,
-                                           int64_t N, int64_t K, int64_t n0, int64_t n1) {
+                                           int64_t N, int64_t K, int64_t n0, int64_t n1, const char* then = nullptr) {
   const int64_t K16 = K - K % 16;
   const WeightPrefetch prefetch(K, sizeof(int8_t));
   int64_t n = n0;
   for (; n + 4 <= n1; n += 4) {
-    PacedPrefetch ahead = prefetch.block(W, n, n1);
+    PacedPrefetch ahead = prefetch.block(W, n, n1, then);
     const int8_t* w0 = W + n * K;
     const int8_t* w1 = w0 + K;
     const int8_t* w2 = w1 + K;
@@ -205,35 +205,62 @@ at::Tensor dequantize_int8_rows(const at::Tensor& q, at::ScalarType dtype) {
   return dequantized_rows(q, checked_int8_scales(q, "dequantize_int8_rows"), 0, q.size(0), dtype);
 }
 
-at::Tensor int8_streaming_linear(const at::Tensor& x, const at::Tensor& weight, CpuIsa isa) {
-  const at::Tensor scales = checked_int8_scales(weight, "int8_streaming_linear");
-  const int64_t N = weight.size(0), K = weight.size(1);
-  if (!x.device().is_cpu() || (x.scalar_type() != at::kFloat && x.scalar_type() != at::kBFloat16) || x.size(-1) != K) {
-    throw Error("int8_streaming_linear: x must be fp32 or bf16 on the CPU with " + std::to_string(K) +
-                " features, got " + std::string(c10::toString(x.scalar_type())) + " with " +
-                std::to_string(x.size(-1)));
+std::vector<at::Tensor> int8_streaming_linear_many(const at::Tensor& x, const std::vector<at::Tensor>& weights,
+                                                   CpuIsa isa) {
+  if (weights.empty()) throw Error("int8_streaming_linear: no weights");
+  const int64_t K = x.size(-1);
+  std::vector<at::Tensor> scales;
+  for (const at::Tensor& w : weights) {
+    scales.push_back(checked_int8_scales(w, "int8_streaming_linear"));
+    if (!x.device().is_cpu() || (x.scalar_type() != at::kFloat && x.scalar_type() != at::kBFloat16) || w.size(1) != K) {
+      throw Error("int8_streaming_linear: x must be fp32 or bf16 on the CPU with " + std::to_string(w.size(1)) +
+                  " features, got " + std::string(c10::toString(x.scalar_type())) + " with " + std::to_string(K));
+    }
   }
-  // A few rows: bf16 widened once. fp32 x (the usual case) is read in place and y made in its final shape,
-  // so a decode call dispatches one ATen op (the empty) besides the kernel.
+  // A few rows: bf16 widened once. fp32 x (the usual case) is read in place and each y made in its final shape,
+  // so a decode call dispatches one ATen op (the empty) a weight besides the kernel.
   const bool fp32 = x.scalar_type() == at::kFloat;
   const at::Tensor xf = fp32 ? x.contiguous() : x.to(at::kFloat).contiguous();
   const int64_t M = rows_of(x);
   std::vector<int64_t> out_shape = x.sizes().vec();
-  out_shape.back() = N;
-  at::Tensor y = at::empty(out_shape, x.options().dtype(at::kFloat));
-  const int8_t* W = int8_values(weight);
-  const double* sp = scales.const_data_ptr<double>();
+  std::vector<at::Tensor> ys;
+  std::vector<const int8_t*> W;
+  std::vector<const void*> starts;  // W as for_feature_blocks takes it
+  std::vector<const double*> sp;
+  std::vector<float*> yp;
+  std::vector<int64_t> N;
+  for (size_t i = 0; i < weights.size(); ++i) {
+    out_shape.back() = weights[i].size(0);
+    ys.push_back(at::empty(out_shape, x.options().dtype(at::kFloat)));
+    W.push_back(int8_values(weights[i]));
+    starts.push_back(W.back());
+    sp.push_back(scales[i].const_data_ptr<double>());
+    yp.push_back(ys.back().mutable_data_ptr<float>());
+    N.push_back(weights[i].size(0));
+  }
   const float* xp = xf.const_data_ptr<float>();
-  float* yp = y.mutable_data_ptr<float>();
   isa = std::min(isa, detected_cpu_isa());
-  for_feature_blocks(N, [&](int64_t n0, int64_t n1) {
+  for_feature_blocks(N.data(), starts.data(), N.size(), [&](size_t i, int64_t n0, int64_t n1, const char* then) {
 #if defined(__x86_64__)
-    if (isa >= CpuIsa::kAvx512Bf16) return dot_rows_int8_avx512(W, sp, xp, yp, M, N, K, n0, n1);
-    if (isa >= CpuIsa::kAvx2) return dot_rows_int8_avx2(W, sp, xp, yp, M, N, K, n0, n1);
+    if (isa >= CpuIsa::kAvx512Bf16) return dot_rows_int8_avx512(W[i], sp[i], xp, yp[i], M, N[i], K, n0, n1, then);
+    if (isa >= CpuIsa::kAvx2) return dot_rows_int8_avx2(W[i], sp[i], xp, yp[i], M, N[i], K, n0, n1, then);
 #endif
-    dot_rows_int8_scalar(W, sp, xp, yp, M, N, K, n0, n1);
+    dot_rows_int8_scalar(W[i], sp[i], xp, yp[i], M, N[i], K, n0, n1);
   });
-  return fp32 ? y : y.to(x.scalar_type());
+  if (!fp32)
+    for (at::Tensor& y : ys) y = y.to(x.scalar_type());
+  return ys;
+}
+
+at::Tensor int8_streaming_linear(const at::Tensor& x, const at::Tensor& weight, CpuIsa isa) {
+  return int8_streaming_linear_many(x, {weight}, isa).front();
+}
+
+bool uses_int8_streaming_linear(const at::Tensor& x, const at::Tensor& weight) {
+  if (!is_int8_weight(weight) || !x.device().is_cpu()) return false;
+  if ((x.scalar_type() != at::kFloat && x.scalar_type() != at::kBFloat16) || x.size(-1) != weight.size(1)) return false;
+  const int64_t rows = x.size(-1) > 0 ? x.numel() / x.size(-1) : 0;
+  return rows <= kStreamingLinearMaxRows && !(at::GradMode::is_enabled() && x.requires_grad());
 }
 
 at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& weight) {

@@ -21,7 +21,8 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
 
 at::Tensor swiglu_mlp(const at::Tensor& x, const at::Tensor& gate_proj, const at::Tensor& up_proj,
                       const at::Tensor& down_proj) {
-  return archspace::linear(at::silu(archspace::linear(x, gate_proj)) * archspace::linear(x, up_proj), down_proj);
+  const std::vector<at::Tensor> gate_up = linear_many(x, {gate_proj, up_proj});
+  return archspace::linear(at::silu(gate_up[0]) * gate_up[1], down_proj);
 }
 
 at::Tensor causal_mask(int64_t tq, int64_t tk, int64_t window, int64_t q_offset, const at::Device& device) {

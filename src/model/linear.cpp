@@ -59,12 +59,12 @@ void dot_rows_bf16_scalar(const uint16_t* W, const float* x, c10::BFloat16* y, i
 
 #if defined(__x86_64__)
 __attribute__((target("avx2,fma"))) void dot_rows_avx2(const float* W, const float* x, float* y, int64_t M, int64_t N,
-                                                       int64_t K, int64_t n0, int64_t n1) {
+                                                       int64_t K, int64_t n0, int64_t n1, const char* then = nullptr) {
   const int64_t K8 = K - K % 8;
   const WeightPrefetch prefetch(K, sizeof(float));
   int64_t n = n0;
   for (; n + 4 <= n1; n += 4) {
-    PacedPrefetch ahead = prefetch.block(W, n, n1);
+    PacedPrefetch ahead = prefetch.block(W, n, n1, then);
     const float* w0 = W + n * K;
     const float* w1 = w0 + K;
     const float* w2 = w1 + K;
@@ -140,12 +140,13 @@ __attribute__((target("avx2,fma"))) inline __m256 load_bf16x8(const uint16_t* p)
 }
 
 __attribute__((target("avx2,fma"))) void dot_rows_bf16_avx2(const uint16_t* W, const float* x, c10::BFloat16* y,
-                                                            int64_t M, int64_t N, int64_t K, int64_t n0, int64_t n1) {
+                                                            int64_t M, int64_t N, int64_t K, int64_t n0, int64_t n1,
+                                                            const char* then = nullptr) {
   const int64_t K8 = K - K % 8;
   const WeightPrefetch prefetch(K, sizeof(uint16_t));
   int64_t n = n0;
   for (; n + 4 <= n1; n += 4) {
-    PacedPrefetch ahead = prefetch.block(W, n, n1);
+    PacedPrefetch ahead = prefetch.block(W, n, n1, then);
     const uint16_t* w0 = W + n * K;
     const uint16_t* w1 = w0 + K;
     const uint16_t* w2 = w1 + K;
@@ -211,13 +212,14 @@ ARCHSPACE_AVX512_BF16 inline void dot_4x2(__m512 (&a)[4], __m512 (&b)[4], __m512
 }
 
 ARCHSPACE_AVX512_BF16 void dot_rows_bf16_avx512(const uint16_t* W, const uint16_t* x, c10::BFloat16* y, int64_t M,
-                                                int64_t N, int64_t K, int64_t n0, int64_t n1) {
+                                                int64_t N, int64_t K, int64_t n0, int64_t n1,
+                                                const char* then = nullptr) {
   const int64_t K32 = K - K % 32;
   const __mmask32 tail = static_cast<__mmask32>((uint64_t{1} << (K % 32)) - 1);
   const WeightPrefetch prefetch(K, sizeof(uint16_t));
   int64_t n = n0;
   for (; n + 4 <= n1; n += 4) {
-    PacedPrefetch ahead = prefetch.block(W, n, n1);
+    PacedPrefetch ahead = prefetch.block(W, n, n1, then);
     const uint16_t* w0 = W + n * K;
     const uint16_t* w1 = w0 + K;
     const uint16_t* w2 = w1 + K;
@@ -365,11 +367,11 @@ ARCHSPACE_AVX512_BF16 inline void dot_block_fp32_x1(const float* w0, const float
 #undef ARCHSPACE_STORE_ROW
 
 ARCHSPACE_AVX512_BF16 void dot_rows_avx512(const float* W, const float* x, float* y, int64_t M, int64_t N, int64_t K,
-                                           int64_t n0, int64_t n1) {
+                                           int64_t n0, int64_t n1, const char* then = nullptr) {
   const WeightPrefetch prefetch(K, sizeof(float));
   int64_t n = n0;
   for (; n + 4 <= n1; n += 4) {
-    PacedPrefetch ahead = prefetch.block(W, n, n1);
+    PacedPrefetch ahead = prefetch.block(W, n, n1, then);
     const float* w = W + n * K;
     int64_t m = 0;
     for (; m + 4 <= M; m += 4) dot_block_fp32_x4(w, x + m * K, y + m * N + n, N, K, ahead);
@@ -402,62 +404,95 @@ bool uses_streaming_linear(const at::Tensor& x, const at::Tensor& weight) {
 
 namespace {
 
-void streaming_linear_fp32(const at::Tensor& x, int64_t M, const at::Tensor& weight, at::Tensor& y, CpuIsa isa) {
-  const int64_t K = weight.size(1), N = weight.size(0);
-  const float* W = weight.const_data_ptr<float>();
+// The weights one x multiplies, as the kernels see them: matrix i is W[i] [N[i], K] and its result y[i].
+template <typename T, typename Y>
+struct Matrices {
+  std::vector<const T*> W;
+  std::vector<const void*> starts;  // W as for_feature_blocks takes it
+  std::vector<Y*> y;
+  std::vector<int64_t> N;
+};
+
+template <typename T, typename Y>
+Matrices<T, Y> matrices(const std::vector<at::Tensor>& weights, std::vector<at::Tensor>& ys) {
+  Matrices<T, Y> m;
+  for (size_t i = 0; i < weights.size(); ++i) {
+    m.W.push_back(reinterpret_cast<const T*>(weights[i].const_data_ptr()));
+    m.starts.push_back(m.W.back());
+    m.y.push_back(reinterpret_cast<Y*>(ys[i].mutable_data_ptr()));
+    m.N.push_back(weights[i].size(0));
+  }
+  return m;
+}
+
+void streaming_linear_fp32(const at::Tensor& x, int64_t M, int64_t K, const std::vector<at::Tensor>& weights,
+                           std::vector<at::Tensor>& ys, CpuIsa isa) {
+  const auto m = matrices<float, float>(weights, ys);
   const float* xp = x.const_data_ptr<float>();
-  float* yp = y.mutable_data_ptr<float>();
-  for_feature_blocks(N, [&](int64_t n0, int64_t n1) {
+  for_feature_blocks(m.N.data(), m.starts.data(), m.N.size(), [&](size_t i, int64_t n0, int64_t n1, const char* then) {
 #if defined(__x86_64__)
-    if (isa >= CpuIsa::kAvx512Bf16) return dot_rows_avx512(W, xp, yp, M, N, K, n0, n1);
-    if (isa >= CpuIsa::kAvx2) return dot_rows_avx2(W, xp, yp, M, N, K, n0, n1);
+    if (isa >= CpuIsa::kAvx512Bf16) return dot_rows_avx512(m.W[i], xp, m.y[i], M, m.N[i], K, n0, n1, then);
+    if (isa >= CpuIsa::kAvx2) return dot_rows_avx2(m.W[i], xp, m.y[i], M, m.N[i], K, n0, n1, then);
 #endif
-    dot_rows_scalar(W, xp, yp, M, N, K, n0, n1);
+    dot_rows_scalar(m.W[i], xp, m.y[i], M, m.N[i], K, n0, n1);
   });
 }
 
-void streaming_linear_bf16(const at::Tensor& x, int64_t M, const at::Tensor& weight, at::Tensor& y, CpuIsa isa) {
-  const int64_t K = weight.size(1), N = weight.size(0);
-  const auto* W = reinterpret_cast<const uint16_t*>(weight.const_data_ptr<at::BFloat16>());
-  auto* yp = y.mutable_data_ptr<at::BFloat16>();
+void streaming_linear_bf16(const at::Tensor& x, int64_t M, int64_t K, const std::vector<at::Tensor>& weights,
+                           std::vector<at::Tensor>& ys, CpuIsa isa) {
+  const auto m = matrices<uint16_t, c10::BFloat16>(weights, ys);
 #if defined(__x86_64__)
   if (isa >= CpuIsa::kAvx512Bf16) {
     const auto* xp = reinterpret_cast<const uint16_t*>(x.const_data_ptr<at::BFloat16>());
-    return for_feature_blocks(N, [&](int64_t n0, int64_t n1) { dot_rows_bf16_avx512(W, xp, yp, M, N, K, n0, n1); });
+    return for_feature_blocks(m.N.data(), m.starts.data(), m.N.size(),
+                              [&](size_t i, int64_t n0, int64_t n1, const char* then) {
+                                dot_rows_bf16_avx512(m.W[i], xp, m.y[i], M, m.N[i], K, n0, n1, then);
+                              });
   }
 #endif
   const at::Tensor xf = x.to(at::kFloat);  // a few rows: widened once, not per weight block
   const float* xp = xf.const_data_ptr<float>();
-  for_feature_blocks(N, [&](int64_t n0, int64_t n1) {
+  for_feature_blocks(m.N.data(), m.starts.data(), m.N.size(), [&](size_t i, int64_t n0, int64_t n1, const char* then) {
 #if defined(__x86_64__)
-    if (isa >= CpuIsa::kAvx2) return dot_rows_bf16_avx2(W, xp, yp, M, N, K, n0, n1);
+    if (isa >= CpuIsa::kAvx2) return dot_rows_bf16_avx2(m.W[i], xp, m.y[i], M, m.N[i], K, n0, n1, then);
 #endif
-    dot_rows_bf16_scalar(W, xp, yp, M, N, K, n0, n1);
+    dot_rows_bf16_scalar(m.W[i], xp, m.y[i], M, m.N[i], K, n0, n1);
   });
 }
 
 }  // namespace
 
-at::Tensor streaming_linear(const at::Tensor& x, const at::Tensor& weight, CpuIsa isa) {
-  TORCH_CHECK(
-      x.scalar_type() == weight.scalar_type() && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
-      "streaming_linear: x and weight must both be fp32 or both bf16");
-  const int64_t K = weight.size(1), N = weight.size(0);
-  // Decoding calls this for every weight of every step (85 times a token at 190M): a contiguous x is read in
-  // place and y is made in its final shape, so a call dispatches one ATen op (the empty), not three.
+std::vector<at::Tensor> streaming_linear_many(const at::Tensor& x, const std::vector<at::Tensor>& weights, CpuIsa isa) {
+  TORCH_CHECK(!weights.empty(), "streaming_linear: no weights");
+  const int64_t K = x.size(-1);
+  for (const at::Tensor& w : weights) {
+    TORCH_CHECK(
+        x.scalar_type() == w.scalar_type() && (w.scalar_type() == at::kFloat || w.scalar_type() == at::kBFloat16),
+        "streaming_linear: x and the weights must all be fp32 or all bf16");
+    TORCH_CHECK(w.dim() == 2 && w.size(1) == K, "streaming_linear: x has ", K, " features, a weight is ", w.sizes());
+  }
+  // Decoding calls this for every weight of every step: a contiguous x is read in place and each y is made in
+  // its final shape, so a call dispatches one ATen op (the empty) a weight.
   const at::Tensor xc = x.contiguous();
-  const at::Tensor w = weight.contiguous();
-  const int64_t M = rows_of(x);
+  std::vector<at::Tensor> ws, ys;
   std::vector<int64_t> out_shape = x.sizes().vec();
-  out_shape.back() = N;
-  at::Tensor y = at::empty(out_shape, x.options());
+  for (const at::Tensor& w : weights) {
+    ws.push_back(w.contiguous());
+    out_shape.back() = w.size(0);
+    ys.push_back(at::empty(out_shape, x.options()));
+  }
+  const int64_t M = rows_of(x);
   isa = std::min(isa, detected_cpu_isa());
   if (x.scalar_type() == at::kFloat) {
-    streaming_linear_fp32(xc, M, w, y, isa);
+    streaming_linear_fp32(xc, M, K, ws, ys, isa);
   } else {
-    streaming_linear_bf16(xc, M, w, y, isa);
+    streaming_linear_bf16(xc, M, K, ws, ys, isa);
   }
-  return y;
+  return ys;
+}
+
+at::Tensor streaming_linear(const at::Tensor& x, const at::Tensor& weight, CpuIsa isa) {
+  return streaming_linear_many(x, {weight}, isa).front();
 }
 
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight) {
@@ -468,6 +503,21 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight) {
     return streaming_linear(x, weight);
   }
   return at::linear(x, weight);
+}
+
+std::vector<at::Tensor> linear_many(const at::Tensor& x, const std::vector<at::Tensor>& weights) {
+  auto all = [&](auto&& predicate) { return std::all_of(weights.begin(), weights.end(), predicate); };
+  if (weights.size() > 1 && all([&](const at::Tensor& w) { return uses_streaming_linear(x, w); })) {
+    RECORD_FUNCTION("archspace::streaming_linear", c10::ArrayRef<const c10::IValue>{});
+    return streaming_linear_many(x, weights);
+  }
+  if (weights.size() > 1 && all([&](const at::Tensor& w) { return uses_int8_streaming_linear(x, w); })) {
+    RECORD_FUNCTION("archspace::int8_streaming_linear", c10::ArrayRef<const c10::IValue>{});
+    return int8_streaming_linear_many(x, weights);
+  }
+  std::vector<at::Tensor> ys;  // anything else (training, prefill, mixed weights): one at a time, as ever
+  for (const at::Tensor& w : weights) ys.push_back(archspace::linear(x, w));
+  return ys;
 }
 
 }  // namespace archspace

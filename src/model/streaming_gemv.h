@@ -22,12 +22,34 @@ inline int64_t rows_of(const at::Tensor& x) {
   return rows;
 }
 
-// Splits the output features over threads in blocks of four rows; 256 rows per task at least so that small
-// matrices do not pay for waking threads. `rows(n0, n1)` computes features [n0, n1) for every row of x.
+// Splits the output features of `count` matrices (the weights one x multiplies: q/k/v, or gate/up) over threads
+// as one list of four-row blocks: the matrices share one parallel region, and a thread whose rows run on into the
+// next matrix prefetches that matrix's first rows while it finishes the last ones (`then`, below) instead of
+// starting it cold. 256 rows a task at least, so that small matrices do not pay for waking threads.
+// `rows(i, n0, n1, then)` computes features [n0, n1) of matrix i for every row of x; `then` is the next matrix
+// when this thread goes on with its first rows (n1 is then matrix i's last row), else null. A block never spans
+// two matrices.
+template <typename Rows>
+void for_feature_blocks(const int64_t* N, const void* const* W, size_t count, const Rows& rows) {
+  int64_t blocks = 0;
+  for (size_t i = 0; i < count; ++i) blocks += (N[i] + 3) / 4;
+  at::parallel_for(0, blocks, 64, [&](int64_t b0, int64_t b1) {
+    int64_t first = 0;  // matrix i's first block in the list
+    for (size_t i = 0; i < count && first < b1; first += (N[i] + 3) / 4, ++i) {
+      const int64_t end = first + (N[i] + 3) / 4;
+      if (end <= b0) continue;
+      const void* then = b1 > end && i + 1 < count ? W[i + 1] : nullptr;
+      rows(i, 4 * (std::max(b0, first) - first), std::min(N[i], 4 * (std::min(b1, end) - first)),
+           static_cast<const char*>(then));
+    }
+  });
+}
+
+// One matrix: `rows(n0, n1)`.
 template <typename Rows>
 void for_feature_blocks(int64_t N, const Rows& rows) {
-  const int64_t blocks = (N + 3) / 4;
-  at::parallel_for(0, blocks, 64, [&](int64_t b0, int64_t b1) { rows(b0 * 4, std::min(N, b1 * 4)); });
+  const void* none = nullptr;
+  for_feature_blocks(&N, &none, 1, [&](size_t, int64_t n0, int64_t n1, const char*) { rows(n0, n1); });
 }
 
 #if defined(__x86_64__)
@@ -90,10 +112,14 @@ class WeightPrefetch {
   WeightPrefetch(int64_t K, int64_t element_bytes, int64_t ahead_bytes = kPrefetchAheadBytes)
       : row_bytes_(std::max<int64_t>(1, K * element_bytes)), ahead_rows_((ahead_bytes / row_bytes_ + 4) / 4 * 4) {}
 
-  // The paced prefetch of the block of four rows `ahead_rows_` after row n of W; nothing if that block is not
-  // before n1 (this thread's range ends first).
-  PacedPrefetch block(const void* W, int64_t n, int64_t n1) const {
-    if (n + ahead_rows_ + 4 > n1) return PacedPrefetch(nullptr, 0);
+  // The paced prefetch of the block of four rows `ahead_rows_` after row n of W; if that block is not before n1
+  // (this thread's range ends first), the same bytes further on in `then` (the next matrix this thread goes on
+  // with, from its first row; same row width), or nothing.
+  PacedPrefetch block(const void* W, int64_t n, int64_t n1, const char* then = nullptr) const {
+    if (n + ahead_rows_ + 4 > n1) {
+      if (!then) return PacedPrefetch(nullptr, 0);
+      return PacedPrefetch(then + (n + ahead_rows_ - n1) * row_bytes_, 4 * row_bytes_);
+    }
     return PacedPrefetch(static_cast<const char*>(W) + (n + ahead_rows_) * row_bytes_, 4 * row_bytes_);
   }
 

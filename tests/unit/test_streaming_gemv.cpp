@@ -33,6 +33,18 @@ TEST(StreamingGemvPrefetch, TheBlockAskedForIsAtLeast64KBAheadWithinTheRange) {
   EXPECT_EQ(WeightPrefetch(40000, 2).block(base, 0, 100).block(), base + 4 * 80000);
 }
 
+TEST(StreamingGemvPrefetch, PastItsRowsAThreadAsksForTheMatrixItGoesOnWith) {
+  std::vector<char> W(1), next(1);
+  const char* base = W.data();
+  const WeightPrefetch plan(768, 4);  // 3,072-byte rows, 24 rows ahead
+  // Row 8 of a thread's rows ending at 20: the block ahead (rows 32-35) is 12 rows past them, so 12 rows into
+  // the next matrix.
+  const PacedPrefetch p = plan.block(base, 8, 20, next.data());
+  EXPECT_EQ(p.block(), next.data() + 12 * 3072);
+  EXPECT_EQ(p.block_bytes(), 4 * 3072);
+  EXPECT_EQ(plan.block(base, 8, 20).block(), nullptr);  // no next matrix: nothing
+}
+
 TEST(StreamingGemvPrefetch, PacedRequestsCoverTheBlockOnceInStepWithTheReads) {
   for (int64_t step : {32, 64, 256, 100}) {
     std::vector<char> block(4 * 777);

@@ -9,6 +9,7 @@
 #include <ATen/ATen.h>
 
 #include <string>
+#include <vector>
 
 #include "archspace/util/cpu_isa.h"
 
@@ -28,9 +29,16 @@ at::Tensor dequantize_int8_rows(const at::Tensor& q, at::ScalarType dtype = at::
 // the streaming kernel; more rows (prefill) dequantize a block of weight rows at a time into at::linear.
 at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& weight);
 
+// Whether int8_linear would take the streaming kernel for x and this weight (an int8 weight, few rows, no grad).
+bool uses_int8_streaming_linear(const at::Tensor& x, const at::Tensor& weight);
+
 // The streaming kernel itself, whatever the row count (for tests): y[m, n] = scale[n] * sum_k q[n, k] x[m, k]
 // with fp32 sums (each int8 value is exact in fp32), x fp32 or bf16 (widened once). `isa` picks the path,
 // capped at what the CPU has: AVX512F 16-wide at kAvx512Bf16, AVX2 8-wide at kAvx2, scalar.
 at::Tensor int8_streaming_linear(const at::Tensor& x, const at::Tensor& weight, CpuIsa isa = max_cpu_isa());
+// Several int8 weights with x's feature count, one result each, in one parallel region (model/linear.h's
+// linear_many).
+std::vector<at::Tensor> int8_streaming_linear_many(const at::Tensor& x, const std::vector<at::Tensor>& weights,
+                                                   CpuIsa isa = max_cpu_isa());
 
 }  // namespace archspace
