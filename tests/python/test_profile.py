@@ -161,10 +161,10 @@ def test_generate_profile_has_one_span_per_decode_step(model_dir, tmp_path):
     # The first token comes from the prefill; each further one from one decode forward.
     assert count(events, "archspace::prefill") == 1
     assert count(events, "archspace::decode_step") == tokens - 1
-    # The engine's own GEMV (not an ATen op) is named: 4 attention + 3 MLP projections per layer and the head, in
-    # each forward (the 4-token prefill takes it too: it has few rows). 0 where the CPU has no AVX2.
+    # The engine's own GEMV (not an ATen op) is named: per layer q/k/v (one call), o, gate/up (one call) and down,
+    # and the head, in each forward (the 4-token prefill takes it too: it has few rows). 0 where the CPU has no AVX2.
     layers = tiny_olmo3_config().num_hidden_layers
-    assert count(events, "archspace::streaming_linear") in (0, tokens * (7 * layers + 1))
+    assert count(events, "archspace::streaming_linear") in (0, tokens * (4 * layers + 1))
     expect_tensorboard_reads(trace, tmp_path)
 
 
