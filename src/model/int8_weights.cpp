@@ -225,7 +225,6 @@ std::vector<at::Tensor> int8_streaming_linear_many(const at::Tensor& x, const st
   std::vector<int64_t> out_shape = x.sizes().vec();
   std::vector<at::Tensor> ys;
   std::vector<const int8_t*> W;
-  std::vector<const void*> starts;  // W as for_feature_blocks takes it
   std::vector<const double*> sp;
   std::vector<float*> yp;
   std::vector<int64_t> N;
@@ -233,14 +232,13 @@ std::vector<at::Tensor> int8_streaming_linear_many(const at::Tensor& x, const st
     out_shape.back() = weights[i].size(0);
     ys.push_back(at::empty(out_shape, x.options().dtype(at::kFloat)));
     W.push_back(int8_values(weights[i]));
-    starts.push_back(W.back());
     sp.push_back(scales[i].const_data_ptr<double>());
     yp.push_back(ys.back().mutable_data_ptr<float>());
     N.push_back(weights[i].size(0));
   }
   const float* xp = xf.const_data_ptr<float>();
   isa = std::min(isa, detected_cpu_isa());
-  for_feature_blocks(N.data(), starts.data(), N.size(), [&](size_t i, int64_t n0, int64_t n1, const char* then) {
+  for_feature_blocks(N.data(), W.data(), N.size(), [&](size_t i, int64_t n0, int64_t n1, const char* then) {
 #if defined(__x86_64__)
     if (isa >= CpuIsa::kAvx512Bf16) return dot_rows_int8_avx512(W[i], sp[i], xp, yp[i], M, N[i], K, n0, n1, then);
     if (isa >= CpuIsa::kAvx2) return dot_rows_int8_avx2(W[i], sp[i], xp, yp[i], M, N[i], K, n0, n1, then);

@@ -408,7 +408,6 @@ namespace {
 template <typename T, typename Y>
 struct Matrices {
   std::vector<const T*> W;
-  std::vector<const void*> starts;  // W as for_feature_blocks takes it
   std::vector<Y*> y;
   std::vector<int64_t> N;
 };
@@ -418,7 +417,6 @@ Matrices<T, Y> matrices(const std::vector<at::Tensor>& weights, std::vector<at::
   Matrices<T, Y> m;
   for (size_t i = 0; i < weights.size(); ++i) {
     m.W.push_back(reinterpret_cast<const T*>(weights[i].const_data_ptr()));
-    m.starts.push_back(m.W.back());
     m.y.push_back(reinterpret_cast<Y*>(ys[i].mutable_data_ptr()));
     m.N.push_back(weights[i].size(0));
   }
@@ -429,7 +427,7 @@ void streaming_linear_fp32(const at::Tensor& x, int64_t M, int64_t K, const std:
                            std::vector<at::Tensor>& ys, CpuIsa isa) {
   const auto m = matrices<float, float>(weights, ys);
   const float* xp = x.const_data_ptr<float>();
-  for_feature_blocks(m.N.data(), m.starts.data(), m.N.size(), [&](size_t i, int64_t n0, int64_t n1, const char* then) {
+  for_feature_blocks(m.N.data(), m.W.data(), m.N.size(), [&](size_t i, int64_t n0, int64_t n1, const char* then) {
 #if defined(__x86_64__)
     if (isa >= CpuIsa::kAvx512Bf16) return dot_rows_avx512(m.W[i], xp, m.y[i], M, m.N[i], K, n0, n1, then);
     if (isa >= CpuIsa::kAvx2) return dot_rows_avx2(m.W[i], xp, m.y[i], M, m.N[i], K, n0, n1, then);
@@ -444,7 +442,7 @@ void streaming_linear_bf16(const at::Tensor& x, int64_t M, int64_t K, const std:
 #if defined(__x86_64__)
   if (isa >= CpuIsa::kAvx512Bf16) {
     const auto* xp = reinterpret_cast<const uint16_t*>(x.const_data_ptr<at::BFloat16>());
-    return for_feature_blocks(m.N.data(), m.starts.data(), m.N.size(),
+    return for_feature_blocks(m.N.data(), m.W.data(), m.N.size(),
                               [&](size_t i, int64_t n0, int64_t n1, const char* then) {
                                 dot_rows_bf16_avx512(m.W[i], xp, m.y[i], M, m.N[i], K, n0, n1, then);
                               });
@@ -452,7 +450,7 @@ void streaming_linear_bf16(const at::Tensor& x, int64_t M, int64_t K, const std:
 #endif
   const at::Tensor xf = x.to(at::kFloat);  // a few rows: widened once, not per weight block
   const float* xp = xf.const_data_ptr<float>();
-  for_feature_blocks(m.N.data(), m.starts.data(), m.N.size(), [&](size_t i, int64_t n0, int64_t n1, const char* then) {
+  for_feature_blocks(m.N.data(), m.W.data(), m.N.size(), [&](size_t i, int64_t n0, int64_t n1, const char* then) {
 #if defined(__x86_64__)
     if (isa >= CpuIsa::kAvx2) return dot_rows_bf16_avx2(m.W[i], xp, m.y[i], M, m.N[i], K, n0, n1, then);
 #endif

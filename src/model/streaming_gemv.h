@@ -29,8 +29,8 @@ inline int64_t rows_of(const at::Tensor& x) {
 // `rows(i, n0, n1, then)` computes features [n0, n1) of matrix i for every row of x; `then` is the next matrix
 // when this thread goes on with its first rows (n1 is then matrix i's last row), else null. A block never spans
 // two matrices.
-template <typename Rows>
-void for_feature_blocks(const int64_t* N, const void* const* W, size_t count, const Rows& rows) {
+template <typename T, typename Rows>
+void for_feature_blocks(const int64_t* N, const T* const* W, size_t count, const Rows& rows) {
   int64_t blocks = 0;
   for (size_t i = 0; i < count; ++i) blocks += (N[i] + 3) / 4;
   at::parallel_for(0, blocks, 64, [&](int64_t b0, int64_t b1) {
@@ -38,7 +38,7 @@ void for_feature_blocks(const int64_t* N, const void* const* W, size_t count, co
     for (size_t i = 0; i < count && first < b1; first += (N[i] + 3) / 4, ++i) {
       const int64_t end = first + (N[i] + 3) / 4;
       if (end <= b0) continue;
-      const void* then = b1 > end && i + 1 < count ? W[i + 1] : nullptr;
+      const void* then = b1 > end && i + 1 < count ? static_cast<const void*>(W[i + 1]) : nullptr;
       rows(i, 4 * (std::max(b0, first) - first), std::min(N[i], 4 * (std::min(b1, end) - first)),
            static_cast<const char*>(then));
     }
@@ -48,7 +48,7 @@ void for_feature_blocks(const int64_t* N, const void* const* W, size_t count, co
 // One matrix: `rows(n0, n1)`.
 template <typename Rows>
 void for_feature_blocks(int64_t N, const Rows& rows) {
-  const void* none = nullptr;
+  const char* none = nullptr;
   for_feature_blocks(&N, &none, 1, [&](size_t, int64_t n0, int64_t n1, const char*) { rows(n0, n1); });
 }
 

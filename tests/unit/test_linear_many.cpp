@@ -5,7 +5,9 @@
 #include <ATen/core/grad_mode.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <mutex>
+#include <tuple>
 #include <vector>
 
 #include "../../src/model/streaming_gemv.h"
