@@ -1,6 +1,9 @@
 """bf16 and int8 weights against fp32 for decoding (issue 25 items 1 and 4): batch-1 decode tokens/s of `archspace
 generate --dtype fp32`, `--dtype bf16` and `--quantization int8` on the same model and prompt, run in rotating
-rounds (so all see the same machine), the ratio to fp32 per round with its median and range; and the roofline measured in the same run:
+rounds (so all see the same machine), the ratio to fp32 per round with its median and range; then the same decode
+with the three variants in one process, their steps interleaved (build/bench_decode_steps: a shared host's memory
+bandwidth moves by tens of percent between one process and the next, which the per-round ratios of separate
+processes carry and the interleaved steps cancel); and the roofline measured in the same run:
 memory read bandwidth (a torch.sum over a 1 GiB fp32 tensor with the same threads, larger than any cache), so
 each decode rate is also shown as a percentage of what reading its weights at that bandwidth would allow
 (the weights a token reads: every linear layer and the head, not the embedding table, which is gathered).
@@ -25,6 +28,7 @@ from bench_threads import cpu_flags
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 BINARY = REPO / "build" / "archspace"
+STEPS_BINARY = REPO / "build" / "bench_decode_steps"
 
 
 # variant -> (generate's flags, bytes a weight): int8 keeps fp32 activations with int8 matmul weights.
@@ -37,6 +41,18 @@ def decode_rate(d, prompt, new, threads, variant):
                         *VARIANTS[variant][0]], capture_output=True, text=True, check=True)
     m = re.search(r"decode (\d+) tokens in ([0-9.]+) s", r.stderr)
     return int(m.group(1)) / float(m.group(2))
+
+
+def interleaved(d, prompt, new, threads, rounds):
+    """bench_decode_steps' figures: per-round tokens/s of each variant and ratios to fp32, steps interleaved."""
+    out = REPO / "bench" / "results" / f".decode-steps-{os.getpid()}.json"
+    try:
+        subprocess.run([str(STEPS_BINARY), "--model", str(d), "--prompt-tokens", " ".join(map(str, prompt)),
+                        "--new", str(new), "--rounds", str(rounds), "--threads", str(threads), "--out", str(out)],
+                       check=True, capture_output=True, text=True)
+        return json.loads(out.read_text())
+    finally:
+        out.unlink(missing_ok=True)
 
 
 def read_bandwidth(threads, repeat=7):
@@ -82,6 +98,7 @@ def main():
     for i in range(args.pairs):  # rotate which goes first, so a drift in the machine falls on all
         for v in variants[i % len(variants):] + variants[:i % len(variants)]:
             rates[v].append(decode_rate(d, prompt, args.new, args.threads, v))
+    steps = interleaved(d, prompt, args.new, args.threads, args.pairs)
     bandwidth.append(read_bandwidth(args.threads))
     ratios = {v: [r / f for f, r in zip(rates["fp32"], rates[v])] for v in variants if v != "fp32"}
     params = weights_read_per_token(d)
@@ -95,7 +112,8 @@ def main():
               **{f"{v}_decode_tok_s": rates[v] for v in variants},
               **{f"{v}_over_fp32": ratios[v] for v in ratios},
               **{f"{v}_over_fp32_median": statistics.median(ratios[v]) for v in ratios},
-              "roofline_tok_s": limit, "percent_of_roofline": {k: 100 * med[k] / limit[k] for k in med}}
+              "roofline_tok_s": limit, "percent_of_roofline": {k: 100 * med[k] / limit[k] for k in med},
+              "interleaved_steps": steps}
     out = REPO / "bench" / "results" / f"decode-dtype-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
@@ -110,6 +128,14 @@ def main():
     for k, goal in (("bf16", 1.8), ("int8", 3.0)):
         r = ratios[k]
         print(f"  {k} / fp32: median {statistics.median(r):.2f}x (range {min(r):.2f}-{max(r):.2f}; goal {goal}x)")
+    print(f"  in one process, steps interleaved ({args.pairs} rounds):")
+    for k in variants:
+        runs = steps[f"{k}_decode_tok_s"]
+        line = f"    {k}: median {statistics.median(runs):.1f} tok/s (range {min(runs):.1f}-{max(runs):.1f})"
+        if k != "fp32":
+            r = steps[f"{k}_over_fp32"]
+            line += f"; / fp32: median {statistics.median(r):.2f}x (range {min(r):.2f}-{max(r):.2f})"
+        print(line)
     print(f"  load after: {result['load_after']}; wrote {out}")
 
 
