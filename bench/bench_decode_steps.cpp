@@ -48,7 +48,7 @@ struct DecodeVariant {
 // The logits of the last position, as generate() samples from them, and the greedy choice.
 int64_t step(DecodeVariant& v, const at::Tensor& ids) {
   const ForwardOptions fwd{AttentionImpl::kSdpa, v.cache.get(), /*last_position_only=*/true};
-  return argmax_index(v.model->forward(ids, fwd).select(1, 0).to(at::kCPU, at::kFloat)[0]);
+  return argmax_index(logits_to_float(v.model->forward(ids, fwd).select(1, 0))[0]);
 }
 
 double median(std::vector<double> x) {

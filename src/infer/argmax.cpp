@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "archspace/util/cpu_isa.h"
@@ -72,6 +73,20 @@ int64_t argmax_index(const at::Tensor& logits) {
     return argmax_first(logits.const_data_ptr<float>(), logits.numel());
   }
   return logits.argmax().item<int64_t>();
+}
+
+at::Tensor logits_to_float(const at::Tensor& logits) {
+  if (logits.scalar_type() != at::kBFloat16 || !logits.device().is_cpu() || !logits.is_contiguous() ||
+      logits.requires_grad())
+    return logits.to(at::kCPU, at::kFloat);
+  at::Tensor out = at::empty(logits.sizes(), logits.options().dtype(at::kFloat));
+  const auto* in = reinterpret_cast<const uint16_t*>(logits.const_data_ptr<at::BFloat16>());
+  float* o = out.mutable_data_ptr<float>();
+  for (int64_t i = 0, n = logits.numel(); i < n; ++i) {
+    const uint32_t bits = static_cast<uint32_t>(in[i]) << 16;
+    std::memcpy(o + i, &bits, sizeof bits);
+  }
+  return out;
 }
 
 }  // namespace archspace

@@ -141,7 +141,7 @@ GenerateResult generate(const CausalLM& model, const Tokenizer& tokenizer,
   for (int64_t s = 0; s < longest; s += o.prefill_chunk) {
     const int64_t n = std::min<int64_t>(o.prefill_chunk, longest - s);
     RECORD_USER_SCOPE("archspace::prefill");  // spans in a profile (util/profiler.h)
-    last = model.forward(ids.narrow(1, s, n), fwd).select(1, 0).to(at::kCPU, at::kFloat);
+    last = logits_to_float(model.forward(ids.narrow(1, s, n), fwd).select(1, 0));
   }
   for (const auto& p : prompts) r.prefill_tokens += static_cast<int64_t>(p.size());
   r.prefill_seconds = std::chrono::duration<double>(now() - t0).count();
@@ -175,9 +175,8 @@ GenerateResult generate(const CausalLM& model, const Tokenizer& tokenizer,
     if (step + 1 == budget) break;  // no forward needed for tokens that will not be sampled from
     // Rows that are done feed the padding id; their logits are ignored from here on.
     RECORD_USER_SCOPE("archspace::decode_step");
-    last = model.forward(at::tensor(next, at::kLong).view({static_cast<int64_t>(B), 1}), fwd)
-               .select(1, 0)
-               .to(at::kCPU, at::kFloat);
+    last = logits_to_float(
+        model.forward(at::tensor(next, at::kLong).view({static_cast<int64_t>(B), 1}), fwd).select(1, 0));
   }
   r.decode_seconds = std::chrono::duration<double>(now() - t0).count();
   for (size_t b = 0; b < B; ++b) {

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "archspace/infer/argmax.h"
 #include "archspace/model/kv_cache.h"
 #include "archspace/util/error.h"
 #include "archspace/util/error_message.h"
@@ -252,7 +253,7 @@ std::unique_ptr<Scheduler::Row> Scheduler::admit(const std::shared_ptr<Ticket>& 
       const int64_t n = std::min<int64_t>(options_.prefill_chunk, T - s);
       last = model_.forward(ids.narrow(1, s, n).to(model_.device()), fwd);
     }
-    return last[0][0].to(at::kCPU, at::kFloat);
+    return logits_to_float(last[0][0]);
   };
   const bool prefilled = !first.defined();
   if (prefilled) first = prefill();
@@ -343,8 +344,7 @@ void Scheduler::loop() {
       for (const auto& row : rows) feed.push_back(row->pending);
       RECORD_USER_SCOPE("archspace::decode_step");  // one span per step in a profile (util/profiler.h)
       at::Tensor ids = at::tensor(feed, at::kLong).view({static_cast<int64_t>(rows.size()), 1}).to(model_.device());
-      at::Tensor logits =
-          model_.forward(ids, {AttentionImpl::kSdpa, &batch}).select(1, 0).to(at::kCPU, at::kFloat);  // [B, V]
+      at::Tensor logits = logits_to_float(model_.forward(ids, {AttentionImpl::kSdpa, &batch}).select(1, 0));  // [B, V]
       // Each row samples on its own: a failure there (a distribution that is not one) fails its request
       // alone, and the neighbours go on.
       for (size_t r = 0; r < rows.size(); ++r) {

@@ -153,12 +153,10 @@ at::Tensor CausalLM::attention(const BlockWeights& layer, const at::Tensor& x, c
   const double eps = config_.rms_norm_eps;
   // Q/K RMSNorm over the whole projection width, before splitting into heads.
   std::vector<at::Tensor> qkv = linear_many(x, {layer.q_proj, layer.k_proj, layer.v_proj});
-  at::Tensor q = rms_norm(qkv[0], layer.q_norm, eps);
-  at::Tensor k = rms_norm(qkv[1], layer.k_norm, eps);
+  at::Tensor q_BHTD = rms_norm_rope(qkv[0], layer.q_norm, eps, ctx.cos, ctx.sin, h);
+  at::Tensor k_BGTD = rms_norm_rope(qkv[1], layer.k_norm, eps, ctx.cos, ctx.sin, h);
   at::Tensor v = std::move(qkv[2]);
   if (layer.v_norm.defined()) v = rms_norm(v, layer.v_norm, eps);  // HybridNorm's QKV norm
-  at::Tensor q_BHTD = apply_rope(q.view({B, T, -1, h}).transpose(1, 2), ctx.cos, ctx.sin);
-  at::Tensor k_BGTD = apply_rope(k.view({B, T, -1, h}).transpose(1, 2), ctx.cos, ctx.sin);
   at::Tensor v_BGTD = v.view({B, T, -1, h}).transpose(1, 2);
   ctx.record("q", q_BHTD);
   ctx.record("k", k_BGTD);
@@ -294,8 +292,12 @@ at::Tensor CausalLM::forward(const at::Tensor& input_ids, const ForwardOptions& 
   at::Tensor ids = input_ids.to(device(), at::kLong);
   // [T], or [B, T] for a left-padded batch (each row counts positions from its first real token).
   // A context-parallel slice: global positions, so RoPE (plain or YaRN) sees the whole sequence's.
-  at::Tensor positions = options.cache ? options.cache->positions(T, device())
-                                       : at::arange(first, end, at::TensorOptions().dtype(at::kLong).device(device()));
+  // Decoding an unpadded batch reads positions first .. end - 1 as rows of the kept tables (Rope::cached_rows).
+  const bool consecutive = options.cache && !options.cache->padded();
+  at::Tensor positions = consecutive ? at::Tensor()
+                         : options.cache
+                             ? options.cache->positions(T, device())
+                             : at::arange(first, end, at::TensorOptions().dtype(at::kLong).device(device()));
   // Documents found once per forward; a batch whose rows are each one document needs no masking.
   std::shared_ptr<const Documents> documents;
   if (options.document_eos_id >= 0) {
@@ -304,11 +306,13 @@ at::Tensor CausalLM::forward(const at::Tensor& input_ids, const ForwardOptions& 
   }
   // With a cache (decoding, prefill into it) positions run late and repeat across calls: look the tables up.
   const int64_t max_pos = config_.max_position_embeddings;
-  auto [sliding_cos, sliding_sin] =
-      options.cache ? sliding_rope_.cached_tables(positions, end, max_pos) : sliding_rope_.tables(positions);
-  auto [full_cos, full_sin] =
-      options.cache ? full_rope_.cached_tables(positions, end, max_pos) : full_rope_.tables(positions);
-  if (positions.dim() == 2) {  // broadcast over heads: [B, 1, T, h]
+  auto tables = [&](const Rope& rope) {
+    if (consecutive) return rope.cached_rows(first, end, max_pos, device());
+    return options.cache ? rope.cached_tables(positions, end, max_pos) : rope.tables(positions);
+  };
+  auto [sliding_cos, sliding_sin] = tables(sliding_rope_);
+  auto [full_cos, full_sin] = tables(full_rope_);
+  if (positions.defined() && positions.dim() == 2) {  // broadcast over heads: [B, 1, T, h]
     for (at::Tensor* table : {&sliding_cos, &sliding_sin, &full_cos, &full_sin}) *table = table->unsqueeze(1);
   }
 

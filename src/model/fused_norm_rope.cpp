@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include "cpu_elements.h"
 
@@ -67,8 +68,11 @@ __attribute__((target("avx2,fma"))) float sum_of_squares_avx2(const T* x, int64_
 }
 #endif
 
+// y = w * normed x per row; with `residual` (rows of D, contiguous), y = residual + that, the norm rounded to T first
+// as the separate ATen add sees it.
 template <typename T, typename W>
-void rms_norm_rows(const T* x, const W* w, T* y, int64_t rows, int64_t D, int64_t x_row_stride, float eps, CpuIsa isa) {
+void rms_norm_rows(const T* x, const W* w, T* y, int64_t rows, int64_t D, int64_t x_row_stride, float eps, CpuIsa isa,
+                   const T* residual = nullptr) {
   at::parallel_for(0, rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(D, 1)), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const T* xr = x + r * x_row_stride;
@@ -82,6 +86,15 @@ void rms_norm_rows(const T* x, const W* w, T* y, int64_t rows, int64_t D, int64_
       // As the ATen form: mean = sum / D, then + eps, then 1 / sqrt, each in fp32.
       const float variance = ss / static_cast<float>(D);
       const float inv = 1.0f / std::sqrt(variance + eps);
+      if (residual) {
+        const T* rr = residual + r * D;
+        for (int64_t i = 0; i < D; ++i) {
+          T n;
+          store(&n, 0, load(w, i) * (load(xr, i) * inv));
+          store(yr, i, load(rr, i) + load(&n, 0));
+        }
+        continue;
+      }
       for (int64_t i = 0; i < D; ++i) {
         const float normed = load(xr, i) * inv;
         store(yr, i, load(w, i) * normed);
@@ -118,6 +131,45 @@ void rope_rows(const T* x, T* y, const float* cos, const float* sin, int64_t B, 
   });
 }
 
+// A value as x's dtype holds it: the rounding a tensor of T applies between two ATen ops.
+inline float rounded(float v, const float*) { return v; }
+inline float rounded(float v, const at::BFloat16*) { return static_cast<float>(at::BFloat16(v)); }
+
+// rms_norm over each row of x [rows = B * T, D = H * h], rounded to T as fused_rms_norm stores it, then the rotary
+// embedding of each head's h values as rope_rows computes it, into y [B, T, H, h] (contiguous). The norm's sum is
+// fused_rms_norm's (the same function), so each value equals fused_rope(fused_rms_norm(x)) bit for bit.
+template <typename T, typename W>
+void norm_rope_rows(const T* x, const W* w, T* y, int64_t B, int64_t Tn, int64_t D, int64_t h, int64_t x_row_stride,
+                    float eps, const float* cos, const float* sin, bool per_batch_tables, CpuIsa isa) {
+  const int64_t half = h / 2, heads = D / h;
+  at::parallel_for(0, B * Tn, std::max<int64_t>(1, 16384 / std::max<int64_t>(D, 1)), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const T* xr = x + r * x_row_stride;
+      T* yr = y + r * D;
+#if defined(__x86_64__)
+      const float ss = isa >= CpuIsa::kAvx2 ? sum_of_squares_avx2(xr, D) : sum_of_squares_scalar(xr, D);
+#else
+      (void)isa;
+      const float ss = sum_of_squares_scalar(xr, D);
+#endif
+      const float inv = 1.0f / std::sqrt(ss / static_cast<float>(D) + eps);
+      const int64_t b = r / Tn, t = r % Tn;
+      const int64_t table_row = (per_batch_tables ? b * Tn : 0) + t;
+      const float* c = cos + table_row * h;
+      const float* s = sin + table_row * h;
+      for (int64_t hd = 0; hd < heads; ++hd) {
+        const int64_t o = hd * h;
+        for (int64_t i = 0; i < half; ++i) {
+          const float a = rounded(load(w, o + i) * (load(xr, o + i) * inv), yr);
+          const float bb = rounded(load(w, o + i + half) * (load(xr, o + i + half) * inv), yr);
+          store(yr, o + i, a * c[i] + (-bb) * s[i]);
+          store(yr, o + i + half, bb * c[i + half] + a * s[i + half]);
+        }
+      }
+    }
+  });
+}
+
 }  // namespace
 
 bool uses_fused_rms_norm(const at::Tensor& x, const at::Tensor& weight) {
@@ -127,8 +179,11 @@ bool uses_fused_rms_norm(const at::Tensor& x, const at::Tensor& weight) {
   return x.stride(-1) == 1;
 }
 
-at::Tensor fused_rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, CpuIsa isa) {
-  TORCH_CHECK(uses_fused_rms_norm(x, weight), "fused_rms_norm: unsupported arguments");
+namespace {
+
+// fused_rms_norm, and fused_add_rms_norm when `residual` is defined.
+at::Tensor rms_norm_impl(const at::Tensor& x, const at::Tensor& weight, double eps, CpuIsa isa,
+                         const at::Tensor& residual) {
   isa = std::min(isa, detected_cpu_isa());
   const int64_t D = x.size(-1);
   // Rows of x: any leading layout whose rows are evenly spaced (a contiguous tensor, or a narrowed one).
@@ -138,16 +193,36 @@ at::Tensor fused_rms_norm(const at::Tensor& x, const at::Tensor& weight, double 
   at::Tensor y = at::empty({rows, D}, x.options().memory_format(at::MemoryFormat::Contiguous));
   const float e = static_cast<float>(eps);
   auto run = [&](auto* xp, auto* yp) {
+    using T = std::remove_const_t<std::remove_pointer_t<decltype(xp)>>;
+    const T* rp = residual.defined() ? residual.const_data_ptr<T>() : nullptr;
     if (weight.scalar_type() == at::kFloat)
-      rms_norm_rows(xp, weight.const_data_ptr<float>(), yp, rows, D, xr.stride(0), e, isa);
+      rms_norm_rows(xp, weight.const_data_ptr<float>(), yp, rows, D, xr.stride(0), e, isa, rp);
     else
-      rms_norm_rows(xp, weight.const_data_ptr<at::BFloat16>(), yp, rows, D, xr.stride(0), e, isa);
+      rms_norm_rows(xp, weight.const_data_ptr<at::BFloat16>(), yp, rows, D, xr.stride(0), e, isa, rp);
   };
   if (x.scalar_type() == at::kFloat)
     run(xr.const_data_ptr<float>(), y.mutable_data_ptr<float>());
   else
     run(xr.const_data_ptr<at::BFloat16>(), y.mutable_data_ptr<at::BFloat16>());
   return y.view(x.sizes());
+}
+
+}  // namespace
+
+at::Tensor fused_rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, CpuIsa isa) {
+  TORCH_CHECK(uses_fused_rms_norm(x, weight), "fused_rms_norm: unsupported arguments");
+  return rms_norm_impl(x, weight, eps, isa, at::Tensor());
+}
+
+bool uses_fused_add_rms_norm(const at::Tensor& residual, const at::Tensor& x, const at::Tensor& weight) {
+  if (!uses_fused_rms_norm(x, weight) || !residual.device().is_cpu() || wants_grad(residual)) return false;
+  return residual.scalar_type() == x.scalar_type() && residual.sizes() == x.sizes() && residual.is_contiguous();
+}
+
+at::Tensor fused_add_rms_norm(const at::Tensor& residual, const at::Tensor& x, const at::Tensor& weight, double eps,
+                              CpuIsa isa) {
+  TORCH_CHECK(uses_fused_add_rms_norm(residual, x, weight), "fused_add_rms_norm: unsupported arguments");
+  return rms_norm_impl(x, weight, eps, isa, residual);
 }
 
 bool uses_fused_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
@@ -174,6 +249,45 @@ at::Tensor fused_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tens
     rope_rows(x.const_data_ptr<at::BFloat16>(), y.mutable_data_ptr<at::BFloat16>(), cos.const_data_ptr<float>(),
               sin.const_data_ptr<float>(), x.size(0), x.size(1), x.size(2), x.size(3), xs, ys, per_batch);
   return y;
+}
+
+bool uses_fused_rms_norm_rope(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& cos,
+                              const at::Tensor& sin, int64_t head_dim) {
+  if (!uses_fused_rms_norm(x, weight) || x.dim() != 3 || head_dim < 2 || head_dim % 2 != 0) return false;
+  if (x.size(2) % head_dim != 0) return false;
+  // fused_rope's tables (checked here without making the heads' view: this runs twice a layer in decoding).
+  if (!cos.device().is_cpu() || !sin.device().is_cpu() || cos.scalar_type() != at::kFloat ||
+      sin.scalar_type() != at::kFloat || wants_grad(cos) || wants_grad(sin))
+    return false;
+  if (!cos.is_contiguous() || !sin.is_contiguous() || cos.sizes() != sin.sizes()) return false;
+  const int64_t B = x.size(0), T = x.size(1);
+  if (cos.dim() == 2) return cos.size(0) == T && cos.size(1) == head_dim;
+  return cos.dim() == 4 && cos.size(0) == B && cos.size(1) == 1 && cos.size(2) == T && cos.size(3) == head_dim;
+}
+
+at::Tensor fused_rms_norm_rope(const at::Tensor& x, const at::Tensor& weight, double eps, const at::Tensor& cos,
+                               const at::Tensor& sin, int64_t head_dim, CpuIsa isa) {
+  TORCH_CHECK(uses_fused_rms_norm_rope(x, weight, cos, sin, head_dim), "fused_rms_norm_rope: unsupported arguments");
+  isa = std::min(isa, detected_cpu_isa());
+  const int64_t B = x.size(0), Tn = x.size(1), D = x.size(2);
+  at::Tensor xr = x.reshape({-1, D});
+  if (xr.stride(-1) != 1) xr = xr.contiguous();
+  at::Tensor y = at::empty({B, Tn, D / head_dim, head_dim}, x.options().memory_format(at::MemoryFormat::Contiguous));
+  const bool per_batch = cos.dim() == 4;
+  const float e = static_cast<float>(eps);
+  auto run = [&](auto* xp, auto* yp) {
+    if (weight.scalar_type() == at::kFloat)
+      norm_rope_rows(xp, weight.const_data_ptr<float>(), yp, B, Tn, D, head_dim, xr.stride(0), e,
+                     cos.const_data_ptr<float>(), sin.const_data_ptr<float>(), per_batch, isa);
+    else
+      norm_rope_rows(xp, weight.const_data_ptr<at::BFloat16>(), yp, B, Tn, D, head_dim, xr.stride(0), e,
+                     cos.const_data_ptr<float>(), sin.const_data_ptr<float>(), per_batch, isa);
+  };
+  if (x.scalar_type() == at::kFloat)
+    run(xr.const_data_ptr<float>(), y.mutable_data_ptr<float>());
+  else
+    run(xr.const_data_ptr<at::BFloat16>(), y.mutable_data_ptr<at::BFloat16>());
+  return y.transpose(1, 2);
 }
 
 }  // namespace archspace

@@ -1,10 +1,39 @@
 #include "archspace/model/kv_cache.h"
 
+#include <ATen/core/grad_mode.h>
+
 #include <algorithm>
+#include <cstring>
 
 #include "archspace/util/error.h"
 
 namespace archspace {
+
+namespace {
+
+// dst[:, :, index : index + T] = src for src [B, G, T, h]. A decode step's one position on the CPU is a row copy per
+// batch row and head: ATen's narrow and copy_ cost several times the copy itself there (twice a layer each step).
+// Anything else (a prefill chunk, another device, autograd, mismatched shapes, which copy_ reports) takes copy_.
+void write_positions(const at::Tensor& dst, int64_t index, const at::Tensor& src) {
+  const bool one_row_each = src.dim() == 4 && dst.dim() == 4 && src.size(2) == 1 && index >= 0 && index < dst.size(2) &&
+                            src.size(0) == dst.size(0) && src.size(1) == dst.size(1) && src.size(3) == dst.size(3) &&
+                            src.stride(3) == 1 && dst.stride(3) == 1;
+  if (!one_row_each || !src.device().is_cpu() || !dst.device().is_cpu() || src.scalar_type() != dst.scalar_type() ||
+      (at::GradMode::is_enabled() && (src.requires_grad() || dst.requires_grad()))) {
+    dst.narrow(2, index, src.size(2)).copy_(src);
+    return;
+  }
+  const int64_t e = src.element_size();
+  const size_t row_bytes = static_cast<size_t>(src.size(3) * e);
+  char* d = static_cast<char*>(dst.data_ptr()) + index * dst.stride(2) * e;
+  const char* s = static_cast<const char*>(src.const_data_ptr());
+  for (int64_t b = 0; b < src.size(0); ++b)
+    for (int64_t g = 0; g < src.size(1); ++g)
+      std::memcpy(d + (b * dst.stride(0) + g * dst.stride(1)) * e, s + (b * src.stride(0) + g * src.stride(1)) * e,
+                  row_bytes);
+}
+
+}  // namespace
 
 KVCache::KVCache(const ModelConfig& config, std::vector<int64_t> left_padding)
     : types_(config.layer_types),
@@ -70,8 +99,8 @@ KVCache::View KVCache::append(int64_t layer, const at::Tensor& k, const at::Tens
 KVCache::View KVCache::append_full(LayerCache& c, const at::Tensor& k, const at::Tensor& v) {
   const int64_t T = k.size(2), previous = c.held;
   reserve(c, k, previous + T, max_positions_);
-  c.k.narrow(2, previous, T).copy_(k);
-  c.v.narrow(2, previous, T).copy_(v);
+  write_positions(c.k, previous, k);
+  write_positions(c.v, previous, v);
   c.held = previous + T;
   View view{c.k.narrow(2, 0, c.held), c.v.narrow(2, 0, c.held), previous, {}};
   if (padded_) {
@@ -91,8 +120,8 @@ KVCache::View KVCache::append_sliding(LayerCache& c, const at::Tensor& k, const 
     // Decoding: the new key overwrites the one that just left the window; the query sees the whole ring.
     reserve(c, k, std::min(start + 1, W), W);
     const int64_t index = start % W;
-    c.k.narrow(2, index, 1).copy_(k);
-    c.v.narrow(2, index, 1).copy_(v);
+    write_positions(c.k, index, k);
+    write_positions(c.v, index, v);
     c.held = std::min(start + 1, W);
     View view{c.k.narrow(2, 0, c.held), c.v.narrow(2, 0, c.held), c.held - 1, {}};
     if (padded_) {

@@ -19,6 +19,11 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   return (weight * normed).to(x.scalar_type());
 }
 
+at::Tensor add_rms_norm(const at::Tensor& residual, const at::Tensor& x, const at::Tensor& weight, double eps) {
+  if (uses_fused_add_rms_norm(residual, x, weight)) return fused_add_rms_norm(residual, x, weight, eps);
+  return residual + rms_norm(x, weight, eps);
+}
+
 at::Tensor swiglu_mlp(const at::Tensor& x, const at::Tensor& gate_proj, const at::Tensor& up_proj,
                       const at::Tensor& down_proj) {
   const std::vector<at::Tensor> gate_up = linear_many(x, {gate_proj, up_proj});

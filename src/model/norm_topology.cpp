@@ -77,12 +77,16 @@ CausalLM::Streams CausalLM::initial_streams(const at::Tensor& embeddings) const 
 void CausalLM::block(const BlockWeights& layer, Streams& s, const LayerContext& ctx) const {
   const double eps = config_.rms_norm_eps;
   auto norm = [eps](const at::Tensor& x, const at::Tensor& w) { return rms_norm(x, w, eps); };
+  // r + norm(x, w) (one pass in inference on the CPU)
+  auto add_norm = [eps](const at::Tensor& r, const at::Tensor& x, const at::Tensor& w) {
+    return add_rms_norm(r, x, w, eps);
+  };
   at::Tensor& x = s.x;
   switch (config_.topology()) {
     case NormTopology::kReordered: {
       // OLMo 2 (arXiv 2501.00656, "reordered norm"; SPEC.md section 2): h = x + Norm(Attn(x)); out = h + Norm(MLP(h)).
-      at::Tensor h = x + norm(attention(layer, x, ctx), layer.post_attention_layernorm);
-      x = h + norm(mlp(layer, h, ctx), layer.post_feedforward_layernorm);
+      at::Tensor h = add_norm(x, attention(layer, x, ctx), layer.post_attention_layernorm);
+      x = add_norm(h, mlp(layer, h, ctx), layer.post_feedforward_layernorm);
       return;
     }
     case NormTopology::kPre:
@@ -92,8 +96,8 @@ void CausalLM::block(const BlockWeights& layer, Streams& s, const LayerContext& 
       return;
     case NormTopology::kPeri:
       // Peri-LN (Kim et al. 2025, arXiv 2502.02732, its definition of Peri-LN): x = x + Norm_out(F(Norm_in(x))).
-      x = x + norm(attention(layer, norm(x, layer.input_layernorm), ctx), layer.post_attention_layernorm);
-      x = x + norm(mlp(layer, norm(x, layer.pre_feedforward_layernorm), ctx), layer.post_feedforward_layernorm);
+      x = add_norm(x, attention(layer, norm(x, layer.input_layernorm), ctx), layer.post_attention_layernorm);
+      x = add_norm(x, mlp(layer, norm(x, layer.pre_feedforward_layernorm), ctx), layer.post_feedforward_layernorm);
       return;
     case NormTopology::kPost:
       // Post-LN (Vaswani et al. 2017; Xiong et al. 2020, Table 1 left): x = Norm(x + F(x)).
@@ -138,7 +142,7 @@ void CausalLM::block(const BlockWeights& layer, Streams& s, const LayerContext& 
       X = X + c * O;
       Y = Y + O;
       X = norm(X, layer.pre_mlp_layernorm);
-      at::Tensor fused = X + norm(Y, layer.siamese_mlp_pre_norm);
+      at::Tensor fused = add_norm(X, Y, layer.siamese_mlp_pre_norm);
       O = mlp(layer, config_.siamese_normalized_input ? norm(fused, layer.siamese_mlp_input_norm) : fused, ctx);
       X = X + c * O;
       Y = Y + O;
@@ -150,12 +154,12 @@ void CausalLM::block(const BlockWeights& layer, Streams& s, const LayerContext& 
       at::Tensor& X = s.x;
       at::Tensor& Y = s.y;
       const double c = siamese_scale(ctx.index);
-      at::Tensor fused = X + norm(Y, layer.siamese_attn_pre_norm);
+      at::Tensor fused = add_norm(X, Y, layer.siamese_attn_pre_norm);
       at::Tensor O =
           attention(layer, config_.siamese_normalized_input ? norm(fused, layer.siamese_attn_input_norm) : fused, ctx);
       X = norm(X + c * O, layer.post_attention_layernorm);
       Y = Y + O;
-      fused = X + norm(Y, layer.siamese_mlp_pre_norm);
+      fused = add_norm(X, Y, layer.siamese_mlp_pre_norm);
       O = mlp(layer, config_.siamese_normalized_input ? norm(fused, layer.siamese_mlp_input_norm) : fused, ctx);
       X = norm(X + c * O, layer.post_feedforward_layernorm);
       Y = Y + O;

@@ -57,24 +57,37 @@ std::pair<at::Tensor, at::Tensor> Rope::tables(const at::Tensor& positions) cons
   return {emb.cos() * attention_factor, emb.sin() * attention_factor};
 }
 
+namespace {
+
+// The kept tables, grown to cover `end` (the tensors stay alive for the caller even if another thread grows them).
+std::pair<at::Tensor, at::Tensor> kept_tables(const Rope& rope, int64_t end, int64_t max_positions,
+                                              const at::Device& device) {
+  RopeTableCache& cache = *rope.cache;
+  std::lock_guard<std::mutex> lock(cache.mutex);
+  const bool same_device = cache.cos.defined() && cache.cos.device() == device;
+  if (!same_device || cache.rows < end) {
+    int64_t rows = std::max<int64_t>(same_device ? cache.rows : 0, 64);
+    while (rows < end) rows *= 2;
+    rows = std::min(rows, std::max(max_positions, end));
+    auto [c, s] = rope.tables(at::arange(rows, at::TensorOptions().dtype(at::kLong).device(device)));
+    cache.cos = c;
+    cache.sin = s;
+    cache.rows = rows;
+  }
+  return {cache.cos, cache.sin};
+}
+
+}  // namespace
+
+std::pair<at::Tensor, at::Tensor> Rope::cached_rows(int64_t first, int64_t end, int64_t max_positions,
+                                                    const at::Device& device) const {
+  auto [cos, sin] = kept_tables(*this, end, max_positions, device);
+  return {cos.narrow(0, first, end - first), sin.narrow(0, first, end - first)};
+}
+
 std::pair<at::Tensor, at::Tensor> Rope::cached_tables(const at::Tensor& positions, int64_t end,
                                                       int64_t max_positions) const {
-  at::Tensor cos, sin;
-  {
-    std::lock_guard<std::mutex> lock(cache->mutex);
-    const bool same_device = cache->cos.defined() && cache->cos.device() == positions.device();
-    if (!same_device || cache->rows < end) {
-      int64_t rows = std::max<int64_t>(same_device ? cache->rows : 0, 64);
-      while (rows < end) rows *= 2;
-      rows = std::min(rows, std::max(max_positions, end));
-      auto [c, s] = tables(at::arange(rows, positions.options().dtype(at::kLong)));
-      cache->cos = c;
-      cache->sin = s;
-      cache->rows = rows;
-    }
-    cos = cache->cos;  // the tensors stay alive for this call even if another thread grows the cache
-    sin = cache->sin;
-  }
+  auto [cos, sin] = kept_tables(*this, end, max_positions, positions.device());
   std::vector<int64_t> shape = positions.sizes().vec();
   shape.push_back(cos.size(1));
   const at::Tensor flat = positions.reshape({-1});
@@ -87,6 +100,14 @@ at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tens
   at::Tensor xf = x.to(compute_dtype(x));
   at::Tensor rotated = at::cat({-xf.narrow(-1, half, half), xf.narrow(-1, 0, half)}, -1);
   return (xf * cos + rotated * sin).to(x.scalar_type());
+}
+
+at::Tensor rms_norm_rope(const at::Tensor& x, const at::Tensor& weight, double eps, const at::Tensor& cos,
+                         const at::Tensor& sin, int64_t head_dim) {
+  if (uses_fused_rms_norm_rope(x, weight, cos, sin, head_dim))
+    return fused_rms_norm_rope(x, weight, eps, cos, sin, head_dim);
+  const at::Tensor normed = rms_norm(x, weight, eps);
+  return apply_rope(normed.view({x.size(0), x.size(1), -1, head_dim}).transpose(1, 2), cos, sin);
 }
 
 }  // namespace archspace

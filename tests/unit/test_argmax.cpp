@@ -3,6 +3,7 @@
 // that go to at::argmax. The kernel-paths pass runs this on the AVX2 and the scalar path.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <limits>
 
 #include "archspace/infer/argmax.h"
@@ -67,4 +68,23 @@ TEST(Argmax, OtherRowsGoToAten) {
   EXPECT_EQ(argmax_index(half), half.argmax().item<int64_t>());
   EXPECT_EQ(argmax_index(m[3]), m[3].argmax().item<int64_t>());
   EXPECT_THROW(argmax_first(nullptr, 0), std::exception);
+}
+
+// Sampling's fp32 logits: a bf16 model's widened exactly (every bf16 value is an fp32 value), infinities and NaN
+// kept; other dtypes and strided rows through Tensor::to, with the same values.
+TEST(LogitsToFloat, EqualsTensorTo) {
+  at::manual_seed(6);
+  at::Tensor x = (at::randn({3, 1001}) * 30).to(at::kBFloat16);
+  x[0][5] = std::numeric_limits<float>::infinity();
+  x[1][7] = -std::numeric_limits<float>::infinity();
+  x[2][9] = std::numeric_limits<float>::quiet_NaN();
+  const at::Tensor got = logits_to_float(x);
+  EXPECT_EQ(got.scalar_type(), at::kFloat);
+  EXPECT_TRUE(at::equal(got.nan_to_num(0, 1, -1), x.to(at::kFloat).nan_to_num(0, 1, -1)));
+  EXPECT_TRUE(std::isnan(got[2][9].item<float>()));
+  for (const at::Tensor& other : {x.t(), x.to(at::kFloat), x.to(at::kHalf)}) {
+    const at::Tensor y = logits_to_float(other);
+    EXPECT_EQ(y.scalar_type(), at::kFloat);
+    EXPECT_TRUE(at::equal(y.nan_to_num(0, 1, -1), other.to(at::kFloat).nan_to_num(0, 1, -1)));
+  }
 }

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "archspace/model/fused_norm_rope.h"
@@ -121,4 +122,89 @@ TEST(FusedNormRope, TrainingKeepsTheAtenForms) {
   at::Tensor y = rms_norm(x, w, 1e-6);
   y.sum().backward();
   EXPECT_TRUE(w.grad().defined());
+}
+
+// The residual add around a normalised sublayer: the fused form is the two calls' result bit for bit (the norm
+// rounded to x's dtype, then one rounding of the sum), on every path, fp32 and bf16, with fp32 or bf16 weights.
+TEST(FusedAddRmsNorm, EqualsTheNormThenTheAddBitForBit) {
+  at::manual_seed(4);
+  for (CpuIsa isa : runnable_paths()) {
+    for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+      for (at::ScalarType wdtype : {at::kFloat, at::kBFloat16}) {
+        for (int64_t D : {64, 77}) {  // 77: the AVX2 sum's scalar tail
+          at::Tensor x = (at::randn({2, 3, D}) * 3).to(dtype), r = (at::randn({2, 3, D}) * 5).to(dtype);
+          at::Tensor w = (at::rand({D}) + 0.5).to(wdtype);
+          ASSERT_TRUE(uses_fused_add_rms_norm(r, x, w));
+          const at::Tensor expected = r + fused_rms_norm(x, w, 1e-6, isa);
+          const at::Tensor got = fused_add_rms_norm(r, x, w, 1e-6, isa);
+          EXPECT_EQ(got.scalar_type(), dtype);
+          EXPECT_TRUE(at::equal(got, expected))
+              << cpu_isa_name(isa) << " " << dtype << " weights " << wdtype << " D=" << D;
+        }
+      }
+    }
+  }
+}
+
+TEST(FusedAddRmsNorm, OtherArgumentsTakeTheTwoOps) {
+  at::Tensor x = at::randn({2, 8}), r = at::randn({2, 8}), w = at::rand({8});
+  EXPECT_FALSE(uses_fused_add_rms_norm(r.to(at::kBFloat16), x, w));             // another dtype
+  EXPECT_FALSE(uses_fused_add_rms_norm(at::randn({1, 8}), x, w));               // a broadcast residual
+  EXPECT_FALSE(uses_fused_add_rms_norm(at::randn({8, 2}).t(), x, w));           // not contiguous
+  EXPECT_FALSE(uses_fused_add_rms_norm(r.clone().requires_grad_(true), x, w));  // autograd must see the add
+  const at::Tensor rg = r.clone().requires_grad_(true);
+  const at::Tensor y = add_rms_norm(rg, x, w, 1e-6);
+  EXPECT_TRUE(y.requires_grad());
+  EXPECT_TRUE(at::allclose(y.detach(), r + aten_rms_norm(x, w, 1e-6), 1e-5, 1e-6));
+  EXPECT_TRUE(at::allclose(add_rms_norm(r, x, w, 1e-6), r + aten_rms_norm(x, w, 1e-6), 1e-5, 1e-6));
+}
+
+// The Q/K path: the norm over the whole projection, then each head's rotation, in one pass: the two fused calls'
+// result bit for bit, for one and several positions, plain [T, h] and per-row [B, 1, T, h] tables, on every path.
+TEST(FusedRmsNormRope, EqualsTheNormThenTheRopeBitForBit) {
+  at::manual_seed(5);
+  const int64_t h = 16;
+  const Rope rope{at::pow(10000.0, -at::arange(0, h, 2, at::kFloat) / static_cast<double>(h)), 1.0};
+  for (CpuIsa isa : runnable_paths()) {
+    for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+      for (int64_t T : {1, 5}) {
+        const int64_t B = 2, H = 3;
+        at::Tensor x = (at::randn({B, T, H * h}) * 2).to(dtype);
+        at::Tensor w = (at::rand({H * h}) + 0.5).to(dtype);
+        auto [cos, sin] = rope.tables(at::arange(9, 9 + T, at::kLong));
+        auto [bcos, bsin] = rope.tables(at::stack({at::arange(0, T, at::kLong), at::arange(4, 4 + T, at::kLong)}));
+        bcos = bcos.unsqueeze(1);
+        bsin = bsin.unsqueeze(1);
+        for (const auto& [c, s] : {std::pair{cos, sin}, std::pair{bcos, bsin}}) {
+          ASSERT_TRUE(uses_fused_rms_norm_rope(x, w, c, s, h));
+          const at::Tensor heads = fused_rms_norm(x, w, 1e-6, isa).view({B, T, H, h}).transpose(1, 2);
+          const at::Tensor expected = fused_rope(heads, c, s);
+          const at::Tensor got = fused_rms_norm_rope(x, w, 1e-6, c, s, h, isa);
+          EXPECT_EQ(got.sizes(), expected.sizes());
+          EXPECT_EQ(got.strides(), expected.strides());  // [B, T, H, h] in memory, as the two calls leave it
+          EXPECT_TRUE(at::equal(got, expected))
+              << cpu_isa_name(isa) << " " << dtype << " T=" << T << " tables " << c.dim() << "-d";
+          EXPECT_TRUE(at::equal(rms_norm_rope(x, w, 1e-6, c, s, h), fused_rms_norm_rope(x, w, 1e-6, c, s, h)));
+        }
+      }
+    }
+  }
+}
+
+TEST(FusedRmsNormRope, OtherArgumentsTakeTheTwoOps) {
+  const int64_t h = 8;
+  const Rope rope{at::pow(10000.0, -at::arange(0, h, 2, at::kFloat) / static_cast<double>(h)), 1.0};
+  at::Tensor x = at::randn({1, 2, 4 * h}), w = at::rand({4 * h});
+  auto [cos, sin] = rope.tables(at::arange(0, 2, at::kLong));
+  EXPECT_FALSE(uses_fused_rms_norm_rope(x, w, cos, sin, 6));  // heads do not divide the width
+  EXPECT_FALSE(uses_fused_rms_norm_rope(x, w, cos.narrow(0, 0, 1), sin.narrow(0, 0, 1), h));  // tables of 1 position
+  EXPECT_FALSE(uses_fused_rms_norm_rope(x, w, cos.to(at::kDouble), sin.to(at::kDouble), h));  // tables not fp32
+  EXPECT_FALSE(uses_fused_rms_norm_rope(x.view({2, 4 * h}), w, cos, sin, h));                 // not [B, T, width]
+  EXPECT_FALSE(uses_fused_rms_norm_rope(x.clone().requires_grad_(true), w, cos, sin, h));
+  // Through autograd: the ATen forms, the same values within their roundings.
+  const at::Tensor xg = x.clone().requires_grad_(true);
+  const at::Tensor y = rms_norm_rope(xg, w, 1e-6, cos, sin, h);
+  EXPECT_TRUE(y.requires_grad());
+  EXPECT_EQ(y.sizes(), (std::vector<int64_t>{1, 4, 2, h}));
+  EXPECT_TRUE(at::allclose(y.detach(), rms_norm_rope(x, w, 1e-6, cos, sin, h), 1e-5, 1e-6));
 }

@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <utility>
+#include <vector>
 
 #include "archspace/model/causal_lm.h"
 #include "archspace/model/kv_cache.h"
@@ -125,6 +127,36 @@ TEST_P(IncrementalDecoding, DifferentLengthsInOneBatchEqualEachRowAlone) {
 }
 
 INSTANTIATE_TEST_SUITE_P(BothVariants, IncrementalDecoding, ::testing::Values(Variant::kBase, Variant::kSiameseDepth));
+
+// A decode step writes its one position with a row copy per batch row and head (KVCache's fast path for T = 1):
+// keys and values as the attention block makes them ([B, T, G, h] in memory, viewed [B, G, T, h]), fp32 and bf16,
+// land where copy_ puts them: the full layer holds every position in order, the sliding layer's ring slot s % window
+// holds position s.
+TEST(KVCache, OnePositionStepsHoldWhatWasAppended) {
+  const ModelConfig c = config_for(Variant::kBase);  // layer 0 sliding (window 8), layer 3 full; G = 2, h = 16
+  for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    KVCache cache(c);
+    std::vector<at::Tensor> ks, vs;
+    auto step = [&](int64_t T) {
+      const at::Tensor k = at::randn({2, T, 2, 16}).to(dtype).transpose(1, 2);
+      const at::Tensor v = at::randn({2, T, 2, 16}).to(dtype).transpose(1, 2);
+      ks.push_back(k);
+      vs.push_back(v);
+      const KVCache::View full = cache.append(3, k, v);
+      const KVCache::View sliding = cache.append(0, k, v);
+      cache.advance(T);
+      return std::pair{full, sliding};
+    };
+    step(3);  // a prefill chunk, then single positions well past the window
+    for (int64_t s = 3; s < 21; ++s) {
+      auto [full, sliding] = step(1);
+      EXPECT_TRUE(at::equal(full.k, at::cat(ks, 2)) && at::equal(full.v, at::cat(vs, 2))) << dtype << " step " << s;
+      const int64_t slot = s % c.sliding_window;
+      EXPECT_TRUE(at::equal(sliding.k.narrow(2, slot, 1), ks.back())) << dtype << " step " << s;
+      EXPECT_TRUE(at::equal(sliding.v.narrow(2, slot, 1), vs.back())) << dtype << " step " << s;
+    }
+  }
+}
 
 TEST(KVCache, SlidingMemoryIsBoundedByTheWindow) {
   ModelConfig c = config_for(Variant::kBase);

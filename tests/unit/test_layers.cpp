@@ -2,6 +2,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <utility>
+#include <vector>
 
 #include "archspace/model/layers.h"
 #include "archspace/model/rope.h"
@@ -54,6 +56,21 @@ TEST(Rope, TablesAreCosSinOfPositionTimesFrequency) {
       EXPECT_NEAR(cos[t][i].item<float>(), std::cos(angle), 2e-5);
       EXPECT_NEAR(sin[t][i + 4].item<float>(), std::sin(angle), 2e-5);  // rotate-half layout: both halves equal
     }
+  }
+}
+
+// Decoding reads the kept tables' rows as views (cached_rows) where other calls look positions up (cached_tables):
+// the same rows, which are tables() of their positions, also where a later call grows the kept tables.
+TEST(Rope, CachedRowsAreTheLookedUpRows) {
+  const Rope rope{at::pow(10000.0, -at::arange(0, 16, 2, at::kFloat) / 16.0), 1.0};
+  for (const auto& [first, end] : {std::pair<int64_t, int64_t>{0, 5}, {63, 64}, {70, 71}, {100, 140}}) {
+    auto [rc, rs] = rope.cached_rows(first, end, 4096, at::kCPU);
+    auto [tc, ts] = rope.cached_tables(at::arange(first, end, at::kLong), end, 4096);
+    auto [c, s] = rope.tables(at::arange(first, end, at::kLong));
+    EXPECT_EQ(rc.sizes(), (std::vector<int64_t>{end - first, 16}));
+    EXPECT_TRUE(rc.is_contiguous() && rs.is_contiguous());  // what the fused rope kernels read
+    EXPECT_TRUE(at::equal(rc, tc) && at::equal(rs, ts)) << first;
+    EXPECT_TRUE(at::equal(rc, c) && at::equal(rs, s)) << first;
   }
 }
 

@@ -15,4 +15,10 @@ int64_t argmax_first(const float* x, int64_t n);
 // argmax_first over a 1-D CPU tensor; other dtypes, devices or strides go to at::argmax.
 int64_t argmax_index(const at::Tensor& logits);
 
+// Logits as fp32 on the CPU, what sampling reads: a bf16 model's logits widened (exactly: a bf16 value is the high
+// half of an fp32) by one plain loop, which costs a fraction of ATen's conversion for a decode step's [B, V] row
+// (a dispatch, a parallel region, and its code fetched again after the step's weights have gone through the caches);
+// anything else through Tensor::to.
+at::Tensor logits_to_float(const at::Tensor& logits);
+
 }  // namespace archspace

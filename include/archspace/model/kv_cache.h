@@ -34,6 +34,7 @@ class KVCache {
 
   // Slots consumed so far (the next token's slot; its position when there is no padding).
   int64_t length() const { return length_; }
+  bool padded() const { return padded_; }  // some row has left padding
   const std::vector<int64_t>& left_padding() const { return left_padding_; }
 
   // RoPE positions of the next `tokens` slots: [tokens] without padding, else [B, tokens] (padding slots

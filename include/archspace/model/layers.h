@@ -16,6 +16,10 @@ at::ScalarType compute_dtype(const at::Tensor& x);
 // RMS_w(x) = w * (x * rsqrt(mean(x^2) + eps)), computed in fp32 and cast back to x's dtype.
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 
+// residual + rms_norm(x, weight, eps): one pass on the CPU without gradients (fused_add_rms_norm, the same values as
+// the two ops on that path), else the two ops.
+at::Tensor add_rms_norm(const at::Tensor& residual, const at::Tensor& x, const at::Tensor& weight, double eps);
+
 // down(silu(gate(x)) * up(x)); weights in nn.Linear layout [out, in].
 at::Tensor swiglu_mlp(const at::Tensor& x, const at::Tensor& gate_proj, const at::Tensor& up_proj,
                       const at::Tensor& down_proj);

@@ -43,6 +43,12 @@ struct Rope {
   std::pair<at::Tensor, at::Tensor> cached_tables(const at::Tensor& positions, int64_t end,
                                                   int64_t max_positions) const;
 
+  // cached_tables for positions first .. end - 1 (an unpadded batch's), [end - first, h]: views of the kept
+  // tables' rows, with no positions tensor and no lookup (a decode step's RoPE would otherwise cost an arange and
+  // four index_selects).
+  std::pair<at::Tensor, at::Tensor> cached_rows(int64_t first, int64_t end, int64_t max_positions,
+                                                const at::Device& device) const;
+
   std::shared_ptr<RopeTableCache> cache = std::make_shared<RopeTableCache>();  // shared by copies (same tables)
 };
 
@@ -51,5 +57,11 @@ Rope rope_for(const ModelConfig& config, LayerType type);
 
 // Rotate-half RoPE on x [B, heads, T, h], computed in fp32 and cast back to x's dtype.
 at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+
+// The Q/K path: rms_norm over x [B, T, H * head_dim] (the whole projection width), then apply_rope on its heads;
+// returns [B, H, T, head_dim]. One pass on the CPU without gradients (fused_rms_norm_rope, the same values as
+// fused_rms_norm then fused_rope), else the two ops.
+at::Tensor rms_norm_rope(const at::Tensor& x, const at::Tensor& weight, double eps, const at::Tensor& cos,
+                         const at::Tensor& sin, int64_t head_dim);
 
 }  // namespace archspace
