@@ -128,12 +128,13 @@ void expect_bf16_close_to_fp64(const at::Tensor& got, const at::Tensor& x, const
 }
 }  // namespace
 
-// Every tail: K below, at and off the 8 (AVX2) and 32 (AVX512-BF16) lane counts, N off the 4-row blocks.
+// Every tail: K below, at and off the 8 (AVX2) and 32 (AVX512-BF16) lane counts, N off the 4-row blocks and (one row
+// of x, AVX512-BF16) the 8-row ones: 12 and 13 leave a 4-row block and a single row after them.
 TEST(StreamingLinearBf16, MatchesFp64ForAllTailShapesOnEveryPath) {
   at::manual_seed(4);
   for (CpuIsa isa : runnable_paths()) {
     for (int64_t K : {1, 7, 8, 31, 32, 33, 61, 768}) {
-      for (int64_t N : {1, 3, 4, 5, 130}) {
+      for (int64_t N : {1, 3, 4, 5, 12, 13, 130}) {
         for (int64_t M : {1, 2, 5}) {
           at::Tensor x = at::randn({M, K}).to(at::kBFloat16);
           at::Tensor w = at::randn({N, K}).to(at::kBFloat16);
@@ -165,6 +166,9 @@ TEST(StreamingLinearBf16, PathsAgreeExactlyOnExactSums) {
     // |sums| <= 100 * 64 < 2^13: exact in fp32, and in bf16 when below 2^8; compare against the rounding of
     // the exact sum
     EXPECT_TRUE(at::equal(got, exact.to(at::kBFloat16).to(at::kDouble))) << cpu_isa_name(isa);
+    // one row of x: the AVX512-BF16 kernel's 8-row blocks (37 = 4 x 8 + 4 + 1)
+    at::Tensor one = streaming_linear(x.narrow(0, 1, 1), w, isa).to(at::kDouble);
+    EXPECT_TRUE(at::equal(one, exact.narrow(0, 1, 1).to(at::kBFloat16).to(at::kDouble))) << cpu_isa_name(isa);
   }
 }
 
@@ -172,7 +176,8 @@ TEST(StreamingLinearBf16, RowsAreBatchInvariantBitForBit) {
   at::manual_seed(6);
   for (CpuIsa isa : runnable_paths()) {
     for (int64_t K : {7, 64, 100}) {
-      at::Tensor w = at::randn({131, K}).to(at::kBFloat16);
+      // 141 rows: one row of x takes 8-row blocks, a 4-row one and a single row; a batch, 4-row blocks
+      at::Tensor w = at::randn({141, K}).to(at::kBFloat16);
       for (int64_t M : {2, 3, 8}) {
         at::Tensor x = at::randn({M, K}).to(at::kBFloat16);
         at::Tensor batched = streaming_linear(x, w, isa);
