@@ -68,6 +68,22 @@ __attribute__((target("avx2,fma"))) float sum_of_squares_avx2(const T* x, int64_
 }
 #endif
 
+// 1 / sqrt(mean(x^2) + eps) of one row, as the ATen form: the sum (8 lanes), / D, + eps, 1 / sqrt, each in fp32.
+template <typename T>
+float inverse_rms(const T* x, int64_t D, float eps, CpuIsa isa) {
+#if defined(__x86_64__)
+  const float ss = isa >= CpuIsa::kAvx2 ? sum_of_squares_avx2(x, D) : sum_of_squares_scalar(x, D);
+#else
+  (void)isa;
+  const float ss = sum_of_squares_scalar(x, D);
+#endif
+  return 1.0f / std::sqrt(ss / static_cast<float>(D) + eps);
+}
+
+// A value as x's dtype holds it: the rounding a tensor of T applies between two ATen ops.
+inline float rounded(float v, const float*) { return v; }
+inline float rounded(float v, const at::BFloat16*) { return static_cast<float>(at::BFloat16(v)); }
+
 // y = w * normed x per row; with `residual` (rows of D, contiguous), y = residual + that, the norm rounded to T first
 // as the separate ATen add sees it.
 template <typename T, typename W>
@@ -77,22 +93,10 @@ void rms_norm_rows(const T* x, const W* w, T* y, int64_t rows, int64_t D, int64_
     for (int64_t r = r0; r < r1; ++r) {
       const T* xr = x + r * x_row_stride;
       T* yr = y + r * D;
-#if defined(__x86_64__)
-      const float ss = isa >= CpuIsa::kAvx2 ? sum_of_squares_avx2(xr, D) : sum_of_squares_scalar(xr, D);
-#else
-      (void)isa;
-      const float ss = sum_of_squares_scalar(xr, D);
-#endif
-      // As the ATen form: mean = sum / D, then + eps, then 1 / sqrt, each in fp32.
-      const float variance = ss / static_cast<float>(D);
-      const float inv = 1.0f / std::sqrt(variance + eps);
+      const float inv = inverse_rms(xr, D, eps, isa);
       if (residual) {
         const T* rr = residual + r * D;
-        for (int64_t i = 0; i < D; ++i) {
-          T n;
-          store(&n, 0, load(w, i) * (load(xr, i) * inv));
-          store(yr, i, load(rr, i) + load(&n, 0));
-        }
+        for (int64_t i = 0; i < D; ++i) store(yr, i, load(rr, i) + rounded(load(w, i) * (load(xr, i) * inv), yr));
         continue;
       }
       for (int64_t i = 0; i < D; ++i) {
@@ -131,10 +135,6 @@ void rope_rows(const T* x, T* y, const float* cos, const float* sin, int64_t B, 
   });
 }
 
-// A value as x's dtype holds it: the rounding a tensor of T applies between two ATen ops.
-inline float rounded(float v, const float*) { return v; }
-inline float rounded(float v, const at::BFloat16*) { return static_cast<float>(at::BFloat16(v)); }
-
 // rms_norm over each row of x [rows = B * T, D = H * h], rounded to T as fused_rms_norm stores it, then the rotary
 // embedding of each head's h values as rope_rows computes it, into y [B, T, H, h] (contiguous). The norm's sum is
 // fused_rms_norm's (the same function), so each value equals fused_rope(fused_rms_norm(x)) bit for bit.
@@ -146,13 +146,7 @@ void norm_rope_rows(const T* x, const W* w, T* y, int64_t B, int64_t Tn, int64_t
     for (int64_t r = r0; r < r1; ++r) {
       const T* xr = x + r * x_row_stride;
       T* yr = y + r * D;
-#if defined(__x86_64__)
-      const float ss = isa >= CpuIsa::kAvx2 ? sum_of_squares_avx2(xr, D) : sum_of_squares_scalar(xr, D);
-#else
-      (void)isa;
-      const float ss = sum_of_squares_scalar(xr, D);
-#endif
-      const float inv = 1.0f / std::sqrt(ss / static_cast<float>(D) + eps);
+      const float inv = inverse_rms(xr, D, eps, isa);
       const int64_t b = r / Tn, t = r % Tn;
       const int64_t table_row = (per_batch_tables ? b * Tn : 0) + t;
       const float* c = cos + table_row * h;
