@@ -38,66 +38,17 @@ at::Tensor int8_scales_or_undefined(const at::Tensor& t) {
   return scales;
 }
 
-// Rows [n0, n1) of y[m, n] = scale[n] * sum_k W[n, k] x[m, k], every row of x through the same sums.
-void dot_rows_int8_scalar(const int8_t* W, const double* scale, const float* x, float* y, int64_t M, int64_t N,
-                          int64_t K, int64_t n0, int64_t n1) {
-  for (int64_t n = n0; n < n1; ++n) {
-    const int8_t* w = W + n * K;
-    for (int64_t m = 0; m < M; ++m) {
-      float acc = 0;
-      for (int64_t k = 0; k < K; ++k) acc += static_cast<float>(w[k]) * x[m * K + k];
-      y[m * N + n] = acc * static_cast<float>(scale[n]);
-    }
-  }
+// y[m, n] = scale[n] * sum_k W[n, k] x[m, k]: each fp32 sum times its row's scale (as an fp32) once.
+inline auto scaled(float* y, int64_t N, const double* scale) {
+  return [y, N, scale](int64_t m, int64_t n, float sum) { y[m * N + n] = sum * static_cast<float>(scale[n]); };
 }
 
 #if defined(__x86_64__)
-__attribute__((target("avx2,fma"))) inline __m256 load_int8x8(const int8_t* p) {
-  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
-}
-
-// Four weight rows at a time (four FMA chains), one row of x per pass: the 4 x K block of int8 stays in L1
-// across the rows of x, and each row's sums do not depend on how many rows the call has.
-__attribute__((target("avx2,fma"))) void dot_rows_int8_avx2(const int8_t* W, const double* scale, const float* x,
-                                                            float* y, int64_t M, int64_t N, int64_t K, int64_t n0,
-                                                            int64_t n1, const char* then = nullptr) {
-  const int64_t K8 = K - K % 8;
-  const WeightPrefetch prefetch(K, sizeof(int8_t));
-  int64_t n = n0;
-  for (; n + 4 <= n1; n += 4) {
-    PacedPrefetch ahead = prefetch.block(W, n, n1, then);
-    const int8_t* w0 = W + n * K;
-    const int8_t* w1 = w0 + K;
-    const int8_t* w2 = w1 + K;
-    const int8_t* w3 = w2 + K;
-    for (int64_t m = 0; m < M; ++m) {
-      const float* xm = x + m * K;
-      __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
-      for (int64_t k = 0; k < K8; k += 8) {
-        ahead.advance(4 * 8);
-        const __m256 xv = _mm256_loadu_ps(xm + k);
-        a0 = _mm256_fmadd_ps(load_int8x8(w0 + k), xv, a0);
-        a1 = _mm256_fmadd_ps(load_int8x8(w1 + k), xv, a1);
-        a2 = _mm256_fmadd_ps(load_int8x8(w2 + k), xv, a2);
-        a3 = _mm256_fmadd_ps(load_int8x8(w3 + k), xv, a3);
-      }
-      alignas(32) float s[8];
-      _mm256_store_ps(s, horizontal_sums8(a0, a1, a2, a3, a0, a1, a2, a3));
-      for (int64_t k = K8; k < K; ++k) {
-        s[0] += static_cast<float>(w0[k]) * xm[k];
-        s[1] += static_cast<float>(w1[k]) * xm[k];
-        s[2] += static_cast<float>(w2[k]) * xm[k];
-        s[3] += static_cast<float>(w3[k]) * xm[k];
-      }
-      for (int i = 0; i < 4; ++i) y[m * N + n + i] = s[i] * static_cast<float>(scale[n + i]);
-    }
-    ahead.finish();
-  }
-  dot_rows_int8_scalar(W, scale, x, y, M, N, K, n, n1);
-}
-
-// AVX512F: 16 weights widened per load. GCC 12's AVX512 cast intrinsics start from _mm256_undefined_*(), which
-// -Wmaybe-uninitialized reports (a false positive: every lane is written).
+// The vector kernels take four weight rows against several rows of x a pass (AVX512: 4, 2 or 1; AVX2: 2 or 1,
+// streaming_gemv.h), so each block of weights is widened from int8 once per pass, not once per row of x:
+// batched decoding (evaluation's generation tasks, `serve`) is bound by the widening, not by memory.
+// AVX512F: 16 weights widened per load, 4 x 4 accumulators (of 32 registers). GCC 12's AVX512 cast intrinsics
+// start from _mm256_undefined_*(), which -Wmaybe-uninitialized reports (a false positive: every lane is written).
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
@@ -111,42 +62,62 @@ ARCHSPACE_AVX512 inline __m256 fold16(__m512 a) {  // lanes 0-7 plus lanes 8-15
   return _mm512_castps512_ps256(_mm512_add_ps(a, _mm512_shuffle_f32x4(a, a, 0x4E)));
 }
 
+// One pass of dot_rows_int8_avx512, as streaming_gemv.h's dot_block_avx2 with 16 lanes: each accumulator folded
+// to 8 (fold16) before the eight-way sums.
+template <int R, typename Out>
+ARCHSPACE_AVX512 inline void dot_block_int8_avx512(const int8_t* w, const float* x, int64_t m, int64_t n, int64_t K,
+                                                   PacedPrefetch& ahead, const Out& out) {
+  const int64_t K16 = K - K % 16;
+  x += m * K;
+  __m512 a[R][4];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i) a[r][i] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K16; k += 16) {
+    ahead.advance(4 * 16);
+    __m512 v[4];
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i) v[i] = load_int8x16(w + i * K + k);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const __m512 xv = _mm512_loadu_ps(x + r * K + k);
+#pragma GCC unroll 4
+      for (int i = 0; i < 4; ++i) a[r][i] = _mm512_fmadd_ps(v[i], xv, a[r][i]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < R; r += 2) {
+    const int q = r + 1 < R ? r + 1 : r;
+    alignas(32) float s[8];
+    _mm256_store_ps(s, horizontal_sums8(fold16(a[r][0]), fold16(a[r][1]), fold16(a[r][2]), fold16(a[r][3]),
+                                        fold16(a[q][0]), fold16(a[q][1]), fold16(a[q][2]), fold16(a[q][3])));
+    for (int j = 0; j <= q - r; ++j) {
+      const float* xr = x + (r + j) * K;
+      for (int i = 0; i < 4; ++i) {
+        float sum = s[4 * j + i];
+        for (int64_t k = K16; k < K; ++k) sum += widen(w[i * K + k]) * xr[k];
+        out(m + r + j, n + i, sum);
+      }
+    }
+  }
+}
+
 ARCHSPACE_AVX512 void dot_rows_int8_avx512(const int8_t* W, const double* scale, const float* x, float* y, int64_t M,
                                            int64_t N, int64_t K, int64_t n0, int64_t n1, const char* then = nullptr) {
-  const int64_t K16 = K - K % 16;
   const WeightPrefetch prefetch(K, sizeof(int8_t));
   int64_t n = n0;
   for (; n + 4 <= n1; n += 4) {
     PacedPrefetch ahead = prefetch.block(W, n, n1, then);
-    const int8_t* w0 = W + n * K;
-    const int8_t* w1 = w0 + K;
-    const int8_t* w2 = w1 + K;
-    const int8_t* w3 = w2 + K;
-    for (int64_t m = 0; m < M; ++m) {
-      const float* xm = x + m * K;
-      __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
-      for (int64_t k = 0; k < K16; k += 16) {
-        ahead.advance(4 * 16);
-        const __m512 xv = _mm512_loadu_ps(xm + k);
-        a0 = _mm512_fmadd_ps(load_int8x16(w0 + k), xv, a0);
-        a1 = _mm512_fmadd_ps(load_int8x16(w1 + k), xv, a1);
-        a2 = _mm512_fmadd_ps(load_int8x16(w2 + k), xv, a2);
-        a3 = _mm512_fmadd_ps(load_int8x16(w3 + k), xv, a3);
-      }
-      alignas(32) float s[8];
-      const __m256 f0 = fold16(a0), f1 = fold16(a1), f2 = fold16(a2), f3 = fold16(a3);
-      _mm256_store_ps(s, horizontal_sums8(f0, f1, f2, f3, f0, f1, f2, f3));
-      for (int64_t k = K16; k < K; ++k) {
-        s[0] += static_cast<float>(w0[k]) * xm[k];
-        s[1] += static_cast<float>(w1[k]) * xm[k];
-        s[2] += static_cast<float>(w2[k]) * xm[k];
-        s[3] += static_cast<float>(w3[k]) * xm[k];
-      }
-      for (int i = 0; i < 4; ++i) y[m * N + n + i] = s[i] * static_cast<float>(scale[n + i]);
-    }
+    const int8_t* w = W + n * K;
+    const auto out = scaled(y, N, scale);
+    int64_t m = 0;
+    for (; m + 4 <= M; m += 4) dot_block_int8_avx512<4>(w, x, m, n, K, ahead, out);
+    for (; m + 2 <= M; m += 2) dot_block_int8_avx512<2>(w, x, m, n, K, ahead, out);
+    for (; m < M; ++m) dot_block_int8_avx512<1>(w, x, m, n, K, ahead, out);
     ahead.finish();
   }
-  dot_rows_int8_scalar(W, scale, x, y, M, N, K, n, n1);
+  dot_rows_scalar(W, x, M, K, n, n1, scaled(y, N, scale));
 }
 #undef ARCHSPACE_AVX512
 #pragma GCC diagnostic pop
@@ -241,9 +212,9 @@ std::vector<at::Tensor> int8_streaming_linear_many(const at::Tensor& x, const st
   for_feature_blocks(N.data(), W.data(), N.size(), [&](size_t i, int64_t n0, int64_t n1, const char* then) {
 #if defined(__x86_64__)
     if (isa >= CpuIsa::kAvx512Bf16) return dot_rows_int8_avx512(W[i], sp[i], xp, yp[i], M, N[i], K, n0, n1, then);
-    if (isa >= CpuIsa::kAvx2) return dot_rows_int8_avx2(W[i], sp[i], xp, yp[i], M, N[i], K, n0, n1, then);
+    if (isa >= CpuIsa::kAvx2) return dot_rows_avx2(W[i], xp, M, K, n0, n1, then, scaled(yp[i], N[i], sp[i]));
 #endif
-    dot_rows_int8_scalar(W[i], sp[i], xp, yp[i], M, N[i], K, n0, n1);
+    dot_rows_scalar(W[i], xp, M, K, n0, n1, scaled(yp[i], N[i], sp[i]));
   });
   if (!fp32)
     for (at::Tensor& y : ys) y = y.to(x.scalar_type());

@@ -21,164 +21,19 @@ using namespace streaming_gemv;  // the prefetch, sums and thread split shared w
 
 namespace {
 
-// Rows [n0, n1) of y[m, n] = sum_k W[n, k] x[m, k] for all M rows of x. Four weight rows at a time, so
-// four independent FMA chains hide latency; the 4 x K block is reused from L1 for every row of x.
-void dot_rows_scalar(const float* W, const float* x, float* y, int64_t M, int64_t N, int64_t K, int64_t n0,
-                     int64_t n1) {
-  for (int64_t n = n0; n < n1; ++n) {
-    const float* w = W + n * K;
-    for (int64_t m = 0; m < M; ++m) {
-      float acc = 0;
-      for (int64_t k = 0; k < K; ++k) acc += w[k] * x[m * K + k];
-      y[m * N + n] = acc;
-    }
-  }
-}
-
 // bf16 weights and activations, fp32 sums, the result rounded to bf16 once (as at::linear's bf16 GEMM does).
-// A bf16 value is the high half of an fp32, so widening it is a 16-bit shift; the product of two bf16 values
-// is exact in fp32.
-inline float bf16_to_float(uint16_t b) {
-  const uint32_t bits = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
+// The product of two bf16 values is exact in fp32. The scalar and AVX2 kernels (streaming_gemv.h, shared with
+// fp32 and int8 weights) widen x once per call (a few rows: the weights are the bytes that count) and each
+// weight as they read it.
+inline auto rounded_to_bf16(c10::BFloat16* y, int64_t N) {
+  return [y, N](int64_t m, int64_t n, float sum) { y[m * N + n] = c10::BFloat16(sum); };
 }
 
-void dot_rows_bf16_scalar(const uint16_t* W, const float* x, c10::BFloat16* y, int64_t M, int64_t N, int64_t K,
-                          int64_t n0, int64_t n1) {
-  for (int64_t n = n0; n < n1; ++n) {
-    const uint16_t* w = W + n * K;
-    for (int64_t m = 0; m < M; ++m) {
-      float acc = 0;
-      for (int64_t k = 0; k < K; ++k) acc += bf16_to_float(w[k]) * x[m * K + k];
-      y[m * N + n] = c10::BFloat16(acc);
-    }
-  }
+inline auto stored(float* y, int64_t N) {
+  return [y, N](int64_t m, int64_t n, float sum) { y[m * N + n] = sum; };
 }
 
 #if defined(__x86_64__)
-__attribute__((target("avx2,fma"))) void dot_rows_avx2(const float* W, const float* x, float* y, int64_t M, int64_t N,
-                                                       int64_t K, int64_t n0, int64_t n1, const char* then = nullptr) {
-  const int64_t K8 = K - K % 8;
-  const WeightPrefetch prefetch(K, sizeof(float));
-  int64_t n = n0;
-  for (; n + 4 <= n1; n += 4) {
-    PacedPrefetch ahead = prefetch.block(W, n, n1, then);
-    const float* w0 = W + n * K;
-    const float* w1 = w0 + K;
-    const float* w2 = w1 + K;
-    const float* w3 = w2 + K;
-    int64_t m = 0;
-    // Two rows of x at a time: each weight load feeds two FMAs.
-    for (; m + 2 <= M; m += 2) {
-      const float* xa = x + m * K;
-      const float* xb = xa + K;
-      __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
-      __m256 b0 = _mm256_setzero_ps(), b1 = _mm256_setzero_ps(), b2 = _mm256_setzero_ps(), b3 = _mm256_setzero_ps();
-      for (int64_t k = 0; k < K8; k += 8) {
-        ahead.advance(4 * 8 * sizeof(float));
-        const __m256 xav = _mm256_loadu_ps(xa + k), xbv = _mm256_loadu_ps(xb + k);
-        const __m256 v0 = _mm256_loadu_ps(w0 + k), v1 = _mm256_loadu_ps(w1 + k);
-        a0 = _mm256_fmadd_ps(v0, xav, a0);
-        b0 = _mm256_fmadd_ps(v0, xbv, b0);
-        a1 = _mm256_fmadd_ps(v1, xav, a1);
-        b1 = _mm256_fmadd_ps(v1, xbv, b1);
-        const __m256 v2 = _mm256_loadu_ps(w2 + k), v3 = _mm256_loadu_ps(w3 + k);
-        a2 = _mm256_fmadd_ps(v2, xav, a2);
-        b2 = _mm256_fmadd_ps(v2, xbv, b2);
-        a3 = _mm256_fmadd_ps(v3, xav, a3);
-        b3 = _mm256_fmadd_ps(v3, xbv, b3);
-      }
-      alignas(32) float s[8];  // rows n..n+3 for x row m, then for x row m + 1
-      _mm256_store_ps(s, horizontal_sums8(a0, a1, a2, a3, b0, b1, b2, b3));
-      for (int64_t k = K8; k < K; ++k) {
-        s[0] += w0[k] * xa[k];
-        s[1] += w1[k] * xa[k];
-        s[2] += w2[k] * xa[k];
-        s[3] += w3[k] * xa[k];
-        s[4] += w0[k] * xb[k];
-        s[5] += w1[k] * xb[k];
-        s[6] += w2[k] * xb[k];
-        s[7] += w3[k] * xb[k];
-      }
-      std::copy(s, s + 4, y + m * N + n);
-      std::copy(s + 4, s + 8, y + (m + 1) * N + n);
-    }
-    for (; m < M; ++m) {  // the last odd row: the same sums in the same order, so a row's result does not
-                          // depend on its batch
-      const float* xm = x + m * K;
-      __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
-      for (int64_t k = 0; k < K8; k += 8) {
-        ahead.advance(4 * 8 * sizeof(float));
-        const __m256 xv = _mm256_loadu_ps(xm + k);
-        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w0 + k), xv, a0);
-        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(w1 + k), xv, a1);
-        a2 = _mm256_fmadd_ps(_mm256_loadu_ps(w2 + k), xv, a2);
-        a3 = _mm256_fmadd_ps(_mm256_loadu_ps(w3 + k), xv, a3);
-      }
-      alignas(32) float s[8];
-      _mm256_store_ps(s, horizontal_sums8(a0, a1, a2, a3, a0, a1, a2, a3));
-      for (int64_t k = K8; k < K; ++k) {
-        s[0] += w0[k] * xm[k];
-        s[1] += w1[k] * xm[k];
-        s[2] += w2[k] * xm[k];
-        s[3] += w3[k] * xm[k];
-      }
-      std::copy(s, s + 4, y + m * N + n);
-    }
-    ahead.finish();
-  }
-  dot_rows_scalar(W, x, y, M, N, K, n, n1);
-}
-
-// Four weight rows at a time, as the fp32 kernel, each 8-wide load widened to fp32; x arrives widened once
-// per call (it is a few rows, the weights are the bytes that count).
-__attribute__((target("avx2,fma"))) inline __m256 load_bf16x8(const uint16_t* p) {
-  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
-}
-
-__attribute__((target("avx2,fma"))) void dot_rows_bf16_avx2(const uint16_t* W, const float* x, c10::BFloat16* y,
-                                                            int64_t M, int64_t N, int64_t K, int64_t n0, int64_t n1,
-                                                            const char* then = nullptr) {
-  const int64_t K8 = K - K % 8;
-  const WeightPrefetch prefetch(K, sizeof(uint16_t));
-  int64_t n = n0;
-  for (; n + 4 <= n1; n += 4) {
-    PacedPrefetch ahead = prefetch.block(W, n, n1, then);
-    const uint16_t* w0 = W + n * K;
-    const uint16_t* w1 = w0 + K;
-    const uint16_t* w2 = w1 + K;
-    const uint16_t* w3 = w2 + K;
-    // One row of x per pass (the same sums for every row, so rows stay batch invariant); the weight block
-    // of 4 x K bf16 values stays in L1 across the rows.
-    for (int64_t m = 0; m < M; ++m) {
-      const float* xm = x + m * K;
-      __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
-      for (int64_t k = 0; k < K8; k += 8) {
-        ahead.advance(4 * 8 * sizeof(uint16_t));
-        const __m256 xv = _mm256_loadu_ps(xm + k);
-        a0 = _mm256_fmadd_ps(load_bf16x8(w0 + k), xv, a0);
-        a1 = _mm256_fmadd_ps(load_bf16x8(w1 + k), xv, a1);
-        a2 = _mm256_fmadd_ps(load_bf16x8(w2 + k), xv, a2);
-        a3 = _mm256_fmadd_ps(load_bf16x8(w3 + k), xv, a3);
-      }
-      alignas(32) float s[8];
-      _mm256_store_ps(s, horizontal_sums8(a0, a1, a2, a3, a0, a1, a2, a3));
-      for (int64_t k = K8; k < K; ++k) {
-        s[0] += bf16_to_float(w0[k]) * xm[k];
-        s[1] += bf16_to_float(w1[k]) * xm[k];
-        s[2] += bf16_to_float(w2[k]) * xm[k];
-        s[3] += bf16_to_float(w3[k]) * xm[k];
-      }
-      for (int i = 0; i < 4; ++i) y[m * N + n + i] = c10::BFloat16(s[i]);
-    }
-    ahead.finish();
-  }
-  dot_rows_bf16_scalar(W, x, y, M, N, K, n, n1);
-}
-
 // AVX512-BF16: vdpbf16ps multiplies 32 bf16 pairs and adds each pair's two products into one of 16 fp32 lanes
 // (denormal inputs read as zero, as oneDNN's bf16 GEMMs on these CPUs do). x stays bf16. The K tail is one
 // masked load (zeros add nothing), so every K takes the same code.
@@ -404,7 +259,7 @@ ARCHSPACE_AVX512_BF16 void dot_rows_avx512(const float* W, const float* x, float
     for (; m < M; ++m) dot_block_fp32_x1(w, x + m * K, y + m * N + n, N, K, ahead);
     ahead.finish();
   }
-  dot_rows_scalar(W, x, y, M, N, K, n, n1);
+  dot_rows_scalar(W, x, M, K, n, n1, stored(y, N));
 }
 #pragma GCC diagnostic pop
 
@@ -456,9 +311,9 @@ void streaming_linear_fp32(const at::Tensor& x, int64_t M, int64_t K, const std:
   for_feature_blocks(m.N.data(), m.W.data(), m.N.size(), [&](size_t i, int64_t n0, int64_t n1, const char* then) {
 #if defined(__x86_64__)
     if (isa >= CpuIsa::kAvx512Bf16) return dot_rows_avx512(m.W[i], xp, m.y[i], M, m.N[i], K, n0, n1, then);
-    if (isa >= CpuIsa::kAvx2) return dot_rows_avx2(m.W[i], xp, m.y[i], M, m.N[i], K, n0, n1, then);
+    if (isa >= CpuIsa::kAvx2) return dot_rows_avx2(m.W[i], xp, M, K, n0, n1, then, stored(m.y[i], m.N[i]));
 #endif
-    dot_rows_scalar(m.W[i], xp, m.y[i], M, m.N[i], K, n0, n1);
+    dot_rows_scalar(m.W[i], xp, M, K, n0, n1, stored(m.y[i], m.N[i]));
   });
 }
 
@@ -478,9 +333,9 @@ void streaming_linear_bf16(const at::Tensor& x, int64_t M, int64_t K, const std:
   const float* xp = xf.const_data_ptr<float>();
   for_feature_blocks(m.N.data(), m.W.data(), m.N.size(), [&](size_t i, int64_t n0, int64_t n1, const char* then) {
 #if defined(__x86_64__)
-    if (isa >= CpuIsa::kAvx2) return dot_rows_bf16_avx2(m.W[i], xp, m.y[i], M, m.N[i], K, n0, n1, then);
+    if (isa >= CpuIsa::kAvx2) return dot_rows_avx2(m.W[i], xp, M, K, n0, n1, then, rounded_to_bf16(m.y[i], m.N[i]));
 #endif
-    dot_rows_bf16_scalar(m.W[i], xp, m.y[i], M, m.N[i], K, n0, n1);
+    dot_rows_scalar(m.W[i], xp, M, K, n0, n1, rounded_to_bf16(m.y[i], m.N[i]));
   });
 }
 

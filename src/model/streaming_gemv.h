@@ -1,6 +1,8 @@
 // What the engine's streaming GEMV kernels share (model/linear.cpp's fp32 and bf16 kernels,
-// model/int8_weights.cpp's int8 kernel): the weight prefetch, the eight-way horizontal sum and the split of
-// the output features over threads. Private to src/model.
+// model/int8_weights.cpp's int8 kernel): the weight prefetch, the eight-way horizontal sum, the split of
+// the output features over threads, and the scalar and AVX2 kernels, one template for the three weight types
+// (the AVX512 ones differ by type: bf16 multiplies in bf16, fp32 and int8 block x differently). Private to
+// src/model.
 #pragma once
 
 #include <ATen/Parallel.h>
@@ -8,6 +10,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -135,6 +138,105 @@ __attribute__((target("avx2,fma"))) inline __m256 horizontal_sums8(__m256 a0, __
   const __m256 s0123 = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
   const __m256 s4567 = _mm256_hadd_ps(_mm256_hadd_ps(a4, a5), _mm256_hadd_ps(a6, a7));
   return _mm256_add_ps(_mm256_permute2f128_ps(s0123, s4567, 0x20), _mm256_permute2f128_ps(s0123, s4567, 0x31));
+}
+
+// Eight weights as fp32: fp32 loaded, bf16 (the high half of an fp32's bits) shifted, int8 converted.
+__attribute__((target("avx2,fma"))) inline __m256 widen8(const float* p) { return _mm256_loadu_ps(p); }
+__attribute__((target("avx2,fma"))) inline __m256 widen8(const uint16_t* p) {
+  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
+__attribute__((target("avx2,fma"))) inline __m256 widen8(const int8_t* p) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+#endif
+
+// One weight as fp32 (bf16 as its bit pattern), exactly.
+inline float widen(float w) { return w; }
+inline float widen(int8_t w) { return static_cast<float>(w); }
+inline float widen(uint16_t bf16) {
+  const uint32_t bits = static_cast<uint32_t>(bf16) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+// The kernels below: rows [n0, n1) of sum_k W[n, k] x[m, k] for the M rows of x (fp32, [M, K]), with W [N, K]
+// of fp32, bf16 bits or int8; `out(m, n, sum)` stores each fp32 sum (the caller's rounding to bf16, or int8's
+// row scale). Every path sums a (row of x, weight row) pair in an order of its own that does not depend on M,
+// so a row's results do not depend on its batch, bit for bit.
+
+// One pair at a time, in k order (the tails of the vector kernels and CPUs without AVX2).
+template <typename T, typename Out>
+void dot_rows_scalar(const T* W, const float* x, int64_t M, int64_t K, int64_t n0, int64_t n1, const Out& out) {
+  for (int64_t n = n0; n < n1; ++n) {
+    const T* w = W + n * K;
+    for (int64_t m = 0; m < M; ++m) {
+      float acc = 0;
+      for (int64_t k = 0; k < K; ++k) acc += widen(w[k]) * x[m * K + k];
+      out(m, n, acc);
+    }
+  }
+}
+
+#if defined(__x86_64__)
+// One pass of dot_rows_avx2: weight rows n..n+3 (from w) against x rows m..m+R-1, one accumulator (FMA chain)
+// a pair over k < K - K % 8, then its lanes summed (horizontal_sums8, two x rows a call) and the K tail added
+// one product at a time.
+template <int R, typename T, typename Out>
+__attribute__((target("avx2,fma"))) inline void dot_block_avx2(const T* w, const float* x, int64_t m, int64_t n,
+                                                               int64_t K, PacedPrefetch& ahead, const Out& out) {
+  const int64_t K8 = K - K % 8;
+  const float* xm = x + m * K;
+  __m256 a[R][4];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i) a[r][i] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < K8; k += 8) {
+    ahead.advance(4 * 8 * static_cast<int64_t>(sizeof(T)));
+    __m256 v[4];
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i) v[i] = widen8(w + i * K + k);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const __m256 xv = _mm256_loadu_ps(xm + r * K + k);
+#pragma GCC unroll 4
+      for (int i = 0; i < 4; ++i) a[r][i] = _mm256_fmadd_ps(v[i], xv, a[r][i]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < R; r += 2) {
+    const int q = r + 1 < R ? r + 1 : r;  // x rows r and r + 1 (or r twice) in one eight-way sum
+    alignas(32) float s[8];
+    _mm256_store_ps(s, horizontal_sums8(a[r][0], a[r][1], a[r][2], a[r][3], a[q][0], a[q][1], a[q][2], a[q][3]));
+    for (int j = 0; j <= q - r; ++j) {
+      const float* xr = xm + (r + j) * K;
+      for (int i = 0; i < 4; ++i) {
+        float sum = s[4 * j + i];
+        for (int64_t k = K8; k < K; ++k) sum += widen(w[i * K + k]) * xr[k];
+        out(m + r + j, n + i, sum);
+      }
+    }
+  }
+}
+
+// Four weight rows against two rows of x a pass (each weight widened once for both), the last odd row alone; the
+// 4 x K block of weights stays in L1 across the passes. `then`: as WeightPrefetch::block's.
+template <typename T, typename Out>
+__attribute__((target("avx2,fma"))) void dot_rows_avx2(const T* W, const float* x, int64_t M, int64_t K, int64_t n0,
+                                                       int64_t n1, const char* then, const Out& out) {
+  const WeightPrefetch prefetch(K, sizeof(T));
+  int64_t n = n0;
+  for (; n + 4 <= n1; n += 4) {
+    PacedPrefetch ahead = prefetch.block(W, n, n1, then);
+    const T* w = W + n * K;
+    int64_t m = 0;
+    for (; m + 2 <= M; m += 2) dot_block_avx2<2>(w, x, m, n, K, ahead, out);
+    for (; m < M; ++m) dot_block_avx2<1>(w, x, m, n, K, ahead, out);
+    ahead.finish();
+  }
+  dot_rows_scalar(W, x, M, K, n, n1, out);
 }
 #endif
 
