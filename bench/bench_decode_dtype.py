@@ -3,12 +3,14 @@ generate --dtype fp32`, `--dtype bf16` and `--quantization int8` on the same mod
 rounds (so all see the same machine), the ratio to fp32 per round with its median and range; then the same decode
 with the three variants in one process, their steps interleaved (build/bench_decode_steps: a shared host's memory
 bandwidth moves by tens of percent between one process and the next, which the per-round ratios of separate
-processes carry and the interleaved steps cancel); and the roofline measured in the same run:
+processes carry and the interleaved steps cancel), again on the AVX2 kernels where the CPU has AVX512-BF16 (the
+dispatch's two vector paths, ARCHSPACE_MAX_CPU_ISA=avx2), and at --batch rows (batched decoding: generation tasks,
+`serve`; compute-bound rather than memory-bound); and the roofline measured in the same run:
 memory read bandwidth (a torch.sum over a 1 GiB fp32 tensor with the same threads, larger than any cache), so
 each decode rate is also shown as a percentage of what reading its weights at that bandwidth would allow
 (the weights a token reads: every linear layer and the head, not the embedding table, which is gathered).
 
-    .venv/bin/python bench/bench_decode_dtype.py [--preset 190M] [--prompt 128] [--new 32] [--pairs 5]
+    .venv/bin/python bench/bench_decode_dtype.py [--preset 190M] [--prompt 128] [--new 32] [--pairs 5] [--batch 8]
 
 Goals (issue 25): bf16 decode >= 1.8x fp32, int8 >= 3x, on the 190M preset at batch 1. Results: bench/results/decode-dtype-<time>.json.
 """
@@ -43,13 +45,15 @@ def decode_rate(d, prompt, new, threads, variant):
     return int(m.group(1)) / float(m.group(2))
 
 
-def interleaved(d, prompt, new, threads, rounds):
-    """bench_decode_steps' figures: per-round tokens/s of each variant and ratios to fp32, steps interleaved."""
+def interleaved(d, prompt, new, threads, rounds, batch=1, isa=None):
+    """bench_decode_steps' figures: per-round tokens/s of each variant and ratios to fp32, steps interleaved;
+    `isa` caps the engine's kernels (ARCHSPACE_MAX_CPU_ISA)."""
     out = REPO / "bench" / "results" / f".decode-steps-{os.getpid()}.json"
+    env = dict(os.environ, **({"ARCHSPACE_MAX_CPU_ISA": isa} if isa else {}))
     try:
         subprocess.run([str(STEPS_BINARY), "--model", str(d), "--prompt-tokens", " ".join(map(str, prompt)),
-                        "--new", str(new), "--rounds", str(rounds), "--threads", str(threads), "--out", str(out)],
-                       check=True, capture_output=True, text=True)
+                        "--new", str(new), "--rounds", str(rounds), "--threads", str(threads), "--batch", str(batch),
+                        "--out", str(out)], check=True, capture_output=True, text=True, env=env)
         return json.loads(out.read_text())
     finally:
         out.unlink(missing_ok=True)
@@ -86,6 +90,7 @@ def main():
     parser.add_argument("--new", type=int, default=32)
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--pairs", type=int, default=5, help="rounds, each running every variant once")
+    parser.add_argument("--batch", type=int, default=8, help="rows of the batched interleaved run (0: none)")
     parser.add_argument("--model-cache", default=str(REPO / "bench" / "results" / "models"))
     args = parser.parse_args()
     load_before = pathlib.Path("/proc/loadavg").read_text().strip()
@@ -99,6 +104,13 @@ def main():
         for v in variants[i % len(variants):] + variants[:i % len(variants)]:
             rates[v].append(decode_rate(d, prompt, args.new, args.threads, v))
     steps = interleaved(d, prompt, args.new, args.threads, args.pairs)
+    more = {}  # the other kernel path and the batched decode, each steps interleaved
+    if "avx512_bf16" in cpu_flags():
+        more["avx2 kernels, batch 1"] = ("interleaved_steps_avx2", interleaved(d, prompt, args.new, args.threads,
+                                                                               args.pairs, isa="avx2"))
+    if args.batch > 1:
+        more[f"batch {args.batch}"] = ("interleaved_steps_batch", interleaved(d, prompt, args.new, args.threads,
+                                                                              args.pairs, batch=args.batch))
     bandwidth.append(read_bandwidth(args.threads))
     ratios = {v: [r / f for f, r in zip(rates["fp32"], rates[v])] for v in variants if v != "fp32"}
     params = weights_read_per_token(d)
@@ -113,7 +125,7 @@ def main():
               **{f"{v}_over_fp32": ratios[v] for v in ratios},
               **{f"{v}_over_fp32_median": statistics.median(ratios[v]) for v in ratios},
               "roofline_tok_s": limit, "percent_of_roofline": {k: 100 * med[k] / limit[k] for k in med},
-              "interleaved_steps": steps}
+              "interleaved_steps": steps, **{key: r for key, r in more.values()}}
     out = REPO / "bench" / "results" / f"decode-dtype-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
@@ -128,14 +140,15 @@ def main():
     for k, goal in (("bf16", 1.8), ("int8", 3.0)):
         r = ratios[k]
         print(f"  {k} / fp32: median {statistics.median(r):.2f}x (range {min(r):.2f}-{max(r):.2f}; goal {goal}x)")
-    print(f"  in one process, steps interleaved ({args.pairs} rounds):")
-    for k in variants:
-        runs = steps[f"{k}_decode_tok_s"]
-        line = f"    {k}: median {statistics.median(runs):.1f} tok/s (range {min(runs):.1f}-{max(runs):.1f})"
-        if k != "fp32":
-            r = steps[f"{k}_over_fp32"]
-            line += f"; / fp32: median {statistics.median(r):.2f}x (range {min(r):.2f}-{max(r):.2f})"
-        print(line)
+    for title, run in [(steps["kernel_path"] + " kernels, batch 1", steps)] + [(t, r) for t, (_, r) in more.items()]:
+        print(f"  in one process, steps interleaved ({args.pairs} rounds), {title}:")
+        for k in variants:
+            runs = run[f"{k}_decode_tok_s"]
+            line = f"    {k}: median {statistics.median(runs):.1f} tok/s (range {min(runs):.1f}-{max(runs):.1f})"
+            if k != "fp32":
+                r = run[f"{k}_over_fp32"]
+                line += f"; / fp32: median {statistics.median(r):.2f}x (range {min(r):.2f}-{max(r):.2f})"
+            print(line)
     print(f"  load after: {result['load_after']}; wrote {out}")
 
 
