@@ -53,17 +53,50 @@ ARCHSPACE_AVX512_BF16 inline __m256 fold16(__m512 a) {  // lanes 0-7 plus lanes 
   return _mm512_castps512_ps256(_mm512_add_ps(a, _mm512_shuffle_f32x4(a, a, 0x4E)));
 }
 
-// One 32-wide step of four weight rows against two rows of x (each weight load feeds two dot products).
-ARCHSPACE_AVX512_BF16 inline void dot_4x2(__m512 (&a)[4], __m512 (&b)[4], __m512bh v0, __m512bh v1, __m512bh v2,
-                                          __m512bh v3, __m512bh xa, __m512bh xb) {
-  a[0] = _mm512_dpbf16_ps(a[0], v0, xa);
-  b[0] = _mm512_dpbf16_ps(b[0], v0, xb);
-  a[1] = _mm512_dpbf16_ps(a[1], v1, xa);
-  b[1] = _mm512_dpbf16_ps(b[1], v1, xb);
-  a[2] = _mm512_dpbf16_ps(a[2], v2, xa);
-  b[2] = _mm512_dpbf16_ps(b[2], v2, xb);
-  a[3] = _mm512_dpbf16_ps(a[3], v3, xa);
-  b[3] = _mm512_dpbf16_ps(b[3], v3, xb);
+// Weight rows w..w+3 (of block n) against x rows m..m+R-1, one accumulator a pair: 32-wide dot products over k,
+// the K tail as one masked step, each accumulator folded to 8 lanes and the pairs of x rows summed by one
+// horizontal_sums8, so every (x row, weight row) pair takes the same steps whatever R is (rows stay batch invariant).
+template <int R>
+ARCHSPACE_AVX512_BF16 inline void dot_block_bf16_avx512(const uint16_t* w, const uint16_t* x, c10::BFloat16* y,
+                                                        int64_t m, int64_t n, int64_t N, int64_t K,
+                                                        PacedPrefetch& ahead) {
+  const int64_t K32 = K - K % 32;
+  const __mmask32 tail = static_cast<__mmask32>((uint64_t{1} << (K % 32)) - 1);
+  x += m * K;
+  __m512 a[R][4];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i) a[r][i] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K32; k += 32) {
+    ahead.advance(4 * 32 * sizeof(uint16_t));
+    __m512bh v[4];
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i) v[i] = load_bf16x32(w + i * K + k);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const __m512bh xv = load_bf16x32(x + r * K + k);
+#pragma GCC unroll 4
+      for (int i = 0; i < 4; ++i) a[r][i] = _mm512_dpbf16_ps(a[r][i], v[i], xv);
+    }
+  }
+  if (K32 < K) {
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const __m512bh xv = load_bf16x32(x + r * K + K32, tail);
+#pragma GCC unroll 4
+      for (int i = 0; i < 4; ++i) a[r][i] = _mm512_dpbf16_ps(a[r][i], load_bf16x32(w + i * K + K32, tail), xv);
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < R; r += 2) {
+    const int q = r + 1 < R ? r + 1 : r;  // x rows r and r + 1 (or r twice) in one eight-way sum
+    alignas(32) float s[8];
+    _mm256_store_ps(s, horizontal_sums8(fold16(a[r][0]), fold16(a[r][1]), fold16(a[r][2]), fold16(a[r][3]),
+                                        fold16(a[q][0]), fold16(a[q][1]), fold16(a[q][2]), fold16(a[q][3])));
+    for (int j = 0; j <= q - r; ++j)
+      for (int i = 0; i < 4; ++i) y[(m + r + j) * N + n + i] = c10::BFloat16(s[4 * j + i]);
+  }
 }
 
 ARCHSPACE_AVX512_BF16 void dot_rows_bf16_avx512(const uint16_t* W, const uint16_t* x, c10::BFloat16* y, int64_t M,
@@ -101,56 +134,11 @@ ARCHSPACE_AVX512_BF16 void dot_rows_bf16_avx512(const uint16_t* W, const uint16_
   }
   for (; n + 4 <= n1; n += 4) {
     PacedPrefetch ahead = prefetch.block(W, n, n1, then);
-    const uint16_t* w0 = W + n * K;
-    const uint16_t* w1 = w0 + K;
-    const uint16_t* w2 = w1 + K;
-    const uint16_t* w3 = w2 + K;
+    const uint16_t* w = W + n * K;
     int64_t m = 0;
-    // Two rows of x at a time: each weight load feeds two dot products.
-    for (; m + 2 <= M; m += 2) {
-      const uint16_t* xa = x + m * K;
-      const uint16_t* xb = xa + K;
-      __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
-      __m512 b[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
-      for (int64_t k = 0; k < K32; k += 32) {
-        ahead.advance(4 * 32 * sizeof(uint16_t));
-        dot_4x2(a, b, load_bf16x32(w0 + k), load_bf16x32(w1 + k), load_bf16x32(w2 + k), load_bf16x32(w3 + k),
-                load_bf16x32(xa + k), load_bf16x32(xb + k));
-      }
-      if (K32 < K)
-        dot_4x2(a, b, load_bf16x32(w0 + K32, tail), load_bf16x32(w1 + K32, tail), load_bf16x32(w2 + K32, tail),
-                load_bf16x32(w3 + K32, tail), load_bf16x32(xa + K32, tail), load_bf16x32(xb + K32, tail));
-      alignas(32) float s[8];  // rows n..n+3 for x row m, then for x row m + 1
-      _mm256_store_ps(s, horizontal_sums8(fold16(a[0]), fold16(a[1]), fold16(a[2]), fold16(a[3]), fold16(b[0]),
-                                          fold16(b[1]), fold16(b[2]), fold16(b[3])));
-      for (int i = 0; i < 4; ++i) {
-        y[m * N + n + i] = c10::BFloat16(s[i]);
-        y[(m + 1) * N + n + i] = c10::BFloat16(s[4 + i]);
-      }
-    }
-    for (; m < M; ++m) {  // the last odd row: the same sums in the same order (rows stay batch invariant)
-      const uint16_t* xm = x + m * K;
-      __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
-      for (int64_t k = 0; k < K32; k += 32) {
-        ahead.advance(4 * 32 * sizeof(uint16_t));
-        const __m512bh xv = load_bf16x32(xm + k);
-        a0 = _mm512_dpbf16_ps(a0, load_bf16x32(w0 + k), xv);
-        a1 = _mm512_dpbf16_ps(a1, load_bf16x32(w1 + k), xv);
-        a2 = _mm512_dpbf16_ps(a2, load_bf16x32(w2 + k), xv);
-        a3 = _mm512_dpbf16_ps(a3, load_bf16x32(w3 + k), xv);
-      }
-      if (K32 < K) {
-        const __m512bh xv = load_bf16x32(xm + K32, tail);
-        a0 = _mm512_dpbf16_ps(a0, load_bf16x32(w0 + K32, tail), xv);
-        a1 = _mm512_dpbf16_ps(a1, load_bf16x32(w1 + K32, tail), xv);
-        a2 = _mm512_dpbf16_ps(a2, load_bf16x32(w2 + K32, tail), xv);
-        a3 = _mm512_dpbf16_ps(a3, load_bf16x32(w3 + K32, tail), xv);
-      }
-      alignas(32) float s[8];
-      const __m256 f0 = fold16(a0), f1 = fold16(a1), f2 = fold16(a2), f3 = fold16(a3);
-      _mm256_store_ps(s, horizontal_sums8(f0, f1, f2, f3, f0, f1, f2, f3));
-      for (int i = 0; i < 4; ++i) y[m * N + n + i] = c10::BFloat16(s[i]);
-    }
+    for (; m + 4 <= M; m += 4) dot_block_bf16_avx512<4>(w, x, y, m, n, N, K, ahead);
+    for (; m + 2 <= M; m += 2) dot_block_bf16_avx512<2>(w, x, y, m, n, N, K, ahead);
+    for (; m < M; ++m) dot_block_bf16_avx512<1>(w, x, y, m, n, N, K, ahead);
     ahead.finish();
   }
   // The last N % 4 rows, one at a time with the same instruction.

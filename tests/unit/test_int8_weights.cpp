@@ -127,10 +127,16 @@ TEST(Int8Weights, KernelMatchesFp64OnEveryPathAndTail) {
 TEST(Int8Weights, PathsAgreeExactlyOnExactSums) {
   at::manual_seed(2);
   const at::Tensor q = quantize_int8_rows(at::randint(-127, 128, {37, 100}).to(at::kFloat), "w");  // scale ~1
-  const at::Tensor x = at::randint(-8, 9, {3, 100}).to(at::kFloat);
-  const at::Tensor reference = int8_streaming_linear(x, q, CpuIsa::kScalar);
-  for (CpuIsa isa : runnable_paths())
-    EXPECT_TRUE(at::equal(int8_streaming_linear(x, q, isa), reference)) << cpu_isa_name(isa);
+  std::vector<at::Tensor> kept;  // every result stays allocated: a path that skipped an output would otherwise
+                                 // find the previous path's right answer in the reused memory
+  for (int64_t M : {7, 1}) {     // passes over 4, 2 and 1 rows of x (AVX512), 2 and 1 (AVX2)
+    const at::Tensor x = at::randint(-8, 9, {M, 100}).to(at::kFloat);
+    const at::Tensor reference = int8_streaming_linear(x, q, CpuIsa::kScalar);
+    for (CpuIsa isa : runnable_paths()) {
+      kept.push_back(int8_streaming_linear(x, q, isa));
+      EXPECT_TRUE(at::equal(kept.back(), reference)) << cpu_isa_name(isa) << " M=" << M;
+    }
+  }
 }
 
 TEST(Int8Weights, RowsAreBatchInvariantBitForBit) {

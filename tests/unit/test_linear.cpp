@@ -129,13 +129,14 @@ void expect_bf16_close_to_fp64(const at::Tensor& got, const at::Tensor& x, const
 }  // namespace
 
 // Every tail: K below, at and off the 8 (AVX2) and 32 (AVX512-BF16) lane counts, N off the 4-row blocks and (one row
-// of x, AVX512-BF16) the 8-row ones: 12 and 13 leave a 4-row block and a single row after them.
+// of x, AVX512-BF16) the 8-row ones: 12 and 13 leave a 4-row block and a single row after them; M off the passes
+// over 4 (AVX512-BF16), 2 and 1 rows of x: 5 = 4 + 1, 7 = 4 + 2 + 1.
 TEST(StreamingLinearBf16, MatchesFp64ForAllTailShapesOnEveryPath) {
   at::manual_seed(4);
   for (CpuIsa isa : runnable_paths()) {
     for (int64_t K : {1, 7, 8, 31, 32, 33, 61, 768}) {
       for (int64_t N : {1, 3, 4, 5, 12, 13, 130}) {
-        for (int64_t M : {1, 2, 5}) {
+        for (int64_t M : {1, 2, 3, 4, 5, 7}) {
           at::Tensor x = at::randn({M, K}).to(at::kBFloat16);
           at::Tensor w = at::randn({N, K}).to(at::kBFloat16);
           const std::string what = std::string(cpu_isa_name(isa)) + " M=" + std::to_string(M) +
@@ -158,17 +159,20 @@ TEST(StreamingLinearBf16, MatchesFp64ForAllTailShapesOnEveryPath) {
 // the vector paths drop or double.
 TEST(StreamingLinearBf16, PathsAgreeExactlyOnExactSums) {
   at::manual_seed(5);
-  at::Tensor x = at::randint(-8, 9, {3, 100}).to(at::kBFloat16);
+  at::Tensor x = at::randint(-8, 9, {7, 100}).to(at::kBFloat16);  // passes over 4, 2 and 1 rows of x
   at::Tensor w = at::randint(-8, 9, {37, 100}).to(at::kBFloat16);
-  at::Tensor exact = at::linear(x.to(at::kDouble), w.to(at::kDouble));
+  // |sums| <= 100 * 64 < 2^13: exact in fp32, and in bf16 when below 2^8; compared against the rounding of the
+  // exact sum, made once
+  const at::Tensor want = at::linear(x.to(at::kDouble), w.to(at::kDouble)).to(at::kBFloat16);
+  // Every result stays allocated and no temporary holds the answer: a path that skipped an output would otherwise
+  // find a right answer in reused memory.
+  std::vector<at::Tensor> kept;
   for (CpuIsa isa : runnable_paths()) {
-    at::Tensor got = streaming_linear(x, w, isa).to(at::kDouble);
-    // |sums| <= 100 * 64 < 2^13: exact in fp32, and in bf16 when below 2^8; compare against the rounding of
-    // the exact sum
-    EXPECT_TRUE(at::equal(got, exact.to(at::kBFloat16).to(at::kDouble))) << cpu_isa_name(isa);
+    kept.push_back(streaming_linear(x, w, isa));
+    EXPECT_TRUE(at::equal(kept.back(), want)) << cpu_isa_name(isa);
     // one row of x: the AVX512-BF16 kernel's 8-row blocks (37 = 4 x 8 + 4 + 1)
-    at::Tensor one = streaming_linear(x.narrow(0, 1, 1), w, isa).to(at::kDouble);
-    EXPECT_TRUE(at::equal(one, exact.narrow(0, 1, 1).to(at::kBFloat16).to(at::kDouble))) << cpu_isa_name(isa);
+    kept.push_back(streaming_linear(x.narrow(0, 1, 1), w, isa));
+    EXPECT_TRUE(at::equal(kept.back(), want.narrow(0, 1, 1))) << cpu_isa_name(isa);
   }
 }
 
@@ -176,9 +180,10 @@ TEST(StreamingLinearBf16, RowsAreBatchInvariantBitForBit) {
   at::manual_seed(6);
   for (CpuIsa isa : runnable_paths()) {
     for (int64_t K : {7, 64, 100}) {
-      // 141 rows: one row of x takes 8-row blocks, a 4-row one and a single row; a batch, 4-row blocks
+      // 141 rows: one row of x takes 8-row blocks, a 4-row one and a single row; a batch, 4-row blocks against
+      // 4, 2 and 1 rows of x a pass
       at::Tensor w = at::randn({141, K}).to(at::kBFloat16);
-      for (int64_t M : {2, 3, 8}) {
+      for (int64_t M : {2, 3, 7, 8}) {
         at::Tensor x = at::randn({M, K}).to(at::kBFloat16);
         at::Tensor batched = streaming_linear(x, w, isa);
         for (int64_t m = 0; m < M; ++m)
