@@ -17,14 +17,14 @@
 
 namespace archspace {
 
-using namespace streaming_gemv;  // the prefetch, sums and thread split shared with the int8 kernel
+using namespace streaming_gemv;  // the prefetch, sums, thread split and scalar/AVX2 kernels shared with int8's
 
 namespace {
 
 // bf16 weights and activations, fp32 sums, the result rounded to bf16 once (as at::linear's bf16 GEMM does).
 // The product of two bf16 values is exact in fp32. The scalar and AVX2 kernels (streaming_gemv.h, shared with
 // fp32 and int8 weights) widen x once per call (a few rows: the weights are the bytes that count) and each
-// weight as they read it.
+// weight as they read it; `rounded_to_bf16` is how they store a bf16 result, `stored` an fp32 one.
 inline auto rounded_to_bf16(c10::BFloat16* y, int64_t N) {
   return [y, N](int64_t m, int64_t n, float sum) { y[m * N + n] = c10::BFloat16(sum); };
 }
