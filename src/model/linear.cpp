@@ -268,7 +268,7 @@ bool uses_streaming_linear(const at::Tensor& x, const at::Tensor& weight) {
   if (weight.dim() != 2 || !weight.is_contiguous() || x.size(-1) != weight.size(1)) return false;
   // The kernel has no backward: anything autograd must see goes through at::linear.
   if (at::GradMode::is_enabled() && (x.requires_grad() || weight.requires_grad())) return false;
-  return x.numel() / std::max<int64_t>(1, x.size(-1)) <= kStreamingLinearMaxRows;
+  return x.numel() / std::max<int64_t>(1, x.size(-1)) <= streaming_linear_max_rows(dtype);
 }
 
 namespace {

@@ -72,6 +72,11 @@ TEST(StreamingLinear, OnlyForFewRowsWithoutAutograd) {
   EXPECT_EQ(uses_streaming_linear(at::randn({kStreamingLinearMaxRows, 32}), w), fast);
   EXPECT_FALSE(uses_streaming_linear(at::randn({kStreamingLinearMaxRows + 1, 32}), w));
   EXPECT_EQ(uses_streaming_linear(at::randn({1, 32}).to(at::kBFloat16), w.to(at::kBFloat16)), fast);
+  // bf16 weights stop at fewer rows: at::linear's bf16 GEMM catches up with the kernel sooner (linear.h)
+  EXPECT_EQ(uses_streaming_linear(at::randn({kStreamingLinearMaxRowsBf16, 32}).to(at::kBFloat16), w.to(at::kBFloat16)),
+            fast);
+  EXPECT_FALSE(
+      uses_streaming_linear(at::randn({kStreamingLinearMaxRowsBf16 + 1, 32}).to(at::kBFloat16), w.to(at::kBFloat16)));
   EXPECT_FALSE(uses_streaming_linear(at::randn({1, 32}), w.to(at::kBFloat16)));  // mixed dtypes: at::linear
   EXPECT_FALSE(uses_streaming_linear(at::randn({1, 32}, at::kDouble), w.to(at::kDouble)));
   // A weight that needs a gradient goes through at::linear, so training still backpropagates.

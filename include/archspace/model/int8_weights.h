@@ -25,7 +25,7 @@ bool is_int8_weight(const at::Tensor& t);
 // q * scale per row, computed in fp32 (then cast to `dtype`): the weight the int8 kernel multiplies by.
 at::Tensor dequantize_int8_rows(const at::Tensor& q, at::ScalarType dtype = at::kFloat);
 
-// y = x W^T for an int8 W, in x's dtype (fp32 or bf16). Up to kStreamingLinearMaxRows rows without autograd take
+// y = x W^T for an int8 W, in x's dtype (fp32 or bf16). Up to kStreamingLinearMaxRows (64) rows without autograd take
 // the streaming kernel; more rows (prefill) dequantize a block of weight rows at a time into at::linear.
 at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& weight);
 

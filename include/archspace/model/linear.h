@@ -20,11 +20,18 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight);
 // streaming kernels, fp32/bf16 or int8 weights alike) computes them in one parallel region instead of one each.
 std::vector<at::Tensor> linear_many(const at::Tensor& x, const std::vector<at::Tensor>& weights);
 
-// Up to this many rows of x go through the streaming kernel (each weight block is read from memory once
-// and reused from L1 for every row). bench_linear on the 190M shapes: the kernel is 1.2-2x faster than
-// at::linear at 32 rows and even at 64, so decoding batches of up to 32 sequences (and short prefills)
-// take it.
-inline constexpr int64_t kStreamingLinearMaxRows = 32;
+// Up to this many rows of x go through the streaming kernels (each weight block is read from memory once and
+// reused from L1 for every row): 64 for fp32 and int8 weights, 32 for bf16. bench_linear on the 190M shapes
+// (2026-12-04, Zen 4, 2 threads), the kernel against at::linear: fp32 1.24-2.18x at 64 rows (1.05-2.09x at
+// 128), bf16 1.02-1.17x at 32 and 0.85-1.14x at 64; int8 1.26-2.56x at 64 against at::linear on fp32 weights
+// (int8's other path also dequantizes every weight block first). So decoding batches of up to 64 sequences
+// (32 in bf16) and short prefills take them; whole 190M decodes at batch 40 in fp32 ran at half the rate of
+// batch 32 through at::linear.
+inline constexpr int64_t kStreamingLinearMaxRows = 64;      // fp32 and int8 weights
+inline constexpr int64_t kStreamingLinearMaxRowsBf16 = 32;  // bf16 weights
+inline int64_t streaming_linear_max_rows(at::ScalarType weight_dtype) {
+  return weight_dtype == at::kBFloat16 ? kStreamingLinearMaxRowsBf16 : kStreamingLinearMaxRows;
+}
 
 // Whether linear() would use the streaming kernel for x (exposed for tests and benchmarks).
 bool uses_streaming_linear(const at::Tensor& x, const at::Tensor& weight);
