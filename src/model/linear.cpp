@@ -5,7 +5,6 @@
 #include <ATen/record_function.h>
 
 #include <algorithm>
-#include <cstring>
 
 #include "archspace/model/int8_weights.h"
 #include "archspace/util/cpu_isa.h"
