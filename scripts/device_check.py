@@ -58,14 +58,32 @@ def engine_env():
     return env
 
 
+class Deadline:
+    """The run's time budget (--deadline-s): a step that would start with too little left is skipped, and every
+    process a step starts is stopped when the budget is spent, so the summary written so far survives a
+    device lease that ends."""
+
+    def __init__(self, seconds):
+        self.end = time.time() + seconds if seconds else math.inf
+
+    def left(self):
+        return self.end - time.time()
+
+    def timeout(self, wanted):
+        return max(1.0, min(wanted, self.left()))
+
+
+DEADLINE = Deadline(None)
+
+
 class Engine:
     def __init__(self, build_dir):
         self.binary = pathlib.Path(build_dir) / "archspace"
         self.check_attention = pathlib.Path(build_dir) / "check_attention"
 
     def run(self, *args, timeout=600):
-        r = subprocess.run([str(self.binary), *map(str, args)], capture_output=True, text=True, timeout=timeout,
-                           env=engine_env())
+        r = subprocess.run([str(self.binary), *map(str, args)], capture_output=True, text=True,
+                           timeout=DEADLINE.timeout(timeout), env=engine_env())
         if r.returncode != 0:
             raise RuntimeError(f"archspace {' '.join(map(str, args))[:300]} failed ({r.returncode}):\n{r.stderr[-3000:]}")
         return r
@@ -134,7 +152,7 @@ def check_logits(engine, s, work):
 
 def check_flash(engine, s):
     r = subprocess.run([str(engine.check_attention), "--device", s["device"]], capture_output=True, text=True,
-                       timeout=300, env=engine_env())
+                       timeout=DEADLINE.timeout(300), env=engine_env())
     if not r.stdout.strip():
         raise RuntimeError(f"check_attention printed nothing ({r.returncode}):\n{r.stderr[-3000:]}")
     return json.loads(r.stdout.strip().splitlines()[-1])
@@ -257,7 +275,7 @@ def torchrun(engine, ranks, *args, timeout=900):
     prefix = ["env", "LD_LIBRARY_PATH=" + engine_env()["LD_LIBRARY_PATH"]] if extra else []
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks),
            "--no-python", *prefix, str(engine.binary), *map(str, args)]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=DEADLINE.timeout(timeout))
     if r.returncode != 0:
         raise RuntimeError(f"torchrun ({ranks} ranks) archspace {' '.join(map(str, args))[:300]} failed "
                            f"({r.returncode}):\n{r.stdout[-1500:]}\n{r.stderr[-3000:]}")
@@ -521,6 +539,27 @@ def measure_prefill(engine, s, work):
 
 # ---- main -----------------------------------------------------------------------------------------
 
+# A step is not started with less time than this left of --deadline-s (the 1B figures' steps take longer; their
+# processes are stopped at the deadline and recorded as errors).
+STEP_MIN_SECONDS = 15
+
+
+def nvidia_smi():
+    try:
+        r = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.max.sm",
+                            "--format=csv,noheader"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return r.stdout.strip() if r.returncode == 0 else None
+
+
+def write_summary(path, summary, complete):
+    summary["complete"] = complete
+    text = json.dumps(summary, indent=None)
+    if path:
+        pathlib.Path(path).write_text(text + "\n")
+    return text
+
 SIZES = {
     # The dry run: the micro preset (dolma2 vocabulary, 4 tiny layers, window 32) everywhere.
     "cpu": dict(device="cpu", preset="micro", logits_tokens=80, decode_prompt=40, decode_new=6, train_seq=48,
@@ -539,7 +578,11 @@ def main():
     p.add_argument("--build", default=str(REPO / "build"), help="build directory holding archspace, check_attention")
     p.add_argument("--out", help="also write the JSON summary here")
     p.add_argument("--skip-measurements", action="store_true", help="checks only")
+    p.add_argument("--deadline-s", type=float, help="time budget: steps that would start with under "
+                   f"{STEP_MIN_SECONDS} s left are skipped, processes are stopped when it is spent")
     a = p.parse_args()
+    global DEADLINE
+    DEADLINE = Deadline(a.deadline_s)
     s = dict(SIZES["cpu" if a.cpu else "cuda"])
     s["tokenizer"] = os.environ.get("ARCHSPACE_DOLMA2_TOKENIZER", "dolma2")
     import torch
@@ -550,12 +593,19 @@ def main():
     engine = Engine(a.build)
     summary = {"mode": "cpu dry run" if a.cpu else "gpu", "device": s["device"], "gpu": gpu_name,
                "torch": torch.__version__, "python": platform.python_version(), "cpu_flags": cpu_flags(),
-               "loadavg": pathlib.Path("/proc/loadavg").read_text().split()[:3], "checks": {}, "measurements": {}}
+               "loadavg": pathlib.Path("/proc/loadavg").read_text().split()[:3], "nvidia_smi": nvidia_smi(),
+               "checks": {}, "measurements": {}, "skipped_for_time": []}
     started = time.time()
     with tempfile.TemporaryDirectory(prefix="device-check-") as tmp:
         work = pathlib.Path(tmp)
 
         def step(kind, name, fn):
+            if DEADLINE.left() < STEP_MIN_SECONDS:
+                summary[kind][name] = {"skipped": f"time budget: {max(DEADLINE.left(), 0):.0f} s left"}
+                summary["skipped_for_time"].append(name)
+                log(f"{name}: skipped (time budget)")
+                write_summary(a.out, summary, complete=False)
+                return
             log(f"{name} ...")
             t = time.time()
             try:
@@ -563,7 +613,8 @@ def main():
             except Exception as e:  # one failing step must not hide the others' results
                 summary[kind][name] = {"error": str(e)[-2000:], "pass": False}
             summary[kind][name]["seconds"] = round(time.time() - t, 1)
-            log(f"{name}: {json.dumps(summary[kind][name])[:400]}")
+            log(f"{name}: {json.dumps(summary[kind][name])[:1500]}")
+            write_summary(a.out, summary, complete=False)  # what is known so far survives a lease that ends
 
         logits_results = {}
 
@@ -587,13 +638,12 @@ def main():
             step("measurements", "prefill_65536", lambda: measure_prefill(engine, s, work))
             step("measurements", "sharded_1b", lambda: measure_sharded(engine, s, work, gpu_name))
     summary["seconds"] = round(time.time() - started, 1)
-    # A check skipped for want of hardware (its reason in "skipped") neither passes nor fails the run.
-    summary["pass"] = all(c.get("pass", False) for c in summary["checks"].values() if "skipped" not in c) and all(
+    # A check skipped for want of hardware (its reason in "skipped") neither passes nor fails the run; one
+    # skipped for want of time fails it (the run is incomplete).
+    summary["pass"] = not summary["skipped_for_time"] and all(
+        c.get("pass", False) for c in summary["checks"].values() if "skipped" not in c) and all(
         "error" not in m for m in summary["measurements"].values())
-    text = json.dumps(summary, indent=None)
-    if a.out:
-        pathlib.Path(a.out).write_text(text + "\n")
-    print(text)
+    print(write_summary(a.out, summary, complete=True))
     return 0 if summary["pass"] else 1
 
 
