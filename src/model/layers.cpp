@@ -1,6 +1,7 @@
 #include "archspace/model/layers.h"
 
 #include <cmath>
+#include <mutex>
 
 #include "archspace/model/decode_attention.h"
 #include "archspace/model/fused_norm_rope.h"
@@ -81,6 +82,11 @@ AttentionPath attention_path(AttentionImpl impl, at::Device device, at::ScalarTy
   if (!padded && tq == 1 && q_offset == tk - 1 && (window == 0 || window >= tk)) return AttentionPath::kSdpaNoMask;
   if (window > 0 && tq > 2 * window) return AttentionPath::kSdpaBlocked;
   return AttentionPath::kSdpaMasked;
+}
+
+void avoid_cudnn_attention() {
+  static std::once_flag once;
+  std::call_once(once, [] { at::globalContext().setSDPUseCuDNN(false); });
 }
 
 FlashArguments flash_arguments(int64_t window, int64_t head_dim) {
@@ -223,6 +229,7 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
                                             padding_mask.defined(), documents != nullptr);
   const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
   const bool gqa = q.size(1) != k.size(1);
+  if (q.is_cuda()) avoid_cudnn_attention();
   switch (path) {
     case AttentionPath::kReference:
       return reference_attention(q, k, v, window, q_offset, padding_mask, documents);

@@ -12,6 +12,11 @@
 // summation in fp32); each gradient within 2% (the kernel's backward rounds P, dS and dO to bf16 for its
 // matmuls). A wrong window, a misaligned causal mask or a wrong GQA head mapping moves outputs by an
 // amount of the order of the values themselves.
+//
+// "decode_sdpa_backend": the kernel SDPA picks for one bf16 decoding query over 300 cached keys (GQA), once
+// causal_attention has run on the device: on CUDA it must not be cuDNN's (avoid_cudnn_attention, model/layers.h).
+#include <ATen/SDPBackend.h>
+
 #include <cstdio>
 #include <cstring>
 #include <nlohmann/json.hpp>
@@ -23,6 +28,31 @@
 using namespace archspace;
 
 namespace {
+
+const char* backend_name(int64_t choice) {
+  switch (static_cast<at::SDPBackend>(choice)) {
+    case at::SDPBackend::math:
+      return "math";
+    case at::SDPBackend::flash_attention:
+      return "flash_attention";
+    case at::SDPBackend::efficient_attention:
+      return "efficient_attention";
+    case at::SDPBackend::cudnn_attention:
+      return "cudnn_attention";
+    case at::SDPBackend::overrideable:
+      return "overrideable";
+    default:
+      return "error";
+  }
+}
+
+// The SDPA kernel of a decoding step (the engine's kSdpaNoMask path) after the engine ran attention on `device`.
+std::string decode_sdpa_backend(const at::Device& device) {
+  auto opts = at::TensorOptions().dtype(at::kBFloat16).device(device);
+  at::Tensor q = at::randn({1, 16, 1, 64}, opts), k = at::randn({1, 8, 300, 64}, opts), v = at::randn_like(k);
+  causal_attention(q, k, v, /*window=*/0, /*q_offset=*/299, AttentionImpl::kSdpa);
+  return backend_name(at::_fused_sdp_choice(q, k, v, {}, 0.0, false, 1.0 / 8.0, /*enable_gqa=*/true));
+}
 
 struct Result {
   double forward = 0, dq = 0, dk = 0, dv = 0;
@@ -117,10 +147,13 @@ int main(int argc, char** argv) {
     const Documents documents = documents_of(dc.rows, device);
     record(documents.length, dc.window, check(device, 2, 8, 2, documents.length, 64, dc.window, &documents), dc.rows);
   }
+  const std::string decode_backend = decode_sdpa_backend(device);
+  ok = ok && decode_backend != "cudnn_attention" && decode_backend != "error";
   nlohmann::json j = {{"device", device.str()},
                       {"kernel", device.is_cuda() ? "at::_flash_attention_forward" : "cpu stand-in"},
                       {"tolerance", {{"forward_rel", tol_forward}, {"grad_rel", tol_grad}}},
                       {"cases", rows},
+                      {"decode_sdpa_backend", decode_backend},
                       {"pass", ok}};
   std::printf("%s\n", j.dump().c_str());
   return ok ? 0 : 1;

@@ -49,6 +49,15 @@ TEST(AttentionPath, FlashForWholeHalfPrecisionSequencesOnCuda) {
   EXPECT_EQ(path(cuda, at::kBFloat16, 64, 64, 0, 0, false, 128, AttentionImpl::kReference), AttentionPath::kReference);
 }
 
+TEST(AttentionPath, CudnnAttentionIsOffAndTheOthersOn) {
+  avoid_cudnn_attention();
+  avoid_cudnn_attention();  // idempotent
+  EXPECT_FALSE(at::globalContext().userEnabledCuDNNSDP());
+  EXPECT_TRUE(at::globalContext().userEnabledFlashSDP());
+  EXPECT_TRUE(at::globalContext().userEnabledMemEfficientSDP());
+  EXPECT_TRUE(at::globalContext().userEnabledMathSDP());
+}
+
 TEST(FlashArguments, WindowCountsTheQueryItself) {
   const FlashArguments sliding = flash_arguments(4096, 128);
   EXPECT_FALSE(sliding.is_causal);

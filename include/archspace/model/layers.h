@@ -51,6 +51,13 @@ enum class AttentionPath {
 AttentionPath attention_path(AttentionImpl impl, at::Device device, at::ScalarType dtype, int64_t tq, int64_t tk,
                              int64_t head_dim, int64_t window, int64_t q_offset, bool padded, bool documents = false);
 
+// SDPA on CUDA is kept off cuDNN's attention: cuDNN builds an execution graph for every new shape, and decoding
+// (and chunked prefill) changes the key length every call. On an H200 (2026-12-04, 1B bf16, batch 1) those builds
+// took 60% of generate's op time, ~5 ms per layer per token: 9-21 decoded tokens/s. Flash and memory-efficient
+// attention take any length without a plan. Process-wide and idempotent; causal_attention calls it for CUDA
+// tensors, before their first SDPA call.
+void avoid_cudnn_attention();
+
 // What a flash-attention call is given for a causal attention of T queries over the same T keys with
 // `window` (0: full): the kernel lets query i see keys i - window_left .. i + window_right (-1: no bound
 // on that side), is_causal masks keys after the query.
