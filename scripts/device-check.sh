@@ -5,14 +5,14 @@
 #
 # The GPU machine has torch 2.11 (cu130) and transformers 5.17 in its system python3, CMake and a C++
 # compiler, but not the -dev packages the build needs (nlohmann-json, CLI11, toml++, PCRE2, OpenSSL's
-# headers, gloo's headers, pkg-config) nor the dolma2 tokenizer. They travel with the working tree in
-# .device-deps/ (ignored by .gitignore; about 21 MB with the carried build, under the 64 MiB the device tool takes), copied
-# from this Debian 12 machine's installed packages. The recipe:
+# headers, gloo's headers, cpp-httplib, pkg-config) nor the dolma2 tokenizer. They travel with the working tree
+# in .device-deps/ (ignored by .gitignore; about 21 MB with the carried build, under the device tool's 64 MiB),
+# copied from this Debian 12 machine's installed packages. The recipe:
 #
-#   here:   bash scripts/device-check.sh --prepare
+#   here:   make build && bash scripts/device-check.sh --prepare
 #           (copies the packages' headers, libraries, CMake and pkg-config files into .device-deps/root,
 #            the dolma2 tokenizer to .device-deps/dolma2.json, and build/archspace and build/check_attention
-#            to .device-deps/prebuilt when this machine.s torch is 2.11 cu130)
+#            to .device-deps/prebuilt when this machine's torch is 2.11 cu130)
 #   there:  the device tool's run with carry [".device-deps"] and the command
 #           bash scripts/device-check.sh --out $OUT/device-check.json
 #           (configures build-device/ against .device-deps/root with the system python's torch, builds
