@@ -22,7 +22,9 @@ Checks (each a "pass" in the JSON; the script exits 1 if any fails):
 Measurements (no pass/fail): 1B training tokens/s and MFU, decode tokens/s against transformers
 `generate`, peak GPU memory of a 65,536-token prefill; sharded_1b: the 1B at 8,192 tokens per GPU under
 "full" on 2 GPUs (on 1 GPU: a world of 1, where "full" shards nothing), tokens/s per GPU, MFU, and each
-rank's peak GPU memory against `archspace plan --json` for the same options.
+rank's peak GPU memory against `archspace plan --json` for the same options. Profiles: decode_profile (generate
+--profile, 32 tokens) and training_profile (the 1B step, train.profile_steps = [4, 5]): the CPU ops by self time
+and the GPU kernels by time, the top 8 of each.
 """
 import argparse
 import json
@@ -483,6 +485,56 @@ def measure_decode(engine, s, work):
             "ratio": engine_tok_s / hf_tok_s}
 
 
+def top_ops(trace, n=8):
+    """The engine's table of ops by CPU self time (FILE.top-ops.txt, util/profiler) as rows, and the GPU kernels
+    of the Chrome trace summed by name (Kineto records them as events of category "kernel"): where a step's time
+    goes on each side of the launch queue."""
+    rows = []
+    lines = pathlib.Path(str(trace) + ".top-ops.txt").read_text().splitlines()
+    for line in lines[1:-1][:n]:
+        fields = line.split()
+        name = line[:48].strip()
+        rows.append({"op": name, "calls": int(fields[-4]), "self_ms": float(fields[-3]), "self_pct": fields[-2]})
+    kernels, total_us = {}, 0.0
+    for e in json.loads(pathlib.Path(trace).read_text()).get("traceEvents", []):
+        if e.get("cat") == "kernel" and "dur" in e:
+            name = e.get("name", "?")[:90]
+            k = kernels.setdefault(name, {"kernel": name, "calls": 0, "ms": 0.0})
+            k["calls"] += 1
+            k["ms"] += e["dur"] / 1e3
+            total_us += e["dur"]
+    top = sorted(kernels.values(), key=lambda k: -k["ms"])[:n]
+    for k in top:
+        k["ms"] = round(k["ms"], 3)
+        k["pct"] = round(100 * k["ms"] * 1e3 / total_us, 1) if total_us else None
+    return {"cpu_ops_by_self_time": rows, "cpu_summary": lines[-1] if lines else None,
+            "gpu_kernels_ms_total": round(total_us / 1e3, 3), "gpu_kernels_by_time": top}
+
+
+def profile_decode(engine, s, work):
+    """generate under --profile: what a decoding step runs (a launch-bound step shows in the CPU table)."""
+    model = work / "perf-model"
+    prompt = " ".join(str(t) for t in np.random.default_rng(2).integers(2, 1000, 128))
+    trace = work / "profile-decode" / "generate.pt.trace.json"
+    err = engine.run("generate", "--model", model, "--prompt-tokens", prompt, "--max-new-tokens",
+                     s["profile_decode_new"], "--temperature", 0, "--device", s["device"], "--dtype", "bf16",
+                     "--tokenizer", s["tokenizer"], "--profile", trace).stderr
+    report = next((line for line in err.splitlines() if line.startswith("[generate] batch")), None)
+    return {"new_tokens": s["profile_decode_new"], "report": report, **top_ops(trace)}
+
+
+def profile_training(engine, s, work):
+    """Two traced steps of the 1B bf16 training step (train.profile_steps): the GPU kernels by time say what
+    the MFU figure is made of."""
+    tokens = synthetic_tokens(s["perf_seq"] * s["perf_batch"] * 6 + 1, seed=8)
+    shards = write_shards(work / "profile-shards", tokens, 1000)
+    cfg = train_config(work / "profile.toml", work / "run-profile", shards, preset=s["perf_preset"],
+                       sequence_length=s["perf_seq"], micro_batch=s["perf_batch"], max_steps=5, device=s["device"],
+                       dtype="bf16", profile_steps=[4, 5])
+    engine.run("train", "--config", cfg, timeout=900)
+    return {"steps": [4, 5], **top_ops(work / "run-profile" / "profile" / "steps-4-5" / "rank0.pt.trace.json")}
+
+
 def timed_run(engine, *args):
     start = time.time()
     engine.run(*args)
@@ -560,15 +612,16 @@ def write_summary(path, summary, complete):
         pathlib.Path(path).write_text(text + "\n")
     return text
 
+
 SIZES = {
     # The dry run: the micro preset (dolma2 vocabulary, 4 tiny layers, window 32) everywhere.
     "cpu": dict(device="cpu", preset="micro", logits_tokens=80, decode_prompt=40, decode_new=6, train_seq=48,
-                train_batch=2, perf_preset="micro", perf_seq=64, perf_batch=2, perf_steps=4, perf_decode_new=8, prefill_tokens=512,
-                shard_perf_preset="micro", shard_perf_seq=64),
+                train_batch=2, perf_preset="micro", perf_seq=64, perf_batch=2, perf_steps=4, perf_decode_new=8,
+                prefill_tokens=512, profile_decode_new=4, shard_perf_preset="micro", shard_perf_seq=64),
     # The GPU: the small preset (8 layers, d 256, window 128) for the checks, 1B for the figures.
     "cuda": dict(device="cuda", preset="small", logits_tokens=400, decode_prompt=300, decode_new=24, train_seq=512,
-                 train_batch=4, perf_preset="1B", perf_seq=4096, perf_batch=4, perf_steps=8, perf_decode_new=128, prefill_tokens=65536,
-                 shard_perf_preset="1B", shard_perf_seq=8192),
+                 train_batch=4, perf_preset="1B", perf_seq=4096, perf_batch=4, perf_steps=8, perf_decode_new=128,
+                 prefill_tokens=65536, profile_decode_new=32, shard_perf_preset="1B", shard_perf_seq=8192),
 }
 
 
@@ -635,8 +688,10 @@ def main():
                 engine, "init", "--preset", s["perf_preset"], "--out", work / "perf-model", "--dtype", "bf16")})
             step("measurements", "training_1b", lambda: measure_training(engine, s, work, gpu_name))
             step("measurements", "decode", lambda: measure_decode(engine, s, work))
+            step("measurements", "decode_profile", lambda: profile_decode(engine, s, work))
             step("measurements", "prefill_65536", lambda: measure_prefill(engine, s, work))
             step("measurements", "sharded_1b", lambda: measure_sharded(engine, s, work, gpu_name))
+            step("measurements", "training_profile", lambda: profile_training(engine, s, work))
     summary["seconds"] = round(time.time() - started, 1)
     # A check skipped for want of hardware (its reason in "skipped") neither passes nor fails the run; one
     # skipped for want of time fails it (the run is incomplete).

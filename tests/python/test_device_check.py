@@ -38,4 +38,45 @@ def test_dry_run_passes_every_check_and_measures_every_figure(tmp_path):
     assert m["sharded_1b"]["world"] == 2 and m["sharded_1b"]["tokens_per_s_per_gpu"] > 0
     assert m["sharded_1b"]["planned_bytes_per_rank"]["sharding_buffers"] > 0  # plan's FSDP figures, 2 ranks
     assert m["sharded_1b"]["mfu"] is None and m["sharded_1b"]["peak_gpu_memory_mib_per_rank"] is None
+    assert checks["flash_attention"]["decode_sdpa_backend"] not in ("cudnn_attention", "error")
+    for name in ("decode_profile", "training_profile"):  # the CPU tables; no GPU kernels on the CPU
+        assert m[name]["cpu_ops_by_self_time"] and m[name]["gpu_kernels_by_time"] == []
+    assert any(row["op"] == "aten::mm" for row in m["training_profile"]["cpu_ops_by_self_time"])
+    assert "decode 4 tokens" in m["decode_profile"]["report"]
+    assert summary["complete"] and not summary["skipped_for_time"]
     assert summary["pass"] and r.returncode == 0, r.stderr[-3000:]
+
+
+def test_a_spent_deadline_skips_every_step_and_still_writes_a_failing_summary(tmp_path):
+    out = tmp_path / "summary.json"
+    r = subprocess.run([sys.executable, str(REPO / "scripts" / "device_check.py"), "--cpu", "--build",
+                        str(BINARY.parent), "--out", str(out), "--deadline-s", "1"],
+                       capture_output=True, text=True, timeout=900)
+    summary = json.loads(out.read_text())
+    assert json.loads(r.stdout.strip().splitlines()[-1]) == summary
+    assert r.returncode == 1 and not summary["pass"] and summary["complete"]
+    steps = {**summary["checks"], **summary["measurements"]}
+    assert set(summary["skipped_for_time"]) == set(steps) - {"logits_bf16"}  # logits_bf16 comes with logits_fp32
+    assert all(steps[n]["skipped"].startswith("time budget") for n in summary["skipped_for_time"])
+
+
+def test_gpu_kernels_are_summed_by_name_from_the_trace(tmp_path):
+    sys.path.insert(0, str(REPO / "scripts"))
+    import device_check
+
+    trace = tmp_path / "t.pt.trace.json"
+    events = [{"cat": "kernel", "name": "gemm", "dur": 300.0}, {"cat": "kernel", "name": "gemm", "dur": 100.0},
+              {"cat": "kernel", "name": "softmax", "dur": 100.0}, {"cat": "cpu_op", "name": "aten::mm", "dur": 900.0}]
+    trace.write_text(json.dumps({"traceEvents": events}))
+    (tmp_path / "t.pt.trace.json.top-ops.txt").write_text(
+        "op (by self time)                                   calls     self ms  self %    total ms\n"
+        "autograd::engine::evaluate_function: MmBackward0        2       3.000   75.0%       4.000\n"
+        "aten::mm                                                4       1.000   25.0%       1.000\n"
+        "2 op kinds, 4.000 ms self time in ops over 5.000 ms wall\n")
+    t = device_check.top_ops(trace)
+    assert t["gpu_kernels_ms_total"] == 0.5
+    assert t["gpu_kernels_by_time"] == [{"kernel": "gemm", "calls": 2, "ms": 0.4, "pct": 80.0},
+                                        {"kernel": "softmax", "calls": 1, "ms": 0.1, "pct": 20.0}]
+    assert t["cpu_ops_by_self_time"][0] == {"op": "autograd::engine::evaluate_function: MmBackward0", "calls": 2,
+                                            "self_ms": 3.0, "self_pct": "75.0%"}
+    assert t["cpu_summary"].startswith("2 op kinds")
