@@ -453,12 +453,16 @@ def measure_training(engine, s, work, gpu_name):
             "mfu": tok_s * flops / peak if flops and peak else None}
 
 
+def decode_prompt():
+    """The 128-token prompt of the decode figure and of its profile."""
+    return [int(t) for t in np.random.default_rng(2).integers(2, 1000, 128)]
+
+
 def measure_decode(engine, s, work):
     import torch
 
     model = work / "perf-model"
-    rng = np.random.default_rng(2)
-    prompt = [int(t) for t in rng.integers(2, 1000, 128)]
+    prompt = decode_prompt()
     new = s["perf_decode_new"]
     err = engine.run("generate", "--model", model, "--prompt-tokens", " ".join(map(str, prompt)), "--max-new-tokens",
                      new, "--temperature", 0, "--device", s["device"], "--dtype", "bf16", "--tokenizer",
@@ -514,7 +518,7 @@ def top_ops(trace, n=8):
 def profile_decode(engine, s, work):
     """generate under --profile: what a decoding step runs (a launch-bound step shows in the CPU table)."""
     model = work / "perf-model"
-    prompt = " ".join(str(t) for t in np.random.default_rng(2).integers(2, 1000, 128))
+    prompt = " ".join(map(str, decode_prompt()))
     trace = work / "profile-decode" / "generate.pt.trace.json"
     err = engine.run("generate", "--model", model, "--prompt-tokens", prompt, "--max-new-tokens",
                      s["profile_decode_new"], "--temperature", 0, "--device", s["device"], "--dtype", "bf16",
