@@ -6,15 +6,19 @@ bandwidth. Each side's step is also shown as achieved FLOP/s (6 x parameters in 
 scores, forward and backward) and as a percentage of its dtype's GEMM peak.
 
 Memory: `archspace train` keeps freed memory for reuse (util/malloc_policy.h: glibc's M_MMAP_MAX = 0), where PyTorch
-in this process runs with glibc's defaults, under which every large tensor of a step is a fresh mmap faulted in page
-by page. That alone made the engine's 190M bf16 step 1.46x faster. To compare the two with the same malloc policy, run
-the bench under GLIBC_TUNABLES=glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=2147483647 (both sides inherit
-it; the JSON records the variable).
+runs with glibc's defaults, under which every large tensor of a step is a fresh mmap faulted in page by page. That
+alone made the engine's 190M bf16 step 1.46x faster. So PyTorch's step is timed twice a round: as it runs by default,
+and under the engine's policy (GLIBC_TUNABLES=glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=2147483647, the
+same settings; jemalloc or tcmalloc do the like), and each ratio is reported against both.
 
-The sides run in alternating rounds (engine fp32, PyTorch fp32, engine bf16, PyTorch bf16, then again), so a busy
-neighbour slows both sides of a ratio alike; each ratio is reported as the median over rounds with its range.
+The sides run in alternating rounds (engine fp32, PyTorch fp32 both ways, engine bf16, PyTorch bf16 both ways, then
+again), so a busy neighbour slows both sides of a ratio alike; each ratio is reported as the median over rounds with
+its range, and each round's limits are printed with its times. Every run of either side is a fresh process: PyTorch's
+steps once ran in this process, and its heap and caches carried over from round to round (on a 16-core AMX Xeon its
+bf16 step read 1.59 s in the first round and 2.23 s in the next two), where every engine run starts clean.
 
     .venv/bin/python bench/bench_train_step.py [--preset 190M] [--seq 512] [--steps 10] [--rounds 3] [--threads N]
+                                               [--dtypes fp32,bf16]
 
 Goal (issue 25): bf16 >= 1.5x PyTorch eager with fused AdamW and >= 40% of the bf16 GEMM peak on CPUs with
 AVX512-BF16 or AMX; fp32 >= 1.1x. Results: bench/results/train-step-<time>.json and a table on stdout.
@@ -40,6 +44,8 @@ from bench_threads import cpu_flags  # noqa: E402
 from test_train import metrics, write_shards, write_toml  # noqa: E402
 
 BINARY = REPO / "build" / "archspace"
+# PyTorch's two memory set-ups: glibc's defaults, and the engine's policy (util/malloc_policy.h) as glibc tunables.
+TORCH_MALLOC = {"torch": "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=2147483647", "torch_default_malloc": None}
 # Steps not counted on either side: kernel caches, and the engine's heap, which grows over the first steps
 # (AdamW's moments appear at step 1, then the allocator's free lists settle) until no step faults in a new
 # page (perf stat -e page-faults: none from step ~5 of the 190M preset). Steady state is what a run of
@@ -87,7 +93,19 @@ def engine_step_seconds(tmp, model_dir, seq, steps, threads, dtype, tag):
     return [seq / m["tokens_per_s"] for m in metrics(run)[WARMUP:]]
 
 
-def torch_step_seconds(model_dir, tokens, seq, steps, threads, dtype):
+def torch_step_seconds(model_dir, tokens_file, seq, steps, threads, dtype, glibc_tunables):
+    """The PyTorch step's seconds, timed in a fresh process (see the module's docstring) with `glibc_tunables`
+    (None: glibc's defaults)."""
+    env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES" and not k.startswith("MALLOC_")}
+    if glibc_tunables:
+        env["GLIBC_TUNABLES"] = glibc_tunables
+    out = subprocess.run([sys.executable, __file__, "--torch-side", str(model_dir), str(tokens_file), "--seq", str(seq),
+                          "--steps", str(steps), "--threads", str(threads), "--dtypes", dtype],
+                         check=True, capture_output=True, text=True, env=env).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def torch_side(model_dir, tokens, seq, steps, threads, dtype):
     from transformers import AutoModelForCausalLM
 
     torch.set_num_threads(threads)
@@ -125,10 +143,21 @@ def main():
     parser.add_argument("--steps", type=int, default=10, help=f"steps per run (the first {WARMUP} are not counted)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=os.cpu_count())
+    parser.add_argument("--dtypes", default="fp32,bf16", help="which steps to time, comma-separated")
+    parser.add_argument("--torch-side", nargs=2, metavar=("MODEL_DIR", "TOKENS_NPY"),
+                        help="internal: time PyTorch's step in this process and print the seconds as JSON")
     args = parser.parse_args()
+    dtypes = args.dtypes.split(",")
+    if not set(dtypes) <= {"fp32", "bf16"} or not dtypes:
+        parser.error(f"--dtypes {args.dtypes!r}: expected fp32, bf16 or both, comma-separated")
+    if args.torch_side:
+        tokens = np.load(args.torch_side[1])
+        print(json.dumps(torch_side(args.torch_side[0], tokens, args.seq, args.steps, args.threads, dtypes[0])))
+        return
     load_before = pathlib.Path("/proc/loadavg").read_text().strip()
     print(f"CPU flags: {' '.join(cpu_flags())}; load before: {load_before}")
     result = {"benchmark": "train_step_roofline", "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""),
+              "torch_glibc_tunables": TORCH_MALLOC,
               "preset": args.preset, "sequence_length": args.seq, "micro_batch": 1,
               "threads": args.threads, "cpu_flags": cpu_flags(), "loadavg_before": load_before}
     with tempfile.TemporaryDirectory() as t:
@@ -139,27 +168,31 @@ def main():
         config = json.loads((model_dir / "config.json").read_text())
         tokens = np.random.default_rng(0).integers(2, config["vocab_size"], args.seq * (args.steps + 1))
         write_shards(tmp / "shards", tokens, vocab=config["vocab_size"])
+        np.save(tmp / "tokens.npy", tokens)
         flops = step_flops(config, args.seq)
-        rounds = {k: [] for k in ("engine_fp32", "torch_fp32", "engine_bf16", "torch_bf16")}
+        rounds = {f"{side}_{dtype}": [] for dtype in dtypes for side in ("engine", *TORCH_MALLOC)}
         limits = {"gemm_fp32_gflops": [], "gemm_bf16_gflops": [], "read_gb_s": []}
         for r in range(args.rounds):
             limits["gemm_fp32_gflops"].append(gemm_peak(torch.float32, args.threads))
             limits["gemm_bf16_gflops"].append(gemm_peak(torch.bfloat16, args.threads))
             limits["read_gb_s"].append(read_bandwidth(args.threads))
-            for dtype in ("fp32", "bf16"):
+            for dtype in dtypes:
                 rounds[f"engine_{dtype}"].append(
                     statistics.median(engine_step_seconds(tmp, model_dir, args.seq, args.steps, args.threads, dtype, r)))
-                rounds[f"torch_{dtype}"].append(
-                    statistics.median(torch_step_seconds(model_dir, tokens, args.seq, args.steps, args.threads, dtype)))
-            print(f"round {r + 1}: " + ", ".join(f"{k} {v[-1]:.3f} s" for k, v in rounds.items()), flush=True)
+                for side, tunables in TORCH_MALLOC.items():
+                    rounds[f"{side}_{dtype}"].append(statistics.median(torch_step_seconds(
+                        model_dir, tmp / "tokens.npy", args.seq, args.steps, args.threads, dtype, tunables)))
+            print(f"round {r + 1}: " + ", ".join(f"{k} {v[-1]:.3f} s" for k, v in rounds.items()) + "; limits: "
+                  + ", ".join(f"{k} {v[-1]:.1f}" for k, v in limits.items()), flush=True)
     result["step_seconds"] = {k: spread(v) for k, v in rounds.items()}
     result["limits"] = {k: spread(v) for k, v in limits.items()}
     result["model_flops_per_step"] = flops
-    for dtype in ("fp32", "bf16"):
-        ratios = [t / e for t, e in zip(rounds[f"torch_{dtype}"], rounds[f"engine_{dtype}"])]
-        result[f"engine_vs_torch_{dtype}"] = spread(ratios)
+    for dtype in dtypes:
         peak = statistics.median(limits[f"gemm_{dtype}_gflops"])
-        for side in ("engine", "torch"):
+        for side in TORCH_MALLOC:
+            ratios = [t / e for t, e in zip(rounds[f"{side}_{dtype}"], rounds[f"engine_{dtype}"])]
+            result[f"engine_vs_{side}_{dtype}"] = spread(ratios)
+        for side in ("engine", *TORCH_MALLOC):
             gflops = flops / statistics.median(rounds[f"{side}_{dtype}"]) / 1e9
             result[f"{side}_{dtype}_gflops"] = gflops
             result[f"{side}_{dtype}_percent_of_gemm_peak"] = 100 * gflops / peak
@@ -171,12 +204,15 @@ def main():
     print(f"\n{args.preset}, sequence {args.seq}, micro-batch 1, {args.threads} threads, {args.rounds} rounds; "
           f"GEMM peak fp32 {lim['gemm_fp32_gflops']['median']:.0f}, bf16 {lim['gemm_bf16_gflops']['median']:.0f} "
           f"GFLOP/s; read {lim['read_gb_s']['median']:.1f} GB/s; {flops / 1e9:.0f} GFLOP a step")
-    print(f"  {'':6}{'engine s':>10}{'PyTorch s':>11}{'ratio (range)':>22}{'engine % peak':>15}{'PyTorch % peak':>16}")
-    for dtype in ("fp32", "bf16"):
-        s, ratio = result["step_seconds"], result[f"engine_vs_torch_{dtype}"]
-        print(f"  {dtype:6}{s[f'engine_{dtype}']['median']:10.3f}{s[f'torch_{dtype}']['median']:11.3f}"
-              f"{ratio['median']:9.2f}x ({ratio['min']:.2f}-{ratio['max']:.2f})"
-              f"{result[f'engine_{dtype}_percent_of_gemm_peak']:14.1f}%{result[f'torch_{dtype}_percent_of_gemm_peak']:15.1f}%")
+    print(f"  {'':34}{'engine s':>9}{'PyTorch s':>10}{'ratio (range)':>22}{'engine % peak':>15}"
+          f"{'PyTorch % peak':>16}")
+    for dtype in dtypes:
+        for side, label in (("torch_default_malloc", "PyTorch with glibc's defaults"),
+                            ("torch", "both with the engine's malloc")):
+            s, ratio = result["step_seconds"], result[f"engine_vs_{side}_{dtype}"]
+            print(f"  {dtype + ', ' + label:34}{s[f'engine_{dtype}']['median']:9.3f}{s[f'{side}_{dtype}']['median']:10.3f}"
+                  f"{ratio['median']:9.2f}x ({ratio['min']:.2f}-{ratio['max']:.2f})"
+                  f"{result[f'engine_{dtype}_percent_of_gemm_peak']:14.1f}%{result[f'{side}_{dtype}_percent_of_gemm_peak']:15.1f}%")
     print(f"  load after: {result['loadavg_after']}; wrote {out}")
 
 
