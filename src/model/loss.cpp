@@ -43,6 +43,8 @@ at::ScalarType matmul_dtype(const at::Tensor& h, const at::Tensor& w) {
 // The logits, log-sum-exps and gradients are fp32 (fp64 for an fp64 check), whatever the matmul dtype.
 at::ScalarType accumulate_dtype(at::ScalarType matmul) { return matmul == at::kDouble ? at::kDouble : at::kFloat; }
 
+int64_t round_up(int64_t n, int64_t multiple) { return (n + multiple - 1) / multiple * multiple; }
+
 // One autograd node for the head's linear and the loss over chunks of the labelled rows.
 //
 // Recompute, not Liger's gradients-in-forward: Liger's fused linear cross-entropy forms grad_h [N, D] and
@@ -52,10 +54,18 @@ at::ScalarType accumulate_dtype(at::ScalarType matmul) { return matmul == at::kD
 // labels and one log-sum-exp per row and recomputing each chunk's logits in backward keeps O(N) besides h
 // (which the unchunked linear keeps too), works for any output gradients, and costs one [N, D] x [D, V]
 // matmul more: a third of the head's unchunked forward + backward.
+//
+// With `pad_rows_to` > 1 and V not a multiple of it, the three matmuls run on the weight padded with zero rows
+// to Vp (and the logits and their gradient padded to Vp columns, zero there): the same products for the real
+// ids, plus exact zeros. Why: on CUDA a leading dimension of 100,278 (2 mod 8) keeps cuBLAS off its aligned
+// kernels (the H200 profile: the head's three matmuls in sm80 `align2` CUTLASS kernels, 18% of the 1B step's
+// GPU time at ~20% of the bf16 peak, the body's matmuls in Hopper kernels). The loss reads only the first V
+// columns, through ATen's ops (the path CUDA always takes), so the padded ids never count.
 struct ChunkedHeadLoss : torch::autograd::Function<ChunkedHeadLoss> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& hidden,
                                                 const at::Tensor& weight, const at::Tensor& weight_values,
-                                                const at::Tensor& labels, double z_loss_coeff, int64_t chunk) {
+                                                const at::Tensor& labels, double z_loss_coeff, int64_t chunk,
+                                                int64_t pad_rows_to) {
     const at::ScalarType mm = matmul_dtype(hidden, weight), acc = accumulate_dtype(mm);
     // The casts are made here explicitly, as autocast would make them; nothing below may autocast again.
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
@@ -71,7 +81,10 @@ struct ChunkedHeadLoss : torch::autograd::Function<ChunkedHeadLoss> {
     const at::Tensor hs = (all ? h : h.index_select(0, rows)).to(mm);
     // `weight_values`: the weight detached, or the caller's copy of it in the matmul dtype (made once per
     // optimizer step), which makes this cast a no-op.
-    const at::Tensor w = weight_values.to(mm);
+    const at::Tensor w_real = weight_values.to(mm);
+    const int64_t V = w_real.size(0), Vp = round_up(V, pad_rows_to);
+    const bool padded = Vp != V;
+    const at::Tensor w = padded ? at::constant_pad_nd(w_real, {0, 0, 0, Vp - V}) : w_real;
     const at::Tensor ts = all ? target : target.index_select(0, rows);
     at::Tensor lse = at::empty({n}, h.options().dtype(acc)), picked = at::empty({n}, h.options().dtype(acc));
     // One chunk keeps its logits (in the matmul dtype) for backward instead of computing them again.
@@ -79,9 +92,10 @@ struct ChunkedHeadLoss : torch::autograd::Function<ChunkedHeadLoss> {
     at::Tensor kept;
     for (int64_t s = 0; s < n; s += chunk) {
       const int64_t c = std::min(chunk, n - s);
-      const at::Tensor logits = at::linear(hs.narrow(0, s, c), w);
+      const at::Tensor padded_logits = at::linear(hs.narrow(0, s, c), w);
+      const at::Tensor logits = padded ? padded_logits.narrow(1, 0, V) : padded_logits;
       const at::Tensor tc = ts.narrow(0, s, c);
-      if (cross_entropy_rows_supported(logits)) {  // CPU: one pass over the logits as the matmul left them
+      if (!padded && cross_entropy_rows_supported(logits)) {  // CPU: one pass over the logits as the matmul left them
         const RowLogSumExp rows = cross_entropy_rows(logits, tc);
         lse.narrow(0, s, c).copy_(rows.lse);
         picked.narrow(0, s, c).copy_(rows.picked);
@@ -90,7 +104,7 @@ struct ChunkedHeadLoss : torch::autograd::Function<ChunkedHeadLoss> {
         lse.narrow(0, s, c).copy_(at::logsumexp(wide, -1));
         picked.narrow(0, s, c).copy_(wide.gather(1, tc.unsqueeze(1)).squeeze(1));
       }
-      if (keep_logits) kept = logits;
+      if (keep_logits) kept = padded_logits;
     }
     // The sums as next_token_loss forms them, over all N rows (zero where unlabelled): the same per-row
     // values give the same sums, bit for bit.
@@ -103,6 +117,7 @@ struct ChunkedHeadLoss : torch::autograd::Function<ChunkedHeadLoss> {
     ctx->save_for_backward({hs, w, ts, all ? at::Tensor() : rows, lse, kept});
     ctx->saved_data["z"] = z_loss_coeff;
     ctx->saved_data["chunk"] = chunk;
+    ctx->saved_data["vocab"] = V;
     ctx->saved_data["shape"] = hidden.sizes().vec();
     ctx->saved_data["h_dtype"] = hidden.scalar_type();
     ctx->saved_data["w_dtype"] = weight.scalar_type();
@@ -123,7 +138,9 @@ struct ChunkedHeadLoss : torch::autograd::Function<ChunkedHeadLoss> {
     const at::ScalarType h_dtype = ctx->saved_data["h_dtype"].toScalarType();
     const at::ScalarType w_dtype = ctx->saved_data["w_dtype"].toScalarType();
     const at::ScalarType mm = hs.scalar_type(), acc = lse.scalar_type();
-    const int64_t n = hs.size(0), D = hs.size(1), V = w.size(0);
+    // V real ids; w holds Vp >= V rows (zero beyond V: see pad_rows_to above).
+    const int64_t n = hs.size(0), D = hs.size(1), Vp = w.size(0), V = ctx->saved_data["vocab"].toInt();
+    const bool padded = Vp != V;
     const bool need_h = ctx->needs_input_grad(0), need_w = ctx->needs_input_grad(1);
 
     // d(ce_sum)/d(logits) = g_ce (softmax - onehot(label)); d(z_sum)/d(logits) = g_z coeff 2 lse softmax.
@@ -137,13 +154,19 @@ struct ChunkedHeadLoss : torch::autograd::Function<ChunkedHeadLoss> {
       // gradient, in the matmul dtype as the unchunked linear's backward has it; products in that dtype.
       at::Tensor dm = kept.defined() ? kept : at::linear(hc, w);
       kept.reset();  // the one kept chunk is consumed here (the graph is not retained)
-      if (cross_entropy_rows_supported(dm)) {
+      if (!padded && cross_entropy_rows_supported(dm)) {
         cross_entropy_grad_rows_(dm, tc, lc.to(at::kFloat), g_ce.item<float>(), g_z2.item<float>());
       } else {
-        at::Tensor d = dm.to(acc);
+        const at::Tensor real = padded ? dm.narrow(1, 0, V) : dm;
+        at::Tensor d = real.to(acc);  // in place on dm's real columns where mm == acc
         d.sub_(lc.unsqueeze(1)).exp_().mul_((g_ce + g_z2 * lc).unsqueeze(1));
         d.scatter_add_(1, tc.unsqueeze(1), g_ce.neg().expand({c, 1}).contiguous());
-        dm = d.to(mm);
+        if (padded) {
+          if (!d.is_same(real)) real.copy_(d);
+          dm.narrow(1, V, Vp - V).zero_();  // the padded ids' logits (0) are no loss's: gradient 0
+        } else {
+          dm = d.to(mm);
+        }
       }
       if (need_h) grad_hs.narrow(0, s, c).copy_(at::mm(dm, w));
       if (need_w && mm == at::kBFloat16 && acc == at::kFloat && hc.is_cpu() && fp32_output_bf16_gemm_is_fast()) {
@@ -151,7 +174,7 @@ struct ChunkedHeadLoss : torch::autograd::Function<ChunkedHeadLoss> {
         // product and no cast pass over it (autocast would round each chunk's product to bf16 first). Only where
         // MKL runs it on AMX: elsewhere oneDNN's bf16 GEMM and the cast below are faster.
         const bool first = !grad_w.defined();
-        if (first) grad_w = at::empty({V, D}, hc.options().dtype(acc));
+        if (first) grad_w = at::empty({Vp, D}, hc.options().dtype(acc));
         bf16_matmul_into_fp32(grad_w, dm.t(), hc, /*accumulate=*/!first);
       } else if (need_w) {
         if (!grad_w.defined())
@@ -163,6 +186,7 @@ struct ChunkedHeadLoss : torch::autograd::Function<ChunkedHeadLoss> {
       }
     }
     if (need_w && !grad_w.defined()) grad_w = at::zeros({V, D}, w.options().dtype(acc));  // no labelled rows
+    if (need_w && padded) grad_w = grad_w.narrow(0, 0, V);  // the first V rows of a row-major [Vp, D]: contiguous
     at::Tensor grad_hidden;
     if (need_h) {
       int64_t N = 1;
@@ -173,16 +197,19 @@ struct ChunkedHeadLoss : torch::autograd::Function<ChunkedHeadLoss> {
                         : at::zeros({N, D}, grad_hs.options().dtype(h_dtype)).index_copy_(0, rows, grad_hs.to(h_dtype));
       grad_hidden = grad_hidden.view(shape);
     }
-    return {grad_hidden, need_w ? grad_w.to(w_dtype) : at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(),
-            at::Tensor()};
+    return {
+        grad_hidden, need_w ? grad_w.to(w_dtype) : at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(),
+        at::Tensor()};
   }
 };
 
 }  // namespace
 
 LossSums head_loss(const at::Tensor& hidden, const at::Tensor& head_weight, const at::Tensor& labels,
-                   double z_loss_coeff, int64_t chunk_tokens, const at::Tensor& head_weight_cast) {
+                   double z_loss_coeff, int64_t chunk_tokens, const at::Tensor& head_weight_cast, int64_t pad_rows_to) {
   if (chunk_tokens < 0) throw Error("head_loss: the chunk size must be >= 0, got " + std::to_string(chunk_tokens));
+  if (pad_rows_to == kHeadPaddingForDevice) pad_rows_to = hidden.is_cuda() ? kCudaHeadRowMultiple : 1;
+  if (pad_rows_to < 1) throw Error("head_loss: pad_rows_to must be >= 1 or -1, got " + std::to_string(pad_rows_to));
   const int64_t D = hidden.size(-1), rows = D > 0 ? hidden.numel() / D : 0;
   if (labels.numel() != rows) {
     throw Error("head_loss: " + std::to_string(labels.numel()) + " labels for " + std::to_string(rows) +
@@ -193,7 +220,7 @@ LossSums head_loss(const at::Tensor& hidden, const at::Tensor& head_weight, cons
   if (chunk_tokens == 0) return next_token_loss(archspace::linear(hidden, head_weight), labels, z_loss_coeff);
   const auto sums = ChunkedHeadLoss::apply(
       hidden, head_weight, head_weight_cast.defined() ? head_weight_cast.detach() : head_weight.detach(), labels,
-      z_loss_coeff, chunk_tokens);
+      z_loss_coeff, chunk_tokens, pad_rows_to);
   return {sums[0], sums[1], (labels != kIgnoreIndex).sum().item<int64_t>()};
 }
 

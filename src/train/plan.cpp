@@ -6,6 +6,7 @@
 
 #include "archspace/model/depth_attention.h"
 #include "archspace/model/layers.h"
+#include "archspace/model/loss.h"
 #include "archspace/model/parameters.h"
 #include "archspace/train/fully_sharded.h"
 #include "archspace/util/error.h"
@@ -340,14 +341,21 @@ MemoryPlan plan_memory(const ModelConfig& c, const PlanOptions& o) {
   // model/bf16_gemm.h, that product is never formed: the row is then 2 V d bytes over). Counting every token as
   // labelled: the copies of the labelled rows' labels and indices that SFT masks (and a window's last position) make
   // are at most 16 bytes a token more.
+  // On CUDA the chunked form runs its matmuls on the head padded with zero rows to a multiple of
+  // kCudaHeadRowMultiple (model/loss.h): its logits and gradients are that wide, and the padded copy of the
+  // weight in the matmul dtype lives from the loss's forward to its backward.
   int64_t head = (siamese(c) ? 3 : 1) * rms_norm_saved(w.d) + b.linear_input(1) * w.d;
   const int64_t chunk = o.loss_chunk_tokens;
+  const int64_t vocab = o.cuda && chunk > 0
+                            ? (w.vocab + kCudaHeadRowMultiple - 1) / kCudaHeadRowMultiple * kCudaHeadRowMultiple
+                            : w.vocab;
+  const int64_t padded_head = vocab != w.vocab ? (b.bf16 ? 2 : 4) * vocab * w.d : 0;
   if (chunk > 0 && N > chunk) {
-    p.loss_chunk = std::max(2 * 4 * chunk * w.vocab, b.bf16 ? 2 * chunk * w.vocab + 2 * w.vocab * w.d : 0);
-    p.head_and_loss = (head + 4) * N + p.loss_chunk;
+    p.loss_chunk = std::max(2 * 4 * chunk * vocab, b.bf16 ? 2 * chunk * vocab + 2 * vocab * w.d : 0);
+    p.head_and_loss = (head + 4) * N + padded_head + p.loss_chunk;
   } else if (chunk > 0) {
-    p.loss_chunk = b.bf16 ? 2 * w.vocab * w.d : 0;
-    p.head_and_loss = (head + 4 + (b.bf16 ? 2 : 4) * w.vocab) * N + p.loss_chunk;
+    p.loss_chunk = b.bf16 ? 2 * vocab * w.d : 0;
+    p.head_and_loss = (head + 4 + (b.bf16 ? 2 : 4) * vocab) * N + padded_head + p.loss_chunk;
   } else {
     head += (b.bf16 ? 2 + 4 : 4) * w.vocab + 4 + 8 + 4;
     p.head_and_loss = head * N;

@@ -111,19 +111,25 @@ def test_gpu_memory_verdict_margin_and_the_cheapest_change_that_fits():
 def test_plan_counts_one_chunk_of_the_loss():
     """The head and loss row with train.loss_chunk_tokens' default (1024) against --loss-chunk-tokens 0: the
     unchunked row holds the logits [T, V] (bf16 and fp32), the chunked one chunk's working set, so the two
-    differ by more than the fp32 logits of the T - 1024 other positions."""
+    differ by more than the fp32 logits of the T - 1024 other positions. On CUDA (plan's default device) the
+    chunked form's matmuls run on the head padded to 100,352 rows (model/loss.h): its chunks are that wide, and
+    the padded bf16 copy of the weight is counted."""
     base = ["--preset", "1B", "--sequence-length", "65536"]
     chunked, whole = plan_json(*base), plan_json(*base, "--loss-chunk-tokens", "0")
-    V, T, d = 100278, 65536, 2048
+    V, Vp, T, d = 100278, 100352, 65536, 2048
     a, b = chunked["activation_bytes"], whole["activation_bytes"]
     assert chunked["options"]["loss_chunk_tokens"] == 1024 and whole["options"]["loss_chunk_tokens"] == 0
-    assert a["loss_chunk"] == max(8 * 1024 * V, 2 * 1024 * V + 2 * V * d) and b["loss_chunk"] == 0
+    assert a["loss_chunk"] == max(8 * 1024 * Vp, 2 * 1024 * Vp + 2 * Vp * d) and b["loss_chunk"] == 0
     assert b["head_and_loss"] - a["head_and_loss"] > (T - 1024) * V * 4
     assert whole["bytes"]["total"] - chunked["bytes"]["total"] == b["head_and_loss"] - a["head_and_loss"]
     assert "one chunk of 1024 tokens" in run_cli("plan", *base).stdout
+    cpu = plan_json(*base, "--device", "cpu")["activation_bytes"]
+    assert cpu["loss_chunk"] == max(8 * 1024 * V, 2 * 1024 * V + 2 * V * d)
+    assert a["head_and_loss"] - cpu["head_and_loss"] == 2 * Vp * d + a["loss_chunk"] - cpu["loss_chunk"]
     # A micro-batch of at most one chunk keeps that chunk's bf16 logits for backward, without the unchunked form's
-    # fp32 copy (4 bytes a logit) and label mask, at the cost of the bf16 [V, d] weight-gradient product.
-    short = ["--preset", "1B", "--sequence-length", "1024"]
+    # fp32 copy (4 bytes a logit) and label mask, at the cost of the bf16 [V, d] weight-gradient product (the
+    # CPU's figures: no padding there).
+    short = ["--preset", "1B", "--sequence-length", "1024", "--device", "cpu"]
     one, whole = plan_json(*short)["activation_bytes"], plan_json(*short, "--loss-chunk-tokens", "0")["activation_bytes"]
     assert one["loss_chunk"] == 2 * V * d
     assert whole["head_and_loss"] - one["head_and_loss"] >= 1024 * V * 4 - 2 * V * d

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "archspace/eval/perplexity.h"
@@ -41,14 +42,15 @@ struct Result {
 };
 
 // head_loss on leaves h and w, backward of ce_scale * ce + z_scale * z (different scales, so each output's
-// gradient is checked for itself).
+// gradient is checked for itself). `pad`: head_loss's pad_rows_to (1: the CPU's default, no padding; larger: the
+// padded matmuls CUDA runs, through the same ATen ops, here on the CPU).
 Result run(const at::Tensor& h0, const at::Tensor& w0, const at::Tensor& labels, double z_coeff, int64_t chunk,
-           bool autocast = false, double ce_scale = 0.5, double z_scale = 1.5) {
+           bool autocast = false, double ce_scale = 0.5, double z_scale = 1.5, int64_t pad = 1) {
   at::Tensor h = h0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true);
   LossSums s;
   {
     AutocastGuard guard(autocast, at::kCPU);
-    s = head_loss(h, w, labels, z_coeff, chunk);
+    s = head_loss(h, w, labels, z_coeff, chunk, {}, pad);
   }
   (s.ce_sum * ce_scale + s.z_sum * z_scale).backward();
   return {s.ce_sum.item<double>(), s.z_sum.item<double>(), s.count, h.grad(), w.grad()};
@@ -63,6 +65,8 @@ Result run(const at::Tensor& h0, const at::Tensor& w0, const at::Tensor& labels,
 // entry is the bound: 16 units of fp32's 2^-24, for sums of at most 211 terms here. Seen: losses
 // bit-equal for chunks of 32 and more (the same per-row values in the same final sum), within 1.5e-7 for
 // chunks of 1 and 7; gradients 0 to 3.3e-7, 6.7e-7 at chunk 1 (grad_h through M = 1 GEMMs, the worst case).
+// The same bounds with the head padded to 256 rows (CUDA's padded matmuls): the padded ids add exact zeros to
+// no sum of a real id, so only the kernels' order can differ.
 TEST(HeadLoss, ChunkedEqualsUnchunkedFp32WithMasksAndZLoss) {
   at::manual_seed(3);
   const int64_t B = 2, T = 49, D = 24, V = 211, N = B * T;
@@ -70,19 +74,24 @@ TEST(HeadLoss, ChunkedEqualsUnchunkedFp32WithMasksAndZLoss) {
   const at::Tensor labels = masked_labels(N, V).view({B, T});
   const Result ref = run(h, w, labels, 1e-2, 0);
   EXPECT_EQ(ref.count, (labels != kIgnoreIndex).sum().item<int64_t>());
-  for (int64_t chunk : {int64_t{1}, int64_t{7}, int64_t{32}, N - 1}) {
-    const Result got = run(h, w, labels, 1e-2, chunk);
-    std::printf("chunk %ld: ce %+.3g z %+.3g relative, grad_h %.3g grad_w %.3g\n", long(chunk),
-                (got.ce - ref.ce) / ref.ce, (got.z - ref.z) / ref.z, relative(got.grad_h, ref.grad_h),
-                relative(got.grad_w, ref.grad_w));
-    EXPECT_EQ(got.count, ref.count);
-    EXPECT_NEAR(got.ce, ref.ce, 1e-6 * std::abs(ref.ce)) << chunk;
-    EXPECT_NEAR(got.z, ref.z, 1e-6 * std::abs(ref.z)) << chunk;
-    EXPECT_LE(relative(got.grad_h, ref.grad_h), 1e-6) << chunk;
-    EXPECT_LE(relative(got.grad_w, ref.grad_w), 1e-6) << chunk;
-    // Masked rows get no gradient at all.
-    const at::Tensor masked = (labels == kIgnoreIndex).view({B, T});
-    EXPECT_EQ(got.grad_h.index({masked}).abs().max().item<float>(), 0.0f);
+  for (int64_t pad : {int64_t{1}, int64_t{128}}) {
+    for (int64_t chunk : {int64_t{1}, int64_t{7}, int64_t{32}, N - 1}) {
+      const Result got = run(h, w, labels, 1e-2, chunk, false, 0.5, 1.5, pad);
+      std::printf("pad %ld chunk %ld: ce %+.3g z %+.3g relative, grad_h %.3g grad_w %.3g\n", long(pad), long(chunk),
+                  (got.ce - ref.ce) / ref.ce, (got.z - ref.z) / ref.z, relative(got.grad_h, ref.grad_h),
+                  relative(got.grad_w, ref.grad_w));
+      const std::string what = "pad " + std::to_string(pad) + " chunk " + std::to_string(chunk);
+      EXPECT_EQ(got.count, ref.count);
+      EXPECT_NEAR(got.ce, ref.ce, 1e-6 * std::abs(ref.ce)) << what;
+      EXPECT_NEAR(got.z, ref.z, 1e-6 * std::abs(ref.z)) << what;
+      EXPECT_LE(relative(got.grad_h, ref.grad_h), 1e-6) << what;
+      EXPECT_LE(relative(got.grad_w, ref.grad_w), 1e-6) << what;
+      ASSERT_EQ(got.grad_w.sizes(), w.sizes()) << what;  // the padded rows are not the weight's
+      EXPECT_TRUE(got.grad_w.is_contiguous()) << what;
+      // Masked rows get no gradient at all.
+      const at::Tensor masked = (labels == kIgnoreIndex).view({B, T});
+      EXPECT_EQ(got.grad_h.index({masked}).abs().max().item<float>(), 0.0f);
+    }
   }
   // Against PyTorch's own cross-entropy (sum over labelled rows, ignore_index -100) on the fp32 logits.
   const at::Tensor logits = at::linear(h, w).view({N, V});
@@ -94,12 +103,20 @@ TEST(HeadLoss, ChunkedEqualsUnchunkedFp32WithMasksAndZLoss) {
 // No labelled row at all: zero sums, zero gradients (not NaN).
 TEST(HeadLoss, NoLabelledRowGivesZeros) {
   const at::Tensor h = at::randn({40, 8}), w = at::randn({50, 8});
-  const Result got = run(h, w, at::full({40}, kIgnoreIndex, at::kLong), 1e-4, 6);
-  EXPECT_EQ(got.count, 0);
-  EXPECT_EQ(got.ce, 0);
-  EXPECT_EQ(got.z, 0);
-  EXPECT_EQ(got.grad_h.abs().max().item<float>(), 0.0f);
-  EXPECT_EQ(got.grad_w.abs().max().item<float>(), 0.0f);
+  for (int64_t pad : {int64_t{1}, int64_t{64}}) {
+    const Result got = run(h, w, at::full({40}, kIgnoreIndex, at::kLong), 1e-4, 6, false, 0.5, 1.5, pad);
+    EXPECT_EQ(got.count, 0);
+    EXPECT_EQ(got.ce, 0);
+    EXPECT_EQ(got.z, 0);
+    EXPECT_EQ(got.grad_h.abs().max().item<float>(), 0.0f);
+    ASSERT_EQ(got.grad_w.sizes(), w.sizes());
+    EXPECT_EQ(got.grad_w.abs().max().item<float>(), 0.0f);
+  }
+}
+
+TEST(HeadLoss, RejectsANonPositivePadding) {
+  const at::Tensor h = at::randn({4, 8}), w = at::randn({5, 8});
+  testing::expect_error([&] { head_loss(h, w, at::zeros({4}, at::kLong), 0, 2, {}, 0); }, {"pad_rows_to", "0"});
 }
 
 // The hand-written backward in fp64 against central differences of the forward itself: with step e the
@@ -114,26 +131,28 @@ TEST(HeadLoss, BackwardMatchesFiniteDifferencesInFp64) {
   labels[2] = kIgnoreIndex;
   labels[7] = kIgnoreIndex;
   const double z_coeff = 0.1, ce_scale = 0.5, z_scale = 1.5;
-  auto f = [&](const at::Tensor& hh, const at::Tensor& ww) {
-    const LossSums s = head_loss(hh, ww, labels, z_coeff, chunk);
-    return ce_scale * s.ce_sum.item<double>() + z_scale * s.z_sum.item<double>();
-  };
-  const Result got = run(h, w, labels, z_coeff, chunk, false, ce_scale, z_scale);
-  ASSERT_EQ(got.grad_h.scalar_type(), at::kDouble);
-  const double e = 1e-5;
-  auto check = [&](const at::Tensor& x, const at::Tensor& grad, bool is_h) {
-    double worst = 0;
-    for (int64_t i = 0; i < x.numel(); ++i) {
-      at::Tensor plus = x.clone(), minus = x.clone();
-      plus.view({-1})[i] += e;
-      minus.view({-1})[i] -= e;
-      const double fd = is_h ? (f(plus, w) - f(minus, w)) / (2 * e) : (f(h, plus) - f(h, minus)) / (2 * e);
-      worst = std::max(worst, std::abs(fd - grad.view({-1})[i].item<double>()));
-    }
-    return worst / grad.abs().max().item<double>();
-  };
-  EXPECT_LE(check(h, got.grad_h, true), 1e-7);
-  EXPECT_LE(check(w, got.grad_w, false), 1e-7);
+  for (int64_t pad : {int64_t{1}, int64_t{16}}) {  // 16: the padded matmuls, 7 zero rows
+    auto f = [&](const at::Tensor& hh, const at::Tensor& ww) {
+      const LossSums s = head_loss(hh, ww, labels, z_coeff, chunk, {}, pad);
+      return ce_scale * s.ce_sum.item<double>() + z_scale * s.z_sum.item<double>();
+    };
+    const Result got = run(h, w, labels, z_coeff, chunk, false, ce_scale, z_scale, pad);
+    ASSERT_EQ(got.grad_h.scalar_type(), at::kDouble);
+    const double e = 1e-5;
+    auto check = [&](const at::Tensor& x, const at::Tensor& grad, bool is_h) {
+      double worst = 0;
+      for (int64_t i = 0; i < x.numel(); ++i) {
+        at::Tensor plus = x.clone(), minus = x.clone();
+        plus.view({-1})[i] += e;
+        minus.view({-1})[i] -= e;
+        const double fd = is_h ? (f(plus, w) - f(minus, w)) / (2 * e) : (f(h, plus) - f(h, minus)) / (2 * e);
+        worst = std::max(worst, std::abs(fd - grad.view({-1})[i].item<double>()));
+      }
+      return worst / grad.abs().max().item<double>();
+    };
+    EXPECT_LE(check(h, got.grad_h, true), 1e-7) << "pad " << pad;
+    EXPECT_LE(check(w, got.grad_w, false), 1e-7) << "pad " << pad;
+  }
 }
 
 // bf16 autocast: both forms round h and W to bf16 and multiply them in bf16 (fp32 accumulation), the
@@ -165,9 +184,10 @@ TEST(HeadLoss, ChunkedEqualsUnchunkedUnderBf16Autocast) {
   for (bool fp32_sums : {false, true}) {
     if (fp32_sums && !has_fp32_output_bf16_gemm()) continue;
     ScopedFp32OutputBf16GemmChoice choice(fp32_sums);
-    for (int64_t chunk : {7, 64}) {
-      const Result got = run(h, w, labels, 1e-2, chunk, true);
-      const std::string what = std::to_string(chunk) + (fp32_sums ? " fp32 sums" : " bf16 products");
+    for (auto [chunk, pad] : {std::pair<int64_t, int64_t>{7, 1}, {64, 1}, {7, 128}, {64, 128}}) {
+      const Result got = run(h, w, labels, 1e-2, chunk, true, 0.5, 1.5, pad);
+      const std::string what =
+          std::to_string(chunk) + " pad " + std::to_string(pad) + (fp32_sums ? " fp32 sums" : " bf16 products");
       EXPECT_NEAR(got.ce, ref.ce, 1e-6 * std::abs(ref.ce)) << what;
       EXPECT_NEAR(got.z, ref.z, 1e-6 * std::abs(ref.z)) << what;
       EXPECT_EQ(got.grad_h.scalar_type(), at::kFloat);

@@ -88,7 +88,13 @@ TEST(Plan, FlashOnCudaKeepsNoMasks) {
   const MemoryPlan cuda = plan_memory(preset("1B"), o);
   EXPECT_GT(cpu.attention_masks, 0);
   EXPECT_EQ(cuda.attention_masks, 0);
-  EXPECT_EQ(cpu.activations - cuda.activations, cpu.attention_masks);
+  // And the chunked loss's matmuls on the head padded to 100,352 rows (model/loss.h): the bf16 copy of the
+  // padded weight, and each chunk's working set that wide (8 x 1,024 x V bytes here).
+  const int64_t V = 100278, Vp = 100352, d = 2048;
+  EXPECT_EQ(cpu.loss_chunk, 8 * 1024 * V);
+  EXPECT_EQ(cuda.loss_chunk, 8 * 1024 * Vp);
+  EXPECT_EQ(cuda.head_and_loss - cpu.head_and_loss, 2 * Vp * d + 8 * 1024 * (Vp - V));
+  EXPECT_EQ(cpu.activations - cuda.activations, cpu.attention_masks - (cuda.head_and_loss - cpu.head_and_loss));
   o.dtype = DType::kFp32;  // fp32 on CUDA: SDPA with masks, as on the CPU
   EXPECT_GT(plan_memory(preset("1B"), o).attention_masks, 0);
 }

@@ -28,14 +28,21 @@ LossSums next_token_loss(const at::Tensor& logits, const at::Tensor& labels, dou
 
 // The head and the loss in one: the sums of next_token_loss(hidden W^T, labels), differentiable in hidden and
 // head_weight, computed chunk_tokens labelled rows at a time when there are more rows than that (0: the
-// unchunked form). The chunked form is one autograd node (chunked_cross_entropy.cpp): forward keeps h (in the
+// unchunked form). The chunked form is one autograd node (loss.cpp): forward keeps h (in the
 // matmul dtype), the labelled rows' labels and log-sum-exps, and backward recomputes each chunk's logits to
 // form its gradient (one more head matmul than the unchunked form, the price of never holding [N, V]).
 // Under bf16 autocast it casts as the unchunked form's linear does (h and W to bf16, logits bf16 then fp32);
 // `head_weight_cast`, when given in that dtype, is head_weight already cast (train/weight_casts.h: once per
 // optimizer step) and is used instead of a cast of its own. The gradient still goes to head_weight, in its dtype.
+// `pad_rows_to`: the chunked form's matmuls run on the weight padded with zero rows to a multiple of this (the
+// same logits for the real ids; the padded ones never count): kHeadPaddingForDevice picks
+// kCudaHeadRowMultiple on CUDA, where an odd vocabulary (100,278) keeps cuBLAS off its aligned kernels, and
+// none (1) on the CPU, whose one-pass cross-entropy kernel reads the unpadded logits.
+constexpr int64_t kHeadPaddingForDevice = -1;
+constexpr int64_t kCudaHeadRowMultiple = 128;  // 100,278 -> 100,352, the presets' padded_vocab_size
 LossSums head_loss(const at::Tensor& hidden, const at::Tensor& head_weight, const at::Tensor& labels,
-                   double z_loss_coeff, int64_t chunk_tokens, const at::Tensor& head_weight_cast = {});
+                   double z_loss_coeff, int64_t chunk_tokens, const at::Tensor& head_weight_cast = {},
+                   int64_t pad_rows_to = kHeadPaddingForDevice);
 
 // For callers that need more of a chunk's distribution than the label's log-probability (argmax, top-k):
 // rows [first_row, first_row + logprobs.size(0)) of hidden, their fp32 log-softmax [rows, V]. Nothing of it
