@@ -17,7 +17,8 @@
 #           bash scripts/device-check.sh --out $OUT/device-check.json
 #           (configures build-device/ against .device-deps/root with the system python's torch, builds
 #            archspace and check_attention with all cores, unless the carried build starts; runs the checks:
-#            179 s on one H200 with the carried build, 2026-12-04. --deadline-s bounds the python part)
+#            179 s on one H200 with the carried build, ~310 s with the two profiles, 2026-12-04. --deadline-s
+#            bounds the python part)
 #
 # `bash scripts/device-check.sh --cpu` is the dry run on the CPU with tiny sizes, using build/ as it is
 # (tests/python/test_device_check.py runs the same python part in CI). Other arguments go to the driver.
