@@ -249,13 +249,19 @@ def check_training(engine, s, work):
     hf_bf16 = hf_first_step_loss(model, tokens, s, True)
     first = abs(runs["bf16"][0] - runs["fp32"][0])
     hf_first = abs(hf_bf16 - hf_fp32)
+    # The first step's fp32 loss against transformers' on the same windows: the chunked loss as CUDA runs it
+    # (the head padded to 100,352 rows, model/loss.h) against a plain cross-entropy. Logits within the logits
+    # check's 1e-4 put a cross-entropy (log-sum-exp minus one logit) within 2e-4.
+    fp32_vs_hf = abs(runs["fp32"][0] - hf_fp32)
     every = max(abs(a - b) / abs(b) for a, b in zip(runs["bf16"], runs["fp32"]))
     ckpt = max(abs(a - b) for a, b in zip(runs["fp32_checkpointed"], runs["fp32"]))
     ckpt_bf16 = max(abs(a - b) for a, b in zip(runs["bf16_checkpointed"], runs["bf16"]))
-    return {"losses": runs, "engine_first_step_bf16_vs_fp32": first, "transformers_first_step_bf16_vs_fp32": hf_first,
+    return {"losses": runs, "first_step_fp32_engine_vs_transformers": fp32_vs_hf,
+            "engine_first_step_bf16_vs_fp32": first, "transformers_first_step_bf16_vs_fp32": hf_first,
             "max_relative_bf16_vs_fp32": every, "checkpointed_vs_not_fp32": ckpt,
             "checkpointed_vs_not_bf16": ckpt_bf16,
-            "pass": first <= max(1.5 * hf_first, 2e-3) and every <= 0.01 and ckpt <= 1e-5 and ckpt_bf16 <= 1e-2}
+            "pass": fp32_vs_hf <= 2e-4 and first <= max(1.5 * hf_first, 2e-3) and every <= 0.01 and ckpt <= 1e-5
+            and ckpt_bf16 <= 1e-2}
 
 
 # ---- sharded training (train.sharding = "full") ---------------------------------------------------

@@ -25,6 +25,7 @@ def test_dry_run_passes_every_check_and_measures_every_figure(tmp_path):
     assert {c["window"] for c in checks["flash_attention"]["cases"]} >= {0, 8}
     assert len([c for c in checks["flash_attention"]["cases"] if "documents" in c]) == 2  # variable-length form
     assert len(checks["train_bf16"]["losses"]["bf16"]) == 3
+    assert checks["train_bf16"]["first_step_fp32_engine_vs_transformers"] <= 2e-4  # the loss itself, not only bf16's drift
     # 2 Gloo ranks, "full" against "none": not skipped on the CPU, every dtype's losses of every step compared.
     sharded = checks["sharded_training"]
     assert "skipped" not in sharded and sharded["backend"] == "gloo"
