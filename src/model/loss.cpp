@@ -43,8 +43,6 @@ at::ScalarType matmul_dtype(const at::Tensor& h, const at::Tensor& w) {
 // The logits, log-sum-exps and gradients are fp32 (fp64 for an fp64 check), whatever the matmul dtype.
 at::ScalarType accumulate_dtype(at::ScalarType matmul) { return matmul == at::kDouble ? at::kDouble : at::kFloat; }
 
-int64_t round_up(int64_t n, int64_t multiple) { return (n + multiple - 1) / multiple * multiple; }
-
 // One autograd node for the head's linear and the loss over chunks of the labelled rows.
 //
 // Recompute, not Liger's gradients-in-forward: Liger's fused linear cross-entropy forms grad_h [N, D] and
@@ -82,7 +80,7 @@ struct ChunkedHeadLoss : torch::autograd::Function<ChunkedHeadLoss> {
     // `weight_values`: the weight detached, or the caller's copy of it in the matmul dtype (made once per
     // optimizer step), which makes this cast a no-op.
     const at::Tensor w_real = weight_values.to(mm);
-    const int64_t V = w_real.size(0), Vp = round_up(V, pad_rows_to);
+    const int64_t V = w_real.size(0), Vp = padded_head_rows(V, pad_rows_to);
     const bool padded = Vp != V;
     const at::Tensor w = padded ? at::constant_pad_nd(w_real, {0, 0, 0, Vp - V}) : w_real;
     const at::Tensor ts = all ? target : target.index_select(0, rows);

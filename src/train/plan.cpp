@@ -346,9 +346,7 @@ MemoryPlan plan_memory(const ModelConfig& c, const PlanOptions& o) {
   // weight in the matmul dtype lives from the loss's forward to its backward.
   int64_t head = (siamese(c) ? 3 : 1) * rms_norm_saved(w.d) + b.linear_input(1) * w.d;
   const int64_t chunk = o.loss_chunk_tokens;
-  const int64_t vocab = o.cuda && chunk > 0
-                            ? (w.vocab + kCudaHeadRowMultiple - 1) / kCudaHeadRowMultiple * kCudaHeadRowMultiple
-                            : w.vocab;
+  const int64_t vocab = o.cuda && chunk > 0 ? padded_head_rows(w.vocab, kCudaHeadRowMultiple) : w.vocab;
   const int64_t padded_head = vocab != w.vocab ? (b.bf16 ? 2 : 4) * vocab * w.d : 0;
   if (chunk > 0 && N > chunk) {
     p.loss_chunk = std::max(2 * 4 * chunk * vocab, b.bf16 ? 2 * chunk * vocab + 2 * vocab * w.d : 0);

@@ -40,6 +40,10 @@ LossSums next_token_loss(const at::Tensor& logits, const at::Tensor& labels, dou
 // none (1) on the CPU, whose one-pass cross-entropy kernel reads the unpadded logits.
 constexpr int64_t kHeadPaddingForDevice = -1;
 constexpr int64_t kCudaHeadRowMultiple = 128;  // 100,278 -> 100,352, the presets' padded_vocab_size
+// The rows the chunked form's matmuls run on: `vocab` rounded up to a multiple of `pad_rows_to` (>= 1).
+inline int64_t padded_head_rows(int64_t vocab, int64_t pad_rows_to) {
+  return (vocab + pad_rows_to - 1) / pad_rows_to * pad_rows_to;
+}
 LossSums head_loss(const at::Tensor& hidden, const at::Tensor& head_weight, const at::Tensor& labels,
                    double z_loss_coeff, int64_t chunk_tokens, const at::Tensor& head_weight_cast = {},
                    int64_t pad_rows_to = kHeadPaddingForDevice);
