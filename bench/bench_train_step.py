@@ -148,7 +148,7 @@ def main():
                         help="internal: time PyTorch's step in this process and print the seconds as JSON")
     args = parser.parse_args()
     dtypes = args.dtypes.split(",")
-    if not set(dtypes) <= {"fp32", "bf16"} or not dtypes:
+    if not set(dtypes) <= {"fp32", "bf16"}:
         parser.error(f"--dtypes {args.dtypes!r}: expected fp32, bf16 or both, comma-separated")
     if args.torch_side:
         tokens = np.load(args.torch_side[1])
