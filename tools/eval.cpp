@@ -56,7 +56,7 @@ struct DownstreamArgs {
                             profile;
   std::string quantization = "none";
   std::vector<std::string> tasks_dirs;
-  bool chat = false;
+  bool chat = false, no_prefix_sharing = false;
   std::optional<int64_t> shots;
   int64_t limit = 0, batch_size = 0, batch_tokens = 8192, max_length = 0;
 };
@@ -315,6 +315,7 @@ int run_downstream(const DownstreamArgs& a, bool limit_given) {
   ScoreOptions options;
   options.max_batch_sequences = a.batch_size;
   options.max_batch_tokens = a.batch_tokens;
+  options.share_prefixes = !a.no_prefix_sharing;
   // A progress callback whose rate counts from when its phase starts (scoring, then generation).
   const auto report = [&](const char* what) {
     return [&progress, what, start = progress.elapsed_seconds()](int64_t done, int64_t total) {
@@ -541,6 +542,9 @@ Command add(CLI::App& parent) {
   auto* limit = ds->add_option("--limit", d->limit, "evaluate only each task's first N documents");
   ds->add_option("--batch-size", d->batch_size, "sequences per forward (default: as many as --batch-tokens allows)");
   ds->add_option("--batch-tokens", d->batch_tokens, "padded tokens per forward")->capture_default_str();
+  ds->add_flag("--no-prefix-sharing", d->no_prefix_sharing,
+               "score every request as a whole sequence (default: the choices of a document run their shared "
+               "context once, and their continuations over its cached keys and values)");
   ds->add_option("--max-length", d->max_length,
                  "longest sequence run; longer ones lose their start (default: max_position_embeddings)");
   ds->add_option("--tasks-dir", d->tasks_dirs,

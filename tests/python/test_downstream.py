@@ -138,6 +138,13 @@ def test_loglikelihoods_equal_lm_eval_and_metrics_recompute(models, variant):
     worst = max(abs(r["loglikelihood"] - ll) for r, (ll, _, _) in zip(rows, reference))
     print(f"{variant}: {len(rows)} requests, largest |engine - lm-eval| = {worst:.2e}")
     assert any(r["doc_id"] >= 1000000 for r in rows)  # unconditional requests were scored too
+    # The default runs each document's context once (infer/prefix_groups.h); every request whole is within the
+    # same bound of lm-eval.
+    _, _, whole = engine(hf[variant], tmp, "--no-prefix-sharing", tasks="arc_easy,arc_challenge", fmt="both",
+                         name=f"{variant}-whole")
+    assert [(r["task"], r["format"], r["doc_id"], r["idx"]) for r in whole] == \
+        [(r["task"], r["format"], r["doc_id"], r["idx"]) for r in rows]
+    assert mismatches(whole, reference, bound) == []
 
     for task in ("arc_easy", "arc_challenge"):
         for fmt in ("rc", "mc"):

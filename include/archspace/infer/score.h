@@ -4,8 +4,8 @@
 //
 // Sequences of different lengths are sorted by length and right-padded into batches of at most
 // max_batch_tokens padded tokens; right padding cannot change a real position's logits under causal
-// attention. Only the positions asked for go through the output head, a chunk at a time, so a long
-// sequence never holds [T, vocab] logits at once.
+// attention. Sequences that share their unscored prefix run it once (infer/prefix_groups.h). Only the positions asked
+// for go through the output head, a chunk at a time, so a long sequence never holds [T, vocab] logits at once.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -26,6 +26,9 @@ struct ScoreRequest {
   int64_t first_scored = 1;
   // Also return the distribution after the last token (to continue the sequence by one token).
   bool next_token = false;
+  // The tokens that go through the model: without next_token the last token is only a target, never an input
+  // (as lm-eval, which feeds (context + continuation)[:-1]), so max_position_embeddings + 1 tokens still fit.
+  int64_t run_length() const { return static_cast<int64_t>(ids.size()) - (next_token ? 0 : 1); }
 };
 
 struct ScoreOptions {
@@ -33,6 +36,9 @@ struct ScoreOptions {
   int64_t max_batch_tokens = 8192;  // padded tokens per forward (a longer sequence goes alone)
   int64_t max_batch_sequences = 0;  // sequences per forward (0: as many as max_batch_tokens allows)
   int64_t head_chunk = 512;         // positions per output-head matmul
+  // Requests with the same unscored prefix (a document's context, its choices' continuations scored) run it once
+  // and their own tokens over its cached keys and values (infer/prefix_groups.h); off: every sequence whole.
+  bool share_prefixes = true;
 };
 
 struct TokenLogprob {
