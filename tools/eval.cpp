@@ -24,6 +24,7 @@
 #include "archspace/util/error.h"
 #include "archspace/util/files.h"
 #include "archspace/util/json_file.h"
+#include "archspace/util/malloc_policy.h"
 #include "archspace/util/progress.h"
 #include "archspace/util/strings.h"
 #include "command.h"
@@ -279,6 +280,8 @@ int run_downstream(const DownstreamArgs& a, bool limit_given) {
   const DownstreamPlan plan = plan_downstream(a);
   const bool chat = a.chat || (plan.suite && plan.suite->suite->chat);
   ProgressLine progress("eval downstream");
+  // Each batch's activations and KV caches are fresh tensors of varying sizes: reused memory, not fresh mmaps.
+  if (const std::string note = keep_freed_memory_for_reuse(); !note.empty()) progress.note(note);
   for (const auto& n : plan.notes) progress.note(n);
   std::vector<TaskFiles> files;
   for (const auto& v : plan.variants) {
@@ -460,6 +463,7 @@ int run_ppl(const PplArgs& a) {
   std::cerr << "eval ppl: context " << options.context << " tokens, from " << context_from << "\n";
 
   ProgressLine progress("eval ppl");
+  if (const std::string note = keep_freed_memory_for_reuse(); !note.empty()) progress.note(note);
   CommandProfile profile(a.profile);
   const PerplexityResult r = perplexity(model, tokens, options, [&](int64_t done, int64_t total) {
     progress.update(std::to_string(done) + "/" + std::to_string(total) + " tokens", static_cast<double>(done) / total,
