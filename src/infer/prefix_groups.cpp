@@ -29,7 +29,7 @@ void split_group(int64_t prefix, const std::vector<size_t>& members, const std::
     const bool fits = rows * (prefix + longest) <= max_tokens && (max_sequences == 0 || rows <= max_sequences);
     if (!fits && !run.members.empty()) close();
     run.members.push_back(i);
-    run.longest_suffix = std::max(run.longest_suffix, suffix_length(requests[i]));
+    run.longest_suffix = fits ? longest : suffix_length(requests[i]);  // a closed run starts anew with i
   }
   close();
 }

@@ -28,7 +28,7 @@ struct PrefixGroup {
 struct PrefixPlan {
   // Groups that run together, longest prefix first. A batch's prefixes hold at most max_batch_tokens padded
   // tokens, and its suffix forward at most max_batch_tokens padded tokens counting the cached prefix each member
-  // attends over (rows x (longest prefix + longest suffix)): the memory of scoring those members whole. A group
+  // attends over (rows x (longest prefix + longest suffix)): the tokens of scoring those members whole. A group
   // too large for that is split into several, each running the prefix again. At most max_batch_sequences
   // members in a batch (0: no limit).
   std::vector<std::vector<PrefixGroup>> batches;
