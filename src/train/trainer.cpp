@@ -506,10 +506,10 @@ TrainResult Trainer::run() {
     const auto step_start = std::chrono::steady_clock::now();
     const StepStats stats = train_step(step);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count();
-    if (auto traced = profiler.after_step(step); traced && rank_ == 0)
+    if (auto traced = profiler.after_step(step, seconds); traced && rank_ == 0)
       progress_->note("profile of steps " + std::to_string(cfg_.profile_steps[0]) + "-" +
                       std::to_string(cfg_.profile_steps[1]) + ": " + traced->trace_path + " (every rank beside it)\n" +
-                      traced->table);
+                      traced->table + profiler.comparison() + "\n");
     log_step(step, stats, seconds);
     show_progress(step, stats, seconds);
     result.losses.push_back(stats.loss);

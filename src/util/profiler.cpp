@@ -1,6 +1,7 @@
 #include "archspace/util/profiler.h"
 
 #include <ATen/Context.h>
+#include <sys/resource.h>
 #include <torch/csrc/autograd/profiler_kineto.h>
 
 #include <algorithm>
@@ -88,7 +89,13 @@ std::vector<OpTime> op_self_times(std::vector<OpInterval> intervals) {
   return ops;
 }
 
-std::string format_op_table(const std::vector<OpTime>& ops, double wall_ms, size_t top) {
+int64_t process_page_faults() {
+  rusage usage{};
+  if (::getrusage(RUSAGE_SELF, &usage) != 0) return 0;
+  return static_cast<int64_t>(usage.ru_minflt) + static_cast<int64_t>(usage.ru_majflt);
+}
+
+std::string format_op_table(const std::vector<OpTime>& ops, double wall_ms, size_t top, int64_t page_faults) {
   double all_self = 0;
   for (const OpTime& op : ops) all_self += op.self_ms;
   std::string out;
@@ -104,8 +111,8 @@ std::string format_op_table(const std::vector<OpTime>& ops, double wall_ms, size
                   op.total_ms);
     out += line;
   }
-  std::snprintf(line, sizeof(line), "%zu op kinds, %.3f ms self time in ops over %.3f ms wall\n", ops.size(), all_self,
-                wall_ms);
+  std::snprintf(line, sizeof(line), "%zu op kinds, %.3f ms self time in ops over %.3f ms wall, %lld page faults\n",
+                ops.size(), all_self, wall_ms, static_cast<long long>(page_faults));
   out += line;
   return out;
 }
@@ -137,6 +144,7 @@ OpProfiler::OpProfiler(std::string trace_path) : trace_path_(std::move(trace_pat
     throw;
   }
   start_ns_ = now_ns();
+  start_page_faults_ = process_page_faults();
   running_ = true;
 }
 
@@ -157,6 +165,7 @@ ProfileSummary OpProfiler::finish(int top) {
   g_session_running = false;
   ProfileSummary summary;
   summary.wall_ms = static_cast<double>(now_ns() - start_ns_) / 1e6;
+  summary.page_faults = process_page_faults() - start_page_faults_;
   summary.trace_path = trace_path_;
   summary.table_path = trace_path_ + ".top-ops.txt";
   result->save(trace_path_);
@@ -166,7 +175,8 @@ ProfileSummary OpProfiler::finish(int top) {
     intervals.push_back({e.name(), e.startThreadId(), e.startNs(), e.endNs()});
   }
   summary.top_ops = op_self_times(std::move(intervals));
-  summary.table = format_op_table(summary.top_ops, summary.wall_ms, static_cast<size_t>(std::max(top, 1)));
+  summary.table =
+      format_op_table(summary.top_ops, summary.wall_ms, static_cast<size_t>(std::max(top, 1)), summary.page_faults);
   std::ofstream table(summary.table_path);
   table << summary.table;
   if (!table) throw Error("profile: cannot write " + summary.table_path);

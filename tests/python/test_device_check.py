@@ -73,7 +73,7 @@ def test_gpu_kernels_are_summed_by_name_from_the_trace(tmp_path):
         "op (by self time)                                   calls     self ms  self %    total ms\n"
         "autograd::engine::evaluate_function: MmBackward0        2       3.000   75.0%       4.000\n"
         "aten::mm                                                4       1.000   25.0%       1.000\n"
-        "2 op kinds, 4.000 ms self time in ops over 5.000 ms wall\n")
+        "2 op kinds, 4.000 ms self time in ops over 5.000 ms wall, 120 page faults\n")
     t = device_check.top_ops(trace)
     assert t["gpu_kernels_ms_total"] == 0.5
     assert t["gpu_kernels_by_time"] == [{"kernel": "gemm", "calls": 2, "ms": 0.4, "pct": 80.0},

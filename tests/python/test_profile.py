@@ -118,6 +118,10 @@ def test_training_steps_are_profiled_and_unchanged(train_setup, tmp_path):
     assert count(events, "archspace::optimizer_step") == 2
     assert count(events, "aten::mm") > 0 and count(events, "autograd::engine::evaluate_function: MmBackward0") > 0
     assert "op (by self time)" in result.stderr and str(trace) in result.stderr
+    # What tracing cost: the traced steps' time and page faults beside the untraced step before them.
+    assert re.search(r"page faults\n", result.stderr), result.stderr
+    assert re.search(r"traced steps 2-3: [\d.]+ s and \d+ page faults a step \(median\); the 1 untraced step before "
+                     r"them: [\d.]+ s and \d+ page faults", result.stderr), result.stderr
     expect_tensorboard_reads(trace, tmp_path)
     # The same run without the profiler: the same losses, bit for bit (the profiler only observes).
     run_cli("train", "--config", write_toml(tmp_path / "q.toml", train_sections(tmp_path, "q")))

@@ -19,6 +19,7 @@ struct OpTime {
 struct ProfileSummary {
   std::string trace_path, table_path;
   double wall_ms = 0;           // from start to finish
+  int64_t page_faults = 0;      // the process's page faults from start to finish (process_page_faults)
   std::vector<OpTime> top_ops;  // by self time, largest first
   std::string table;            // top_ops as text (what table_path holds)
 };
@@ -42,6 +43,7 @@ class OpProfiler {
  private:
   std::string trace_path_;
   int64_t start_ns_ = 0;
+  int64_t start_page_faults_ = 0;
   bool running_ = false;
 };
 
@@ -54,6 +56,13 @@ struct OpInterval {
 };
 std::vector<OpTime> op_self_times(std::vector<OpInterval> intervals);
 
-std::string format_op_table(const std::vector<OpTime>& ops, double wall_ms, size_t top);
+// The table's last line sums up the region: op kinds, self time, wall time and its page faults.
+std::string format_op_table(const std::vector<OpTime>& ops, double wall_ms, size_t top, int64_t page_faults = 0);
+
+// Page faults (minor + major) of the whole process so far, from getrusage. A traced region's count shows what
+// tracing costs besides the ops' own time: the profiler keeps its records in the heap, and where they take the
+// place a freed large tensor would have been given again, that tensor lands on new pages, which fault on first
+// touch (docs/commands.md "Profiling").
+int64_t process_page_faults();
 
 }  // namespace archspace
