@@ -20,7 +20,7 @@ if [ ! -f "$BUILD/Makefile" ]; then
 fi
 cmake --build "$BUILD" -j "$JOBS" >/dev/null
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(safetensors model_config tokenizer train_config chat_jsonl shard_manifest megatron_index rescore chat_format openai_request)
+[ ${#targets[@]} -gt 0 ] || targets=(safetensors model_config tokenizer train_config chat_jsonl shard_manifest megatron_index rescore chat_format openai_request task_files)
 status=0
 for t in "${targets[@]}"; do
   mkdir -p "$BUILD/corpus/$t" "fuzz/crashes/$t"

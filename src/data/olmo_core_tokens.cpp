@@ -9,6 +9,7 @@
 
 #include "archspace/util/error.h"
 #include "archspace/util/files.h"
+#include "archspace/util/gzip_lines.h"
 #include "archspace/util/json_file.h"
 #include "archspace/util/sha256.h"
 
@@ -49,20 +50,9 @@ TokenDtype olmo_core_dtype_for_vocab(int64_t vocab_size) {
 
 void read_olmo_core_metadata(const std::string& path, uint64_t tokens,
                              const std::function<void(uint64_t, uint64_t)>& row) {
-  check_readable_file(path);
-  gzFile f = gzopen(path.c_str(), "rb");
-  if (!f) throw Error(path + ": cannot open");
-  struct Closer {
-    gzFile f;
-    ~Closer() {
-      if (f) gzclose(f);
-    }
-  } closer{f};
-  uint64_t line = 0, expected = 0;
-  std::string pending;  // the current line, bounded: a document row is a few numbers and names
-  char buffer[1 << 16];
-  auto finish_line = [&](const std::string& text) {
-    ++line;
+  uint64_t expected = 0;
+  // A document row is a few numbers and names: a line within 1 MiB; the file as long as it is.
+  for_each_gzip_line(path, GzipLineLimits{size_t{1} << 20, UINT64_MAX}, [&](const std::string& text, int64_t line) {
     const std::string where = path + ":" + std::to_string(line);
     const size_t c1 = text.find(',');
     const size_t c2 = c1 == std::string::npos ? std::string::npos : text.find(',', c1 + 1);
@@ -79,29 +69,8 @@ void read_olmo_core_metadata(const std::string& path, uint64_t tokens,
     }
     expected = *end;
     row(*start, *end);
-  };
-  for (;;) {
-    const int n = gzread(f, buffer, sizeof(buffer));
-    if (n < 0) {
-      int code = 0;
-      throw Error(path + ": corrupt gzip file (" + std::string(gzerror(f, &code)) + ")");
-    }
-    if (n == 0) break;
-    for (int i = 0; i < n; ++i) {
-      if (buffer[i] == '\n') {
-        if (!pending.empty() && pending.back() == '\r') pending.pop_back();
-        finish_line(pending);
-        pending.clear();
-      } else if (pending.size() >= (1 << 20)) {
-        throw Error(path + ":" + std::to_string(line + 1) + ": line longer than 1 MiB");
-      } else {
-        pending.push_back(buffer[i]);
-      }
-    }
-  }
-  if (!pending.empty()) finish_line(pending);
-  closer.f = nullptr;
-  if (gzclose(f) != Z_OK) throw Error(path + ": corrupt gzip file (truncated stream)");
+    return true;
+  });
   if (expected != tokens) {
     throw Error(path + ": the documents end at token " + std::to_string(expected) + " but the token file holds " +
                 std::to_string(tokens) + " (a wrong dtype, or metadata of another file)");

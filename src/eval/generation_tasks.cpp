@@ -1,103 +1,13 @@
 #include "archspace/eval/generation_tasks.h"
 
-#include <filesystem>
 #include <limits>
-#include <set>
-#include <sstream>
 
 #include "archspace/eval/generation_metrics.h"
 #include "archspace/eval/tasks.h"
 #include "archspace/infer/scheduler.h"
 #include "archspace/util/error.h"
-#include "archspace/util/json_file.h"
-#include "archspace/util/json_lines.h"
 
 namespace archspace {
-
-namespace fs = std::filesystem;
-
-bool is_generation_task(const std::string& task) { return find_generation_task(task) != nullptr; }
-
-namespace {
-
-// The request's generation settings: request.generation_kwargs, else the config's (both as OLMES writes them).
-void read_generation_kwargs(const nlohmann::json& kwargs, GenerationRequest& r, const std::string& where) {
-  r.max_gen_toks = json_int_field(kwargs, "max_gen_toks", where);
-  if (r.max_gen_toks < 1) throw Error(where + ": max_gen_toks must be at least 1");
-  if (kwargs.contains("temperature")) {
-    if (!kwargs["temperature"].is_number()) throw Error(where + ": field \"temperature\" must be a number");
-    r.temperature = kwargs["temperature"].get<double>();
-    if (!(r.temperature >= 0 && r.temperature <= 2)) throw Error(where + ": temperature must be in [0, 2]");
-  }
-  if (kwargs.contains("do_sample")) {
-    if (!kwargs["do_sample"].is_boolean()) throw Error(where + ": field \"do_sample\" must be true or false");
-    r.do_sample = kwargs["do_sample"].get<bool>();
-  }
-}
-
-}  // namespace
-
-GenerationTaskFiles load_generation_task(const std::string& variant_dir, const std::string& task, int64_t limit,
-                                         bool chat) {
-  if (limit < 0) throw Error("the document limit must be at least 1 (0: all), got " + std::to_string(limit));
-  const GenerationTaskSpec* spec = find_generation_task(task);
-  if (!spec) throw Error("task \"" + task + "\" is not a generation task");
-  GenerationTaskFiles t;
-  t.task = task;
-  t.dir = variant_dir;
-  t.chat = chat;
-  const std::string config_path = (fs::path(variant_dir) / "config.json").string();
-  const nlohmann::json config = read_json_file(config_path);
-  const nlohmann::json& task_config = json_field(config, "task_config", config_path);
-  t.shots = json_int_field(task_config, "num_shots", config_path + " task_config");
-
-  t.requests_path = (fs::path(variant_dir) / "requests.jsonl.gz").string();
-  std::istringstream lines(read_gzip_file(t.requests_path));
-  std::set<int64_t> seen;
-  int64_t line_no = 0;
-  for (std::string line; std::getline(lines, line);) {
-    ++line_no;
-    const std::string where = t.requests_path + ":" + std::to_string(line_no) + " (task " + task + ")";
-    const auto j = parse_json_line(line, where);
-    if (!j) continue;
-    GenerationRequest r;
-    r.line = line_no;
-    r.doc_id = json_int_field(*j, "doc_id", where);
-    if (!seen.insert(r.doc_id).second) throw Error(where + ": document " + std::to_string(r.doc_id) + " appears twice");
-    r.native_id = j->contains("native_id") ? (*j)["native_id"] : nlohmann::json();
-    const nlohmann::json& request = json_field(*j, "request", where);
-    const nlohmann::json& context = json_field(request, "context", where + " request");
-    if (chat) {
-      r.chat = chat_prompt(context, task, t.shots, where);
-      r.context = chat_prompt_text(*r.chat, where);
-    } else if (context.is_object()) {
-      throw Error(where + ": request.context is a chat-format conversation (OLMES' use_chat_format): add --chat");
-    } else {
-      r.context = json_string_field(request, "context", where + " request");
-    }
-    const nlohmann::json& stops = json_field(request, "stop_sequences", where + " request");
-    if (!stops.is_array()) throw Error(where + ": request.stop_sequences must be a list of strings");
-    for (const auto& s : stops) {
-      if (!s.is_string()) throw Error(where + ": request.stop_sequences must be a list of strings");
-      if (s.get<std::string>().empty())
-        throw Error(where + ": request.stop_sequences has an empty string (it would stop before any text)");
-      r.stop_sequences.push_back(s.get<std::string>());
-    }
-    read_generation_kwargs(request.contains("generation_kwargs")
-                               ? request["generation_kwargs"]
-                               : json_field(task_config, "generation_kwargs", config_path + " task_config"),
-                           r, where + " request.generation_kwargs");
-    try {
-      r.gold = gold_from_request(*spec, *j);
-    } catch (const Error& e) {
-      throw Error(where + ": " + e.what());
-    }
-    t.requests.push_back(std::move(r));
-    if (limit > 0 && static_cast<int64_t>(t.requests.size()) >= limit) break;
-  }
-  if (t.requests.empty()) throw Error(t.requests_path + ": no requests (task " + task + ")");
-  return t;
-}
 
 std::vector<std::vector<GeneratedAnswer>> generate_answers(const CausalLM& model,
                                                            std::shared_ptr<const Tokenizer> tokenizer,

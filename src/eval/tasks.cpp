@@ -1,7 +1,5 @@
 #include "archspace/eval/tasks.h"
 
-#include <zlib.h>
-
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
@@ -12,6 +10,7 @@
 
 #include "archspace/util/error.h"
 #include "archspace/util/files.h"
+#include "archspace/util/gzip_lines.h"
 #include "archspace/util/json_file.h"
 #include "archspace/util/json_lines.h"
 #include "archspace/util/strings.h"
@@ -59,29 +58,6 @@ MultiTrueLabels read_multi_true(const nlohmann::json& doc, const std::string& wh
 }
 
 }  // namespace
-
-// The whole (decompressed) file. zlib reads an uncompressed file as it is, so a corrupt one shows as a
-// malformed line; a truncated or damaged gzip stream is reported by gzread/gzclose.
-std::string read_gzip_file(const std::string& path) {
-  check_readable_file(path);
-  gzFile f = gzopen(path.c_str(), "rb");
-  if (!f) throw Error(path + ": cannot open");
-  std::string out;
-  char buffer[1 << 16];
-  for (;;) {
-    const int n = gzread(f, buffer, sizeof(buffer));
-    if (n < 0) {
-      int code = 0;
-      const std::string what = gzerror(f, &code);
-      gzclose(f);
-      throw Error(path + ": corrupt gzip file (" + what + ")");
-    }
-    if (n == 0) break;
-    out.append(buffer, static_cast<size_t>(n));
-  }
-  if (gzclose(f) != Z_OK) throw Error(path + ": corrupt gzip file (truncated stream)");
-  return out;
-}
 
 const nlohmann::json& json_field(const nlohmann::json& j, const std::string& key, const std::string& where) {
   if (!j.is_object() || !j.contains(key)) throw Error(where + ": missing field \"" + key + "\"");
@@ -224,16 +200,12 @@ TaskFiles load_task(const std::string& variant_dir, const std::string& task, con
   }
 
   const std::string requests_path = (fs::path(variant_dir) / "requests.jsonl.gz").string();
-  const std::string text = read_gzip_file(requests_path);
   std::vector<TaskRequest> conditional, unconditional;
   std::set<int64_t> kept;  // conditional documents within the limit
-  std::istringstream lines(text);
-  int64_t line_no = 0;
-  for (std::string line; std::getline(lines, line);) {
-    ++line_no;
+  for_each_gzip_line(requests_path, kTaskRequestFileLimits, [&](const std::string& line, int64_t line_no) {
     const std::string where = requests_path + ":" + std::to_string(line_no);
     const auto j = parse_json_line(line, where);
-    if (!j) continue;
+    if (!j) return true;
     const std::string type = json_string_field(*j, "request_type", where);
     if (type != "loglikelihood") {
       throw Error(where + ": task " + task + " has a \"" + type +
@@ -261,7 +233,8 @@ TaskFiles load_task(const std::string& variant_dir, const std::string& task, con
       if (!kept.count(r.doc_id) && (limit == 0 || static_cast<int64_t>(kept.size()) < limit)) kept.insert(r.doc_id);
       if (kept.count(r.doc_id)) conditional.push_back(std::move(r));
     }
-  }
+    return true;
+  });
   if (conditional.empty()) throw Error(requests_path + ": no requests");
 
   // Each document's choices must be 0..k-1, once each, with one gold label among them (TruthfulQA's: a label per

@@ -118,13 +118,15 @@ TEST(CodeTasks, ShippedCanonicalSolutionsPassAndWrongOnesFail) {
       GTEST_SKIP() << e.what();
     }
     const GenerationTaskFiles files = load_generation_task(dir, task);
-    std::istringstream lines(read_gzip_file(files.requests_path));
+    std::vector<nlohmann::json> lines;
+    for_each_gzip_line(files.requests_path, kTaskRequestFileLimits, [&](const std::string& line, int64_t) {
+      if (!line.empty()) lines.push_back(nlohmann::json::parse(line));
+      return true;
+    });
     std::vector<GenerationInstance> right, wrong;
     std::vector<bool> needs_setup;
     size_t k = 0;
-    for (std::string line; std::getline(lines, line);) {
-      if (line.empty()) continue;
-      const auto j = nlohmann::json::parse(line);
+    for (const nlohmann::json& j : lines) {
       const auto& r = files.requests.at(k++);
       ASSERT_EQ(r.doc_id, j["doc_id"].get<int64_t>());
       const bool humaneval = task == "codex_humaneval";

@@ -19,6 +19,8 @@
 #include <string>
 #include <vector>
 
+#include "archspace/util/gzip_lines.h"
+
 namespace archspace {
 
 struct TaskRequest {
@@ -78,10 +80,11 @@ std::vector<TaskVariant> select_task_variants(const std::vector<std::string>& di
 // and where it looked when it has none.
 std::string find_generation_variant(const std::vector<std::string>& dirs, const std::string& task);
 
-// Shared by the task readers (tasks.cpp, generation_tasks.cpp): the whole decompressed file (zlib reads an
-// uncompressed one as it is; a damaged stream is an error naming the file), and JSON fields that must exist,
+// Shared by the task readers (tasks.cpp, generation_task_files.cpp): how their requests.jsonl.gz is read
+// (util/gzip_lines: streamed; a line within 64 MiB, the longest OLMES line is 14.6 KB; the whole file within 4 GiB
+// decompressed, the largest OLMES file, hellaswag's train_mc_5shot, is 867 MiB), and JSON fields that must exist,
 // be an integer or a string (errors "WHERE: missing field ..." / "... must be ...").
-std::string read_gzip_file(const std::string& path);
+inline constexpr GzipLineLimits kTaskRequestFileLimits{size_t{64} << 20, uint64_t{4} << 30};
 const nlohmann::json& json_field(const nlohmann::json& j, const std::string& key, const std::string& where);
 int64_t json_int_field(const nlohmann::json& j, const std::string& key, const std::string& where);
 std::string json_string_field(const nlohmann::json& j, const std::string& key, const std::string& where);
