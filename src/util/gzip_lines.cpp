@@ -17,7 +17,7 @@ std::string bytes_text(uint64_t bytes) {
   return std::to_string(bytes) + " bytes";
 }
 
-// Closes the file on every way out; a stream read to its end is checked by close_checked().
+// Closes the file on every way out; for_each_gzip_line closes a stream it read to the end itself, to check it.
 struct GzipFile {
   gzFile f = nullptr;
   ~GzipFile() {
