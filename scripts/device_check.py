@@ -12,7 +12,9 @@ Checks (each a "pass" in the JSON; the script exits 1 if any fails):
                     (the model cast to bf16 on the same device), the rule of tests/python/test_cli.py
   flash_attention   build/check_attention: flash path vs reference attention, forward and backward; with
                     document masking, the variable-length kernel (cu_seqlens) vs the block-diagonal reference
-  cache_decode      greedy decode with the KV cache (fp32) == argmax of one full forward at every step
+  cache_decode      greedy decode with the KV cache (fp32) == argmax of one full forward at every step, for
+                    each way of running the steps: eager, fixed shapes, and a replayed CUDA graph (the dry run:
+                    the first two; --decode-steps, infer/decode_step.h)
   train_bf16        3 training steps, bf16 autocast vs fp32 (same init, data): first-step loss difference
                     <= max(1.5x that of transformers under torch.autocast, 2e-3); every step within 1%;
                     also with activation checkpointing (fp32: the same losses within 1e-5)
@@ -169,17 +171,26 @@ def check_cache_decode(engine, s, work):
     prompts_file = work / "decode-prompts.jsonl"
     prompts_file.write_text("".join(json.dumps({"tokens": p}) + "\n" for p in prompts))
     new = s["decode_new"]
-    out = engine.run("generate", "--model", model, "--prompts-file", prompts_file, "--max-new-tokens", new,
-                     "--temperature", 0, "--device", s["device"], "--tokenizer", s["tokenizer"]).stdout
-    rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-    mismatches = 0
-    for prompt, row in zip(prompts, rows):
-        generated = row["tokens"]
-        full = engine.logits(model, prompt + generated[:-1], work, "--device", s["device"])
-        expected = full[len(prompt) - 1:].argmax(-1).tolist()
-        mismatches += sum(int(a != b) for a, b in zip(generated, expected)) + abs(len(generated) - len(expected))
-    return {"prompts": len(prompts), "prompt_tokens": n, "new_tokens": new, "mismatches": mismatches,
-            "pass": mismatches == 0 and len(rows) == 2}
+    result = {"prompts": len(prompts), "prompt_tokens": n, "new_tokens": new, "mismatches": {}, "pass": True}
+    for mode in decode_modes(s):
+        out = engine.run("generate", "--model", model, "--prompts-file", prompts_file, "--max-new-tokens", new,
+                         "--temperature", 0, "--device", s["device"], "--tokenizer", s["tokenizer"],
+                         "--decode-steps", mode).stdout
+        rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+        mismatches = 0
+        for prompt, row in zip(prompts, rows):
+            generated = row["tokens"]
+            full = engine.logits(model, prompt + generated[:-1], work, "--device", s["device"])
+            expected = full[len(prompt) - 1:].argmax(-1).tolist()
+            mismatches += sum(int(a != b) for a, b in zip(generated, expected)) + abs(len(generated) - len(expected))
+        result["mismatches"][mode] = mismatches
+        result["pass"] = result["pass"] and mismatches == 0 and len(rows) == 2
+    return result
+
+
+def decode_modes(s):
+    """The --decode-steps modes a device runs: CUDA graphs need a GPU."""
+    return ["eager", "fixed-shapes"] + (["cuda-graph"] if s["device"] == "cuda" else [])
 
 
 def write_shards(directory, tokens, vocab):
@@ -470,11 +481,14 @@ def measure_decode(engine, s, work):
     model = work / "perf-model"
     prompt = decode_prompt()
     new = s["perf_decode_new"]
-    err = engine.run("generate", "--model", model, "--prompt-tokens", " ".join(map(str, prompt)), "--max-new-tokens",
-                     new, "--temperature", 0, "--device", s["device"], "--dtype", "bf16", "--tokenizer",
-                     s["tokenizer"]).stderr
-    m = re.search(r"decode (\d+) tokens in ([\d.]+) s", err)
-    engine_tok_s = int(m.group(1)) / max(float(m.group(2)), 1e-9)
+    tok_s = {}
+    for mode in decode_modes(s):
+        err = engine.run("generate", "--model", model, "--prompt-tokens", " ".join(map(str, prompt)),
+                         "--max-new-tokens", new, "--temperature", 0, "--device", s["device"], "--dtype", "bf16",
+                         "--tokenizer", s["tokenizer"], "--decode-steps", mode).stderr
+        m = re.search(r"decode (\d+) tokens in ([\d.]+) s", err)
+        tok_s[mode] = int(m.group(1)) / max(float(m.group(2)), 1e-9)
+    engine_tok_s = tok_s["eager"]
     hf = hf_model(model, s["device"], torch.bfloat16)
     ids = torch.tensor([prompt], device=s["device"])
     gen = dict(max_new_tokens=new, min_new_tokens=new, do_sample=False, eos_token_id=None, pad_token_id=0)
@@ -492,7 +506,8 @@ def measure_decode(engine, s, work):
     hf_tok_s = (new - 1) / max(total - prefill, 1e-9)  # decode only: one prefill subtracted
     return {"preset": s["perf_preset"], "prompt_tokens": len(prompt), "new_tokens": new, "dtype": "bf16",
             "engine_decode_tok_s": engine_tok_s, "transformers_decode_tok_s": hf_tok_s,
-            "ratio": engine_tok_s / hf_tok_s}
+            "ratio": engine_tok_s / hf_tok_s, "engine_decode_tok_s_by_mode": tok_s,
+            "best_mode_ratio": max(tok_s.values()) / hf_tok_s}
 
 
 def top_ops(trace, n=8):

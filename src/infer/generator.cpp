@@ -9,6 +9,7 @@
 #include <cmath>
 
 #include "archspace/infer/argmax.h"
+#include "archspace/infer/decode_step.h"
 #include "archspace/model/kv_cache.h"
 #include "archspace/util/error.h"
 
@@ -156,6 +157,8 @@ GenerateResult generate(const CausalLM& model, const Tokenizer& tokenizer,
   const int64_t budget = std::min<int64_t>(o.max_new_tokens, c.max_position_embeddings - longest);
   // Sample only ids the tokenizer has: a vocabulary padded beyond it (100278 -> 100352) holds no tokens.
   const int64_t sampled_ids = std::min<int64_t>(c.vocab_size, tokenizer.vocab_size());
+  // The forwards fill slots longest .. longest + budget - 2 (the last sampled token is never fed back).
+  DecodeSteps decode(model, cache, o.decode_steps, longest + std::max<int64_t>(budget - 1, 1));
   for (int64_t step = 0; step < budget; ++step) {
     std::vector<int64_t> next(B, pad_id);
     for (size_t b = 0; b < B; ++b) {
@@ -174,9 +177,7 @@ GenerateResult generate(const CausalLM& model, const Tokenizer& tokenizer,
     if (std::all_of(rows.begin(), rows.end(), [](const RowState& row) { return row.done; })) break;
     if (step + 1 == budget) break;  // no forward needed for tokens that will not be sampled from
     // Rows that are done feed the padding id; their logits are ignored from here on.
-    RECORD_USER_SCOPE("archspace::decode_step");
-    last = logits_to_float(
-        model.forward(at::tensor(next, at::kLong).view({static_cast<int64_t>(B), 1}), fwd).select(1, 0));
+    last = logits_to_float(decode.step(next));
   }
   r.decode_seconds = std::chrono::duration<double>(now() - t0).count();
   for (size_t b = 0; b < B; ++b) {

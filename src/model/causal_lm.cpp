@@ -293,7 +293,9 @@ at::Tensor CausalLM::forward(const at::Tensor& input_ids, const ForwardOptions& 
   // [T], or [B, T] for a left-padded batch (each row counts positions from its first real token).
   // A context-parallel slice: global positions, so RoPE (plain or YaRN) sees the whole sequence's.
   // Decoding an unpadded batch reads positions first .. end - 1 as rows of the kept tables (Rope::cached_rows).
-  const bool consecutive = options.cache && !options.cache->padded();
+  // A fixed-shape step (KVCache::fix_shapes) takes its positions from the cache's device slot instead.
+  const bool fixed = options.cache && options.cache->fixed_shapes();
+  const bool consecutive = options.cache && !options.cache->padded() && !fixed;
   at::Tensor positions = consecutive ? at::Tensor()
                          : options.cache
                              ? options.cache->positions(T, device())
@@ -306,9 +308,12 @@ at::Tensor CausalLM::forward(const at::Tensor& input_ids, const ForwardOptions& 
   }
   // With a cache (decoding, prefill into it) positions run late and repeat across calls: look the tables up.
   const int64_t max_pos = config_.max_position_embeddings;
+  // Fixed shapes: the kept tables cover every slot the cache was fixed for from the first step on, so a replayed
+  // step never looks up rows past them.
+  const int64_t table_end = fixed ? std::max(end, options.cache->fixed_end()) : end;
   auto tables = [&](const Rope& rope) {
     if (consecutive) return rope.cached_rows(first, end, max_pos, device());
-    return options.cache ? rope.cached_tables(positions, end, max_pos) : rope.tables(positions);
+    return options.cache ? rope.cached_tables(positions, table_end, max_pos) : rope.tables(positions);
   };
   auto [sliding_cos, sliding_sin] = tables(sliding_rope_);
   auto [full_cos, full_sin] = tables(full_rope_);

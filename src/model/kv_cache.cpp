@@ -48,6 +48,12 @@ KVCache::KVCache(const ModelConfig& config, std::vector<int64_t> left_padding)
 }
 
 at::Tensor KVCache::positions(int64_t tokens, const at::Device& device) const {
+  if (fixed_shapes()) {  // from the device's slot: a captured step's positions move with it
+    if (tokens != 1) throw Error("KVCache: a fixed-shape step takes one token per row, got " + std::to_string(tokens));
+    const at::Tensor slot = slot_.to(device);
+    if (!padded_) return slot;
+    return (slot.view({1, 1}) - device_left_padding_.to(device).view({-1, 1})).clamp_min(0);
+  }
   auto opts = at::TensorOptions().dtype(at::kLong).device(device);
   at::Tensor slots = at::arange(length_, length_ + tokens, opts);
   if (!padded_) return slots;
@@ -93,7 +99,74 @@ KVCache::View KVCache::append(int64_t layer, const at::Tensor& k, const at::Tens
                 std::to_string(left_padding_.size()));
   }
   LayerCache& c = layers_[layer];
+  if (fixed_shapes()) return append_fixed(types_[layer], c, k, v);
   return types_[layer] == LayerType::kSliding ? append_sliding(c, k, v) : append_full(c, k, v);
+}
+
+void KVCache::fix_shapes(int64_t end_slot) {
+  const LayerCache* held = nullptr;
+  for (const LayerCache& c : layers_)
+    if (c.k.defined()) held = &c;
+  if (!held || length_ == 0) throw Error("KVCache::fix_shapes: the cache holds nothing yet (prefill first)");
+  if (end_slot <= length_ || end_slot > max_positions_) {
+    throw Error("KVCache::fix_shapes: end slot " + std::to_string(end_slot) + " must be in (" +
+                std::to_string(length_) + ", " + std::to_string(max_positions_) +
+                "] (the length held, max_position_embeddings)");
+  }
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    LayerCache& c = layers_[l];
+    if (!c.k.defined()) throw Error("KVCache::fix_shapes: layer " + std::to_string(l) + " holds nothing");
+    // slot % capacity is the ring's index wherever a slot can land: a sliding layer either never wraps
+    // (capacity >= end_slot) or has capacity == window, as append_sliding lays it out; a full one never wraps.
+    // Exactly that many slots (no doubling: a fixed-shape step reads the whole buffer).
+    const int64_t needed = std::min(end_slot, types_[l] == LayerType::kSliding ? window_ : max_positions_);
+    reserve(c, c.k, needed, needed);
+    // Slots not held read as zeros: masked keys have weight 0, and 0 x NaN (at::empty's garbage) would be NaN.
+    const int64_t capacity = c.k.size(2);
+    if (c.held < capacity) {
+      c.k.narrow(2, c.held, capacity - c.held).zero_();
+      c.v.narrow(2, c.held, capacity - c.held).zero_();
+    }
+  }
+  const at::Device device = held->k.device();
+  const int64_t B = held->k.size(0);
+  slot_ = at::zeros({1}, at::TensorOptions().dtype(at::kLong).device(device));
+  device_left_padding_ =
+      left_padding_.empty() ? at::zeros({B}, slot_.options()) : at::tensor(left_padding_, at::kLong).to(device);
+  fixed_end_ = end_slot;
+  slot_written_for_ = -1;
+  forget_masks();
+}
+
+void KVCache::begin_fixed_step() {
+  if (!fixed_shapes()) throw Error("KVCache::begin_fixed_step: the cache's shapes are not fixed (fix_shapes)");
+  if (length_ >= fixed_end_) {
+    throw Error("KVCache: slot " + std::to_string(length_) + " is past the end slot " + std::to_string(fixed_end_) +
+                " the shapes were fixed for");
+  }
+  slot_.fill_(length_);
+  slot_written_for_ = length_;
+}
+
+KVCache::View KVCache::append_fixed(LayerType type, LayerCache& c, const at::Tensor& k, const at::Tensor& v) {
+  if (k.size(2) != 1)
+    throw Error("KVCache: a fixed-shape step takes one token per row, got " + std::to_string(k.size(2)));
+  if (slot_written_for_ != length_)
+    throw Error("KVCache: a fixed-shape step at slot " + std::to_string(length_) + " without begin_fixed_step()");
+  const int64_t capacity = c.k.size(2);
+  const at::Tensor index = slot_.remainder(capacity);
+  c.k.index_copy_(2, index, k);
+  c.v.index_copy_(2, index, v);
+  c.held = std::min(length_ + 1, capacity);
+  View view{c.k, c.v, capacity - 1, {}};
+  // Index j holds the latest slot s <= slot with s % capacity == j (negative: nothing yet); it is read when it is
+  // a real slot of its row, s >= left padding. Every key is within a sliding query's window (capacity <= window).
+  view.padding_mask = layer_padding_mask(type, 1, capacity, [&] {
+    const at::Tensor j = at::arange(capacity, slot_.options());
+    const at::Tensor slot_of_j = slot_ - (slot_ - j).remainder(capacity);  // [capacity]
+    return slot_of_j.view({1, 1, 1, -1}) >= device_left_padding_.view({-1, 1, 1, 1});
+  });
+  return view;
 }
 
 KVCache::View KVCache::append_full(LayerCache& c, const at::Tensor& k, const at::Tensor& v) {
@@ -202,6 +275,7 @@ void KVCache::store_in_slot_order(int64_t layer, const at::Tensor& k, const at::
 }
 
 void KVCache::keep_rows(const std::vector<int64_t>& rows) {
+  if (fixed_shapes()) throw Error("KVCache::keep_rows: rows cannot leave a cache with fixed shapes");
   const int64_t B = batch_size();
   for (int64_t r : rows) {
     if (r < 0 || r >= B) throw Error("KVCache::keep_rows: row " + std::to_string(r) + " of " + std::to_string(B));
@@ -240,6 +314,8 @@ void KVCache::keep_rows(const std::vector<int64_t>& rows) {
 void KVCache::append_rows(const KVCache& other) {
   if (other.types_ != types_ || other.window_ != window_)
     throw Error("KVCache::append_rows: caches of different models");
+  if (fixed_shapes() || other.fixed_shapes())
+    throw Error("KVCache::append_rows: rows cannot join a cache with fixed shapes");
   const int64_t B = batch_size(), other_B = other.batch_size();
   if (other_B == 0) return;
   forget_masks();
@@ -293,5 +369,7 @@ int64_t KVCache::bytes(LayerType type) const {
 }
 
 int64_t KVCache::cached_positions(int64_t layer) const { return layers_[layer].held; }
+
+const at::Tensor& KVCache::key_buffer(int64_t layer) const { return layers_.at(layer).k; }
 
 }  // namespace archspace

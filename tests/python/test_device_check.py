@@ -35,6 +35,9 @@ def test_dry_run_passes_every_check_and_measures_every_figure(tmp_path):
     assert m["training_1b"]["tokens_per_s_median"] > 0 and m["training_1b"]["model_flops_per_token"] > 0
     assert m["training_1b"]["mfu"] is None  # no GPU peak to divide by on the CPU
     assert m["decode"]["engine_decode_tok_s"] > 0 and m["decode"]["transformers_decode_tok_s"] > 0
+    # Every way of running decoding steps the CPU has, checked and timed (CUDA graphs: on a GPU only).
+    assert checks["cache_decode"]["mismatches"] == {"eager": 0, "fixed-shapes": 0}
+    assert set(m["decode"]["engine_decode_tok_s_by_mode"]) == {"eager", "fixed-shapes"}
     assert m["prefill_65536"]["prompt_tokens"] == 512 and m["prefill_65536"]["prefill_tok_s"] > 0
     assert m["sharded_1b"]["world"] == 2 and m["sharded_1b"]["tokens_per_s_per_gpu"] > 0
     assert m["sharded_1b"]["planned_bytes_per_rank"]["sharding_buffers"] > 0  # plan's FSDP figures, 2 ranks

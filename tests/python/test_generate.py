@@ -25,8 +25,11 @@ def greedy_reference(model, ids, n):
     return ids
 
 
+@pytest.mark.parametrize("decode_steps", ["eager", "fixed-shapes"])
 @pytest.mark.parametrize("variant", ["base", "siamese_depth"])
-def test_greedy_generation_equals_full_forward_loop(variant, tmp_path):
+def test_greedy_generation_equals_full_forward_loop(variant, decode_steps, tmp_path):
+    """Also with --decode-steps fixed-shapes: the KV cache reserved once and each step reading its slot from a
+    tensor (what a CUDA graph replays), run eagerly here."""
     from tokenizers import Tokenizer
 
     vocab = 100278
@@ -42,8 +45,8 @@ def test_greedy_generation_equals_full_forward_loop(variant, tmp_path):
     tok = Tokenizer.from_file(str(DOLMA2))
     prompt_ids = tok.encode(PROMPT).ids
     expected = greedy_reference(model, prompt_ids, 16)[len(prompt_ids):]  # 13 + 16 tokens: past the window of 6
-    out = subprocess.run([str(BINARY), "generate", "--model", str(tmp_path / "m"), "--prompt", PROMPT, "--max-new-tokens", "16"],
-                         capture_output=True, check=True).stdout
+    out = subprocess.run([str(BINARY), "generate", "--model", str(tmp_path / "m"), "--prompt", PROMPT, "--max-new-tokens", "16",
+                          "--decode-steps", decode_steps], capture_output=True, check=True).stdout
     eos = [i for i, t in enumerate(expected) if t == 100257]
     expected = expected[: eos[0]] if eos else expected
     assert len(expected) >= 8  # enough decoded tokens for the comparison to mean something
@@ -89,6 +92,8 @@ def test_bad_input(tmp_path):
     (["--top-k", "-5"], "--top-k must be >= 0"),
     (["--stop", ""], "--stop: an empty string"),
     (["--prompt-tokens", "5 6"], "--prompt-tokens: give the prompt as ids only"),
+    (["--decode-steps", "graph"], "--decode-steps: \"graph\" is not one of eager, fixed-shapes, cuda-graph"),
+    (["--decode-steps", "cuda-graph"], "--decode-steps cuda-graph: CUDA graphs need --device cuda"),
 ])
 def test_bad_sampling_flags_are_refused(flags, fragment, tmp_path):
     """Each out-of-range flag is an error naming it and its range (they used to act as 'off' or as greedy,
@@ -98,10 +103,12 @@ def test_bad_sampling_flags_are_refused(flags, fragment, tmp_path):
     expect_error(["generate", "--model", tmp_path / "m", "--prompt", "hi", *flags], fragment)
 
 
+@pytest.mark.parametrize("decode_steps", ["eager", "fixed-shapes"])
 @pytest.mark.parametrize("variant", ["base", "siamese_depth"])
-def test_batch_of_different_lengths_equals_each_prompt_alone(variant, tmp_path):
+def test_batch_of_different_lengths_equals_each_prompt_alone(variant, decode_steps, tmp_path):
     """Four prompts of 3 to 19 tokens (window 6) decode as one left-padded batch; each row's greedy tokens
-    equal transformers' greedy loop over that prompt alone, and the engine run with that prompt alone."""
+    equal transformers' greedy loop over that prompt alone, and the engine run with that prompt alone (eagerly).
+    With fixed shapes the batch's steps read the padding from the cache's device mask."""
     vocab = 100278
     if variant == "base":
         model = save_random_olmo3(tiny_olmo3_config(vocab_size=vocab, num_key_value_heads=2), tmp_path / "m")
@@ -114,7 +121,7 @@ def test_batch_of_different_lengths_equals_each_prompt_alone(variant, tmp_path):
     (tmp_path / "prompts.jsonl").write_text("\n".join(lines) + "\n")
     new = 12
     out = subprocess.run([str(BINARY), "generate", "--model", str(tmp_path / "m"), "--prompts-file", str(tmp_path / "prompts.jsonl"),
-                          "--max-new-tokens", str(new)], capture_output=True, text=True, check=True)
+                          "--max-new-tokens", str(new), "--decode-steps", decode_steps], capture_output=True, text=True, check=True)
     rows = [json.loads(line) for line in out.stdout.splitlines()]
     assert [r["index"] for r in rows] == [0, 1, 2, 3]
     assert "batch 4" in out.stderr

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "archspace/infer/completion_text.h"
+#include "archspace/infer/decode_step.h"
 #include "archspace/model/causal_lm.h"
 #include "archspace/tokenizer/tokenizer.h"
 
@@ -38,6 +39,8 @@ struct GenerateOptions {
   std::vector<uint32_t> stop_ids;         // generation ends after any of these (not printed)
   std::vector<std::string> stop_strings;  // or when the text contains one (cut before it)
   int64_t prefill_chunk = 1024;
+  // How each decoding step runs (infer/decode_step.h): eager, fixed shapes, or a replayed CUDA graph.
+  DecodeMode decode_steps = DecodeMode::kEager;
 
   // Throws naming the flag and its valid range: max_new_tokens >= 1, temperature finite >= 0, top_k >= 0,
   // top_p in (0, 1], no empty stop string.

@@ -16,6 +16,12 @@
 // it (append_rows). Joining left-pads the shorter side so that every row still ends at the shared slot;
 // leaving drops the slots that are padding in every remaining row, so the batch's length stays that of
 // its longest sequence. Sliding layers' rings are rebuilt for the new slot numbering.
+//
+// Fixed-shape decoding (fix_shapes): after the prefill, every layer's buffer is reserved once for the rest of
+// the generation and a decoding step reads the next slot from a device tensor, not from the host: the step
+// writes its key and value at index slot % capacity (index_copy_), its query reads the whole buffer, and a mask
+// made on the device from the slot allows the slots held. Each step then launches the same kernels on the same
+// memory, which is what a CUDA graph replays (infer/decode_step.h); on the CPU it is the reference of that path.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -60,9 +66,20 @@ class KVCache {
   // takes other's as they are.
   void append_rows(const KVCache& other);
 
+  // Fixed-shape decoding (above), for the steps that fill slots length() .. end_slot - 1: after a prefill (the
+  // layers hold something), end_slot in (length(), max_position_embeddings]. Rows cannot join or leave after it.
+  void fix_shapes(int64_t end_slot);
+  bool fixed_shapes() const { return fixed_end_ > 0; }
+  int64_t fixed_end() const { return fixed_end_; }  // end_slot of fix_shapes (0: not fixed)
+  // Writes length() into the device tensor a fixed-shape step reads its slot from. Outside a captured graph,
+  // before each step (a step whose slot was not written for its length is refused).
+  void begin_fixed_step();
+
   int64_t bytes() const;                          // allocated by all layers
   int64_t bytes(LayerType type) const;            // allocated by layers of one type
   int64_t cached_positions(int64_t layer) const;  // positions a layer holds
+  // The buffer a layer's keys are kept in, [B, G, capacity, h] (undefined before its first append).
+  const at::Tensor& key_buffer(int64_t layer) const;
 
  private:
   struct LayerCache {
@@ -89,6 +106,9 @@ class KVCache {
     at::Tensor mask;
   };
   void forget_masks() { masks_[0] = masks_[1] = MaskMemo{}; }  // the padding changed
+  // A fixed-shape step of one token: written at slot % capacity, the whole buffer read under the mask of the
+  // slots held (real ones: not left padding).
+  View append_fixed(LayerType type, LayerCache& c, const at::Tensor& k, const at::Tensor& v);
 
   std::vector<LayerType> types_;
   int64_t window_;
@@ -97,7 +117,11 @@ class KVCache {
   bool padded_ = false;
   int64_t length_ = 0;
   std::vector<LayerCache> layers_;
-  MaskMemo masks_[2];  // sliding, full
+  MaskMemo masks_[2];               // sliding, full
+  int64_t fixed_end_ = 0;           // fix_shapes' end slot (0: shapes follow the length)
+  at::Tensor slot_;                 // [1] int64 on the cache's device: the fixed-shape step's slot
+  at::Tensor device_left_padding_;  // [B] int64 on that device (zeros without padding)
+  int64_t slot_written_for_ = -1;   // the length begin_fixed_step wrote into slot_
 };
 
 }  // namespace archspace

@@ -1,0 +1,60 @@
+// The decoding steps of generate() after its prefill: one token per row through the model with its KV cache.
+//
+// A decoding step of a small model on a GPU is bound by the host: ~875 kernel launches a token for the 1B
+// (docs/gpu.md), while the kernels themselves take a seventh of the step. A CUDA graph captures one step's
+// launches and replays them with one call; it needs every step to launch the same kernels on the same memory,
+// which the KV cache's fixed-shape mode gives (model/kv_cache.h: fix_shapes). So there are three ways to run
+// the steps: eager (the cache's shapes grow with the length: the default), fixed shapes run eagerly (any device:
+// on the CPU the reference the graph is checked against), and fixed shapes captured once and replayed (CUDA).
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "archspace/model/causal_lm.h"
+#include "archspace/model/kv_cache.h"
+
+namespace archspace {
+
+enum class DecodeMode {
+  kEager,        // shapes follow the cache's length
+  kFixedShapes,  // KVCache::fix_shapes, each step run eagerly
+  kCudaGraph,    // fixed shapes; the first step eagerly (warming up), the second captured, then replayed
+};
+
+// "eager", "fixed-shapes", "cuda-graph" (the CLI's names); throws listing them for anything else.
+DecodeMode parse_decode_mode(const std::string& name);
+const char* decode_mode_name(DecodeMode mode);
+
+// Whether this build can capture CUDA graphs (LibTorch with CUDA, built with the CUDA runtime's headers).
+bool cuda_graphs_built();
+
+class DecodeSteps {
+ public:
+  // After the prefill of `cache` (batch rows, length L): the steps fill slots L .. end_slot - 1 at most.
+  // kCudaGraph needs a CUDA model and cuda_graphs_built(); each mode's errors name it.
+  DecodeSteps(const CausalLM& model, KVCache& cache, DecodeMode mode, int64_t end_slot);
+  ~DecodeSteps();
+  DecodeSteps(const DecodeSteps&) = delete;
+  DecodeSteps& operator=(const DecodeSteps&) = delete;
+
+  // One step: the next token of each row in, each row's logits for the token after it out ([B, V] in the
+  // model's dtype, on its device; under kCudaGraph a view of the graph's output, valid until the next step).
+  at::Tensor step(const std::vector<int64_t>& next_ids);
+
+ private:
+  at::Tensor forward(const at::Tensor& ids);  // the model's forward of [B, 1] ids with the cache
+
+  const CausalLM& model_;
+  KVCache& cache_;
+  DecodeMode mode_;
+  int64_t steps_ = 0;
+  at::Tensor ids_;  // [B, 1] int64 on the model's device: kCudaGraph's input, fixed in memory
+  struct Graph;     // the captured step (decode_step.cpp; CUDA builds only)
+  std::unique_ptr<Graph> graph_;
+};
+
+}  // namespace archspace

@@ -1,0 +1,172 @@
+// Fixed-shape decoding (KVCache::fix_shapes, infer/decode_step.h), the CPU reference of decoding with CUDA graphs:
+// the cache reserved once after the prefill, each step writing at slot % capacity from a device slot and reading
+// the whole buffer under a device mask. Its logits equal eager decoding (fp32, within tolerance::forward_bound: the
+// same maths, with masked keys adding exact zeros) for both variants, left-padded batches, sliding rings that wrap
+// and ones that never fill; every step launches the same ops on the same memory; misuse is refused by name.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <vector>
+
+#include "archspace/infer/decode_step.h"
+#include "archspace/model/causal_lm.h"
+#include "archspace/model/kv_cache.h"
+#include "archspace/util/error.h"
+#include "tolerance.h"
+
+using namespace archspace;
+
+namespace {
+
+ModelConfig config_for(Variant v) {
+  ModelConfig c = preset("tiny", v);  // window 8, GQA 4/2
+  c.num_hidden_layers = 7;
+  c.layer_types = default_layer_types(7);  // [S, S, S, F, S, S, S]
+  c.depth_attention_stride = 2;
+  c.depth_attention_recent_window = 1;
+  c.rope_scaling = YarnScaling{4.0, 16, 32.0, 1.0, std::nullopt};
+  return c;
+}
+
+// Perturbed init (norms away from 1, larger weights), so that a wrong key or mask shows in the logits.
+CausalLM random_model(const ModelConfig& c, uint64_t seed) {
+  CausalLM m = CausalLM::random_init(c, seed);
+  at::manual_seed(seed);
+  NamedTensors p;
+  for (const auto& [n, t] : m.parameters()) p.emplace_back(n, t.dim() == 1 ? t + 0.2 * at::randn_like(t) : t * 4);
+  return CausalLM(c, p);
+}
+
+// Prefill `batch` (left-padded by `padding`) into a fresh cache, then feed `feeds` [B, steps] one column a step
+// through DecodeSteps in `mode`: each step's logits [B, V].
+std::vector<at::Tensor> decode(const CausalLM& model, const at::Tensor& batch, const std::vector<int64_t>& padding,
+                               const at::Tensor& feeds, DecodeMode mode, int64_t end_slot) {
+  KVCache cache(model.config(), padding);
+  model.forward(batch, {AttentionImpl::kSdpa, &cache});
+  DecodeSteps steps(model, cache, mode, end_slot);
+  std::vector<at::Tensor> out;
+  for (int64_t t = 0; t < feeds.size(1); ++t) {
+    const at::Tensor column = feeds.select(1, t).contiguous();
+    out.push_back(
+        steps.step(std::vector<int64_t>(column.data_ptr<int64_t>(), column.data_ptr<int64_t>() + column.numel())));
+  }
+  return out;
+}
+
+}  // namespace
+
+class FixedShapeDecoding : public ::testing::TestWithParam<Variant> {};
+
+// Three prompts (3, 9 and 21 tokens: shorter than, about and past the window of 8) left-padded into one batch, 14
+// steps: the sliding rings wrap during the steps and the full layer reads a buffer longer than it holds.
+TEST_P(FixedShapeDecoding, LeftPaddedBatchEqualsEagerDecoding) {
+  const ModelConfig c = config_for(GetParam());
+  const CausalLM model = random_model(c, 11);
+  const std::vector<int64_t> lengths = {3, 9, 21}, padding = {18, 12, 0};
+  std::vector<at::Tensor> rows;
+  for (size_t b = 0; b < lengths.size(); ++b)
+    rows.push_back(
+        at::cat({at::full({padding[b]}, 5, at::kLong), at::randint(0, c.vocab_size, {lengths[b]}, at::kLong)}));
+  const at::Tensor batch = at::stack(rows);
+  const int64_t steps = 14;
+  const at::Tensor feeds = at::randint(0, c.vocab_size, {3, steps}, at::kLong);
+  const auto eager = decode(model, batch, padding, feeds, DecodeMode::kEager, 21 + steps);
+  // The end slot past what the steps fill: the buffers hold more than is ever written, masked.
+  const auto fixed = decode(model, batch, padding, feeds, DecodeMode::kFixedShapes, 21 + steps + 5);
+  const double bound = tolerance::forward_bound(model, 21 + steps);
+  double worst = 0;
+  for (int64_t t = 0; t < steps; ++t) {
+    worst = std::max(worst, (fixed[t] - eager[t]).abs().max().item<double>());
+    EXPECT_TRUE(tolerance::within(fixed[t], eager[t], bound)) << "step " << t;
+  }
+  EXPECT_GT(eager[0].abs().max().item<double>(), 1.0);  // logits of a real scale
+  std::printf("worst difference fixed shapes vs eager: %.3g (bound %.3g)\n", worst, bound);
+}
+
+// One unpadded row whose steps end before the window fills: the sliding layers' buffers never wrap (capacity
+// below the window), and the end slot is exactly what the steps fill.
+TEST_P(FixedShapeDecoding, ShortUnpaddedRunEqualsEagerDecoding) {
+  const ModelConfig c = config_for(GetParam());
+  const CausalLM model = random_model(c, 12);
+  const at::Tensor prompt = at::randint(0, c.vocab_size, {1, 2}, at::kLong);
+  const at::Tensor feeds = at::randint(0, c.vocab_size, {1, 4}, at::kLong);
+  const auto eager = decode(model, prompt, {}, feeds, DecodeMode::kEager, 6);
+  const auto fixed = decode(model, prompt, {}, feeds, DecodeMode::kFixedShapes, 6);
+  for (size_t t = 0; t < eager.size(); ++t)
+    EXPECT_TRUE(tolerance::within(fixed[t], eager[t], tolerance::forward_bound(model, 6))) << "step " << t;
+}
+
+INSTANTIATE_TEST_SUITE_P(BothVariants, FixedShapeDecoding, ::testing::Values(Variant::kBase, Variant::kSiameseDepth));
+
+// What a graph replays must not move: every layer's buffers keep their memory and size from the first step to the
+// last, and the steps' positions past the window still give eager decoding's logits (checked above).
+TEST(FixedShapeDecoding, StepsKeepTheirMemory) {
+  const ModelConfig c = config_for(Variant::kBase);
+  const CausalLM model = random_model(c, 13);
+  KVCache cache(c);
+  model.forward(at::randint(0, c.vocab_size, {1, 5}, at::kLong), {AttentionImpl::kSdpa, &cache});
+  DecodeSteps steps(model, cache, DecodeMode::kFixedShapes, 30);
+  const int64_t bytes = cache.bytes();
+  std::vector<const void*> buffers;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) buffers.push_back(cache.key_buffer(l).const_data_ptr());
+  EXPECT_EQ(cache.key_buffer(0).size(2), c.sliding_window);  // 30 slots: the ring of the window
+  EXPECT_EQ(cache.key_buffer(3).size(2), 30);                // the full layer: every slot to the end
+  for (int64_t t = 0; t < 25; ++t) {
+    steps.step({7});
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l)
+      ASSERT_EQ(cache.key_buffer(l).const_data_ptr(), buffers[l]) << "layer " << l << " step " << t;
+  }
+  EXPECT_EQ(cache.bytes(), bytes);
+  EXPECT_EQ(cache.length(), 30);
+}
+
+TEST(FixedShapeDecoding, MisuseIsRefused) {
+  const ModelConfig c = config_for(Variant::kBase);
+  const CausalLM model = random_model(c, 14);
+  KVCache empty(c);
+  EXPECT_THROW(
+      {
+        try {
+          empty.fix_shapes(10);
+        } catch (const Error& e) {
+          EXPECT_NE(std::string(e.what()).find("prefill first"), std::string::npos) << e.what();
+          throw;
+        }
+      },
+      Error);
+  KVCache cache(c);
+  model.forward(at::randint(0, c.vocab_size, {1, 4}, at::kLong), {AttentionImpl::kSdpa, &cache});
+  EXPECT_THROW(cache.fix_shapes(4), Error);                              // nothing left to fill
+  EXPECT_THROW(cache.fix_shapes(c.max_position_embeddings + 1), Error);  // past the model's positions
+  cache.fix_shapes(7);
+  // A step whose slot was not written: refused, not run at a stale slot.
+  try {
+    model.forward(at::tensor({3}, at::kLong).view({1, 1}), {AttentionImpl::kSdpa, &cache});
+    ADD_FAILURE() << "a step without begin_fixed_step ran";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("begin_fixed_step"), std::string::npos) << e.what();
+  }
+  cache.begin_fixed_step();
+  EXPECT_THROW(model.forward(at::tensor({3, 4}, at::kLong).view({1, 2}), {AttentionImpl::kSdpa, &cache}), Error);
+  EXPECT_THROW(cache.keep_rows({0}), Error);
+  KVCache other(c);
+  EXPECT_THROW(cache.append_rows(other), Error);
+  // Three steps fill slots 4, 5 and 6; a fourth would be past the end slot.
+  for (int64_t t = 0; t < 3; ++t) {
+    if (t > 0) cache.begin_fixed_step();
+    model.forward(at::tensor({3}, at::kLong).view({1, 1}), {AttentionImpl::kSdpa, &cache});
+  }
+  EXPECT_THROW(cache.begin_fixed_step(), Error);
+  EXPECT_THROW(parse_decode_mode("graph"), Error);
+  EXPECT_EQ(parse_decode_mode("fixed-shapes"), DecodeMode::kFixedShapes);
+  EXPECT_STREQ(decode_mode_name(DecodeMode::kCudaGraph), "cuda-graph");
+  // CUDA graphs on a CPU model: an error naming the device, whatever the build.
+  KVCache again(c);
+  model.forward(at::randint(0, c.vocab_size, {1, 4}, at::kLong), {AttentionImpl::kSdpa, &again});
+  try {
+    DecodeSteps graph(model, again, DecodeMode::kCudaGraph, 8);
+    ADD_FAILURE() << "CUDA graphs accepted a CPU model";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("need a GPU"), std::string::npos) << e.what();
+  }
+}
