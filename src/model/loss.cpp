@@ -8,6 +8,7 @@
 
 #include "archspace/model/bf16_gemm.h"
 #include "archspace/model/cross_entropy_rows.h"
+#include "archspace/model/int8_weights.h"
 #include "archspace/model/linear.h"
 #include "archspace/util/error.h"
 
@@ -203,11 +204,22 @@ struct ChunkedHeadLoss : torch::autograd::Function<ChunkedHeadLoss> {
 
 }  // namespace
 
+namespace {
+
+// kHeadPaddingForDevice resolved for the device of `hidden`; anything else below 1 refused, naming `who`.
+int64_t head_padding(const char* who, const at::Tensor& hidden, int64_t pad_rows_to) {
+  if (pad_rows_to == kHeadPaddingForDevice) return hidden.is_cuda() ? kCudaHeadRowMultiple : 1;
+  if (pad_rows_to < 1)
+    throw Error(std::string(who) + ": pad_rows_to must be >= 1 or -1, got " + std::to_string(pad_rows_to));
+  return pad_rows_to;
+}
+
+}  // namespace
+
 LossSums head_loss(const at::Tensor& hidden, const at::Tensor& head_weight, const at::Tensor& labels,
                    double z_loss_coeff, int64_t chunk_tokens, const at::Tensor& head_weight_cast, int64_t pad_rows_to) {
   if (chunk_tokens < 0) throw Error("head_loss: the chunk size must be >= 0, got " + std::to_string(chunk_tokens));
-  if (pad_rows_to == kHeadPaddingForDevice) pad_rows_to = hidden.is_cuda() ? kCudaHeadRowMultiple : 1;
-  if (pad_rows_to < 1) throw Error("head_loss: pad_rows_to must be >= 1 or -1, got " + std::to_string(pad_rows_to));
+  pad_rows_to = head_padding("head_loss", hidden, pad_rows_to);
   const int64_t D = hidden.size(-1), rows = D > 0 ? hidden.numel() / D : 0;
   if (labels.numel() != rows) {
     throw Error("head_loss: " + std::to_string(labels.numel()) + " labels for " + std::to_string(rows) +
@@ -223,8 +235,9 @@ LossSums head_loss(const at::Tensor& hidden, const at::Tensor& head_weight, cons
 }
 
 at::Tensor label_logprobs(const at::Tensor& hidden, const at::Tensor& head_weight, const at::Tensor& labels,
-                          int64_t chunk_rows, const LogprobChunkVisitor& visit) {
+                          int64_t chunk_rows, const LogprobChunkVisitor& visit, int64_t pad_rows_to) {
   if (chunk_rows < 1) throw Error("label_logprobs: the chunk size must be >= 1, got " + std::to_string(chunk_rows));
+  pad_rows_to = head_padding("label_logprobs", hidden, pad_rows_to);
   at::NoGradGuard no_grad;
   const at::Tensor h = hidden.reshape({-1, hidden.size(-1)});
   const int64_t N = h.size(0);
@@ -234,9 +247,15 @@ at::Tensor label_logprobs(const at::Tensor& hidden, const at::Tensor& head_weigh
   }
   const at::Tensor target = labels.reshape({-1}).to(h.device(), at::kLong);
   at::Tensor out = at::zeros({N}, h.options().dtype(at::kFloat));
+  // The padded rows' logits (0) are computed and never read: the first V columns are the unpadded logits.
+  const int64_t V = head_weight.size(0), Vp = padded_head_rows(V, pad_rows_to);
+  // (An int8 head, CPU-only, keeps its own layout.)
+  const at::Tensor w =
+      Vp != V && !is_int8_weight(head_weight) ? at::constant_pad_nd(head_weight, {0, 0, 0, Vp - V}) : head_weight;
   for (int64_t s = 0; s < N; s += chunk_rows) {
     const int64_t c = std::min(chunk_rows, N - s);
-    const at::Tensor logprobs = at::log_softmax(archspace::linear(h.narrow(0, s, c), head_weight).to(at::kFloat), -1);
+    const at::Tensor logits = archspace::linear(h.narrow(0, s, c), w).narrow(1, 0, V);
+    const at::Tensor logprobs = at::log_softmax(logits.to(at::kFloat), -1);
     const at::Tensor t = target.narrow(0, s, c);
     out.narrow(0, s, c).copy_(logprobs.gather(1, t.clamp_min(0).unsqueeze(1)).squeeze(1).masked_fill_(t < 0, 0));
     if (visit) visit(s, logprobs);
