@@ -25,8 +25,9 @@ Measurements (no pass/fail): 1B training tokens/s and MFU, decode tokens/s again
 `generate`, peak GPU memory of a 65,536-token prefill; sharded_1b: the 1B at 8,192 tokens per GPU under
 "full" on 2 GPUs (on 1 GPU: a world of 1, where "full" shards nothing), tokens/s per GPU, MFU, and each
 rank's peak GPU memory against `archspace plan --json` for the same options. Profiles: decode_profile (generate
---profile, 32 tokens) and training_profile (the 1B step, train.profile_steps = [4, 5]): the CPU ops by self time
-and the GPU kernels by time, the top 8 of each.
+--profile, 32 tokens; on a GPU also decode_profile_cuda_graph, the same with --decode-steps cuda-graph) and
+training_profile (the 1B step, train.profile_steps = [4, 5]): the CPU ops by self time and the GPU kernels by
+time, the top 8 of each.
 """
 import argparse
 import json
@@ -173,9 +174,14 @@ def check_cache_decode(engine, s, work):
     new = s["decode_new"]
     result = {"prompts": len(prompts), "prompt_tokens": n, "new_tokens": new, "mismatches": {}, "pass": True}
     for mode in decode_modes(s):
-        out = engine.run("generate", "--model", model, "--prompts-file", prompts_file, "--max-new-tokens", new,
-                         "--temperature", 0, "--device", s["device"], "--tokenizer", s["tokenizer"],
-                         "--decode-steps", mode).stdout
+        try:  # a mode that fails (a CUDA graph that cannot be captured) is recorded; the others still run
+            out = engine.run("generate", "--model", model, "--prompts-file", prompts_file, "--max-new-tokens", new,
+                             "--temperature", 0, "--device", s["device"], "--tokenizer", s["tokenizer"],
+                             "--decode-steps", mode).stdout
+        except RuntimeError as e:
+            result.setdefault("errors", {})[mode] = str(e)[-1500:]
+            result["pass"] = False
+            continue
         rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
         mismatches = 0
         for prompt, row in zip(prompts, rows):
@@ -481,11 +487,17 @@ def measure_decode(engine, s, work):
     model = work / "perf-model"
     prompt = decode_prompt()
     new = s["perf_decode_new"]
-    tok_s = {}
+    tok_s, errors = {}, {}
     for mode in decode_modes(s):
-        err = engine.run("generate", "--model", model, "--prompt-tokens", " ".join(map(str, prompt)),
-                         "--max-new-tokens", new, "--temperature", 0, "--device", s["device"], "--dtype", "bf16",
-                         "--tokenizer", s["tokenizer"], "--decode-steps", mode).stderr
+        try:
+            err = engine.run("generate", "--model", model, "--prompt-tokens", " ".join(map(str, prompt)),
+                             "--max-new-tokens", new, "--temperature", 0, "--device", s["device"], "--dtype",
+                             "bf16", "--tokenizer", s["tokenizer"], "--decode-steps", mode).stderr
+        except RuntimeError as e:
+            if mode == "eager":
+                raise
+            errors[mode] = str(e)[-1500:]  # recorded beside the figures that were measured
+            continue
         m = re.search(r"decode (\d+) tokens in ([\d.]+) s", err)
         tok_s[mode] = int(m.group(1)) / max(float(m.group(2)), 1e-9)
     engine_tok_s = tok_s["eager"]
@@ -507,7 +519,7 @@ def measure_decode(engine, s, work):
     return {"preset": s["perf_preset"], "prompt_tokens": len(prompt), "new_tokens": new, "dtype": "bf16",
             "engine_decode_tok_s": engine_tok_s, "transformers_decode_tok_s": hf_tok_s,
             "ratio": engine_tok_s / hf_tok_s, "engine_decode_tok_s_by_mode": tok_s,
-            "best_mode_ratio": max(tok_s.values()) / hf_tok_s}
+            "best_mode_ratio": max(tok_s.values()) / hf_tok_s, **({"mode_errors": errors} if errors else {})}
 
 
 def top_ops(trace, n=8):
@@ -536,16 +548,17 @@ def top_ops(trace, n=8):
             "gpu_kernels_ms_total": round(total_us / 1e3, 3), "gpu_kernels_by_time": top}
 
 
-def profile_decode(engine, s, work):
-    """generate under --profile: what a decoding step runs (a launch-bound step shows in the CPU table)."""
+def profile_decode(engine, s, work, mode="eager"):
+    """generate under --profile: what a decoding step runs (a launch-bound step shows in the CPU table). With
+    mode "cuda-graph" the steps after the second are graph replays: their kernels without the host's launches."""
     model = work / "perf-model"
     prompt = " ".join(map(str, decode_prompt()))
-    trace = work / "profile-decode" / "generate.pt.trace.json"
+    trace = work / f"profile-decode-{mode}" / "generate.pt.trace.json"
     err = engine.run("generate", "--model", model, "--prompt-tokens", prompt, "--max-new-tokens",
                      s["profile_decode_new"], "--temperature", 0, "--device", s["device"], "--dtype", "bf16",
-                     "--tokenizer", s["tokenizer"], "--profile", trace).stderr
+                     "--tokenizer", s["tokenizer"], "--profile", trace, "--decode-steps", mode).stderr
     report = next((line for line in err.splitlines() if line.startswith("[generate] batch")), None)
-    return {"new_tokens": s["profile_decode_new"], "report": report, **top_ops(trace)}
+    return {"new_tokens": s["profile_decode_new"], "decode_steps": mode, "report": report, **top_ops(trace)}
 
 
 def profile_training(engine, s, work):
@@ -714,6 +727,9 @@ def main():
             step("measurements", "training_1b", lambda: measure_training(engine, s, work, gpu_name))
             step("measurements", "decode", lambda: measure_decode(engine, s, work))
             step("measurements", "decode_profile", lambda: profile_decode(engine, s, work))
+            if s["device"] == "cuda":
+                step("measurements", "decode_profile_cuda_graph",
+                     lambda: profile_decode(engine, s, work, "cuda-graph"))
             step("measurements", "prefill_65536", lambda: measure_prefill(engine, s, work))
             step("measurements", "sharded_1b", lambda: measure_sharded(engine, s, work, gpu_name))
             step("measurements", "training_profile", lambda: profile_training(engine, s, work))
