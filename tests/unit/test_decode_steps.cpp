@@ -12,30 +12,15 @@
 #include "archspace/model/causal_lm.h"
 #include "archspace/model/kv_cache.h"
 #include "archspace/util/error.h"
+#include "decoding_models.h"
 #include "tolerance.h"
 
 using namespace archspace;
 
 namespace {
 
-ModelConfig config_for(Variant v) {
-  ModelConfig c = preset("tiny", v);  // window 8, GQA 4/2
-  c.num_hidden_layers = 7;
-  c.layer_types = default_layer_types(7);  // [S, S, S, F, S, S, S]
-  c.depth_attention_stride = 2;
-  c.depth_attention_recent_window = 1;
-  c.rope_scaling = YarnScaling{4.0, 16, 32.0, 1.0, std::nullopt};
-  return c;
-}
-
-// Perturbed init (norms away from 1, larger weights), so that a wrong key or mask shows in the logits.
-CausalLM random_model(const ModelConfig& c, uint64_t seed) {
-  CausalLM m = CausalLM::random_init(c, seed);
-  at::manual_seed(seed);
-  NamedTensors p;
-  for (const auto& [n, t] : m.parameters()) p.emplace_back(n, t.dim() == 1 ? t + 0.2 * at::randn_like(t) : t * 4);
-  return CausalLM(c, p);
-}
+ModelConfig config_for(Variant v) { return archspace::testing::decoding_config(v); }
+CausalLM random_model(const ModelConfig& c, uint64_t seed) { return archspace::testing::perturbed_model(c, seed); }
 
 // Prefill `batch` (left-padded by `padding`) into a fresh cache, then feed `feeds` [B, steps] one column a step
 // through DecodeSteps in `mode`: each step's logits [B, V].
