@@ -311,32 +311,41 @@ void KVCache::keep_rows(const std::vector<int64_t>& rows) {
   length_ = length;
 }
 
-void KVCache::append_rows(const KVCache& other) {
-  if (other.types_ != types_ || other.window_ != window_)
-    throw Error("KVCache::append_rows: caches of different models");
-  if (fixed_shapes() || other.fixed_shapes())
-    throw Error("KVCache::append_rows: rows cannot join a cache with fixed shapes");
-  const int64_t B = batch_size(), other_B = other.batch_size();
-  if (other_B == 0) return;
+void KVCache::append_rows(const KVCache& other) { append_rows(std::vector<const KVCache*>{&other}); }
+
+void KVCache::append_rows(const std::vector<const KVCache*>& others) {
+  for (const KVCache* other : others) {
+    if (other->types_ != types_ || other->window_ != window_)
+      throw Error("KVCache::append_rows: caches of different models");
+    if (fixed_shapes() || other->fixed_shapes())
+      throw Error("KVCache::append_rows: rows cannot join a cache with fixed shapes");
+  }
+  // The caches with rows, this one first: all of them are copied into the new buffers once (joining one at a
+  // time would copy the running batch again for every sequence that joins).
+  std::vector<const KVCache*> parts;
+  if (batch_size() > 0) parts.push_back(this);
+  for (const KVCache* other : others)
+    if (other->batch_size() > 0) parts.push_back(other);
+  if (parts.empty() || (parts.size() == 1 && parts[0] == this)) return;
   forget_masks();
-  if (B == 0) {
-    *this = other;
+  if (parts.size() == 1) {  // an empty cache takes the other's rows as they are
+    const int64_t rows = parts[0]->batch_size();
+    *this = *parts[0];
     forget_masks();
-    if (left_padding_.empty()) left_padding_.assign(other_B, 0);
+    if (left_padding_.empty()) left_padding_.assign(rows, 0);
     return;
   }
-  const int64_t length = std::max(length_, other.length_);
+  int64_t length = 0;
+  for (const KVCache* cache : parts) length = std::max(length, cache->length_);
   std::vector<int64_t> padding;
-  auto add_padding = [&](const KVCache& cache, int64_t rows) {
-    for (int64_t b = 0; b < rows; ++b)
-      padding.push_back((cache.left_padding_.empty() ? 0 : cache.left_padding_[b]) + length - cache.length_);
-  };
-  add_padding(*this, B);
-  add_padding(other, other_B);
+  for (const KVCache* cache : parts) {
+    for (int64_t b = 0; b < cache->batch_size(); ++b)
+      padding.push_back((cache->left_padding_.empty() ? 0 : cache->left_padding_[b]) + length - cache->length_);
+  }
   for (size_t l = 0; l < layers_.size(); ++l) {
     const int64_t held = types_[l] == LayerType::kSliding ? std::min(length, window_) : length;
     std::vector<at::Tensor> ks, vs;
-    for (const KVCache* cache : {static_cast<const KVCache*>(this), &other}) {
+    for (const KVCache* cache : parts) {
       auto [k, v] = cache->in_slot_order(static_cast<int64_t>(l));
       // The slots this cache lacks at the front are padding for its rows (zeros: masked, and finite).
       const int64_t missing = held - k.size(2);

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -238,6 +239,63 @@ TEST_P(IncrementalDecoding, JoiningAndLeavingABatchEqualsEachSequenceAlone) {
   // The batch ends with sequences 1 and 3 only: its length is the longer one's, 11 + 16.
   EXPECT_EQ(batch.length(), 11 + 16);
   std::printf("worst difference batched vs alone: %.3g (bound %.3g)\n", worst, bound);
+}
+
+// Several sequences joining in one call (the scheduler's admissions of one turn), into a running batch and into an
+// empty one: every row's logits at every later step equal that sequence decoded alone (fp32, forward bound).
+TEST_P(IncrementalDecoding, SeveralJoiningAtOnceEqualEachAlone) {
+  const ModelConfig c = config_for(GetParam());
+  CausalLM model = random_model(c, 7);
+  const std::vector<int64_t> lengths = {5, 12, 3, 26};  // shorter than the window of 8, past it, far past it
+  const int64_t steps = 6;
+  std::vector<at::Tensor> prompts, feeds;
+  for (int64_t n : lengths) {
+    prompts.push_back(at::randint(0, c.vocab_size, {1, n}, at::kLong));
+    feeds.push_back(at::randint(0, c.vocab_size, {steps + 2}, at::kLong));
+  }
+  std::vector<std::vector<at::Tensor>> alone(lengths.size());
+  for (size_t s = 0; s < lengths.size(); ++s) {
+    KVCache cache(c);
+    model.forward(prompts[s], {AttentionImpl::kSdpa, &cache});
+    for (int64_t t = 0; t < steps + 2; ++t)
+      alone[s].push_back(model.forward(feeds[s][t].view({1, 1}), {AttentionImpl::kSdpa, &cache})[0][0]);
+  }
+  const double bound = tolerance::forward_bound(model, 26 + steps + 2);
+  auto prefilled = [&](size_t s) {
+    auto cache = std::make_unique<KVCache>(c);
+    model.forward(prompts[s], {AttentionImpl::kSdpa, cache.get()});
+    return cache;
+  };
+  for (bool running_first : {true, false}) {
+    // Sequence 0 runs two steps alone first (or not at all); then the others join in one call.
+    KVCache batch(c);
+    std::vector<int64_t> fed(lengths.size(), 0), rows;
+    if (running_first) {
+      model.forward(prompts[0], {AttentionImpl::kSdpa, &batch});
+      for (int64_t t = 0; t < 2; ++t) model.forward(feeds[0][fed[0]++].view({1, 1}), {AttentionImpl::kSdpa, &batch});
+      rows.push_back(0);
+    }
+    std::vector<std::unique_ptr<KVCache>> joining;
+    std::vector<const KVCache*> caches;
+    for (size_t s = running_first ? 1 : 0; s < lengths.size(); ++s) {
+      joining.push_back(prefilled(s));
+      caches.push_back(joining.back().get());
+      rows.push_back(static_cast<int64_t>(s));
+    }
+    batch.append_rows(caches);
+    EXPECT_EQ(batch.batch_size(), 4);
+    for (int64_t t = 0; t < steps; ++t) {
+      std::vector<at::Tensor> next;
+      for (int64_t s : rows) next.push_back(feeds[s][fed[s]]);
+      const at::Tensor logits = model.forward(at::stack(next).view({-1, 1}), {AttentionImpl::kSdpa, &batch});
+      for (size_t r = 0; r < rows.size(); ++r) {
+        const int64_t s = rows[r];
+        EXPECT_TRUE(tolerance::within(logits[r][0], alone[s][fed[s]], bound))
+            << "sequence " << s << " step " << fed[s] << (running_first ? " (joined a running batch)" : "");
+        ++fed[s];
+      }
+    }
+  }
 }
 
 TEST(KVCache, KeepRowsChecksTheRows) {

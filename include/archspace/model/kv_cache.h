@@ -65,6 +65,8 @@ class KVCache {
   // Adds other's rows after this cache's (same model; both on one device and dtype). A cache with no rows
   // takes other's as they are.
   void append_rows(const KVCache& other);
+  // Several caches' rows at once, in order (each row copied once: the scheduler's sequences admitted together).
+  void append_rows(const std::vector<const KVCache*>& others);
 
   // Fixed-shape decoding (above), for the steps that fill slots length() .. end_slot - 1: after a prefill (the
   // layers hold something), end_slot in (length(), max_position_embeddings]. Rows cannot join or leave after it.
