@@ -508,10 +508,12 @@ Command add(CLI::App& parent) {
                   "element type of OLMo-core .npy files without a manifest (default: the smallest holding the "
                   "model's vocabulary)")
       ->check(CLI::IsMember({"uint8", "uint16", "uint32", "uint64"}));
-  ppl->add_option("--context", a->options.context,
-                  "window length (default: the length the model was trained at, when its checkpoint records it; "
-                  "else min(max_position_embeddings, 4096))");
-  ppl->add_option("--stride", a->options.stride, "window start spacing (default = context: disjoint windows)");
+  ppl->add_option(
+      "--context", a->options.context,
+      "window length in tokens (default: the length the model was trained at, when its checkpoint records it; "
+      "else min(max_position_embeddings, 4096))");
+  ppl->add_option("--stride", a->options.stride,
+                  "window start spacing in tokens (default = context: disjoint windows)");
   ppl->add_option("--max-tokens", a->max_tokens, "evaluate only the first N tokens");
   ppl->add_option("--tokenizer", a->tokenizer,
                   "tokenizer for text data (default: the one the model directory carries)");
@@ -550,7 +552,7 @@ Command add(CLI::App& parent) {
                "score every request as a whole sequence (default: the choices of a document run their shared "
                "context once, and their continuations over its cached keys and values)");
   ds->add_option("--max-length", d->max_length,
-                 "longest sequence run; longer ones lose their start (default: max_position_embeddings)");
+                 "longest sequence run, in tokens; longer ones lose their start (default: max_position_embeddings)");
   ds->add_option("--tasks-dir", d->tasks_dirs,
                  "directory of OLMES task directories (repeatable; default: the built-in ones, or "
                  "ARCHSPACE_EVAL_TASKS)");

@@ -12,6 +12,7 @@ using namespace archspace;
 
 int main(int argc, char** argv) {
   CLI::App app{"archspace: train, evaluate, serve and export OLMo 3 and its SiameseNorm + Depth-Attention variant"};
+  app.name("archspace");  // usage lines name the program: "Usage: archspace train [OPTIONS]"
   app.require_subcommand(1);
   int threads = 0;
   app.add_option("--threads", threads,

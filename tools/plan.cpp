@@ -195,8 +195,19 @@ Command add(CLI::App& parent) {
       ->capture_default_str();
   app->add_flag("--json", a->json, "print the figures as JSON");
   app->add_option("--gpu-memory", a->gpu_memory,
-                  "a GPU's memory, e.g. 80GiB: says whether the plan fits, the margin, and else the cheapest change "
-                  "that fits (ZeRO-1, activation checkpointing, smaller micro-batch, more ranks)");
+                  "a GPU's memory with its unit, e.g. 80GiB, 80GB, 81920MiB (binary units; a bare number is refused): "
+                  "says whether the plan fits, the margin, and else the cheapest change that fits (ZeRO-1, activation "
+                  "checkpointing, smaller micro-batch, more ranks)")
+      ->check(
+          [](const std::string& text) {
+            try {
+              parse_memory_size(text, "--gpu-memory");
+              return std::string();
+            } catch (const Error& e) {
+              return std::string(e.what());
+            }
+          },
+          "SIZE");
   return {app, [a] { return run(*a); }, /*computes=*/false};
 }
 

@@ -109,7 +109,7 @@ Command add(CLI::App& parent) {
   app->add_flag("!--no-access-log,!--disable-log-requests", s.access_log,
                 "no line per request on stderr (client, request, status, tokens, latency)");
   app->add_flag("!--disable-log-stats", a->log_stats, "no periodic throughput line on stderr");
-  app->add_option("--log-stats-interval", s.stats_interval_s,
+  app->add_option("--log-stats-interval-s,--log-stats-interval", s.stats_interval_s,
                   "seconds between throughput lines (printed only when there was traffic)")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{86400}));
@@ -121,16 +121,17 @@ Command add(CLI::App& parent) {
       ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{1000000}));
   app->add_option("--max-body-bytes", s.max_body_bytes,
-                  "request body as received, whatever its transfer encoding; beyond, 413")
+                  "bytes of a request body as received, whatever its transfer encoding; beyond, 413")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{1024}, int64_t{1} << 32));
-  app->add_option("--max-header-bytes", s.max_header_bytes, "request line and headers together; beyond, 431")
+  app->add_option("--max-header-bytes", s.max_header_bytes,
+                  "bytes of the request line and headers together; beyond, 431")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{1024}, int64_t{16} << 20));
   app->add_option("--max-header-lines", s.max_header_lines, "header lines of a request; beyond, 431")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{8}, int64_t{100000}));
-  app->add_option("--request-timeout", s.request_timeout_s,
+  app->add_option("--request-timeout-s,--request-timeout", s.request_timeout_s,
                   "seconds from a request's arrival to its last token; then 504 (streams: an error event)")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{86400 * 7}));

@@ -7,6 +7,7 @@
 #include <map>
 
 #include "archspace/util/error.h"
+#include "archspace/util/strings.h"
 
 namespace archspace {
 
@@ -266,33 +267,25 @@ std::string results_table(const std::vector<TaskResult>& results) {
   };
   int width = 18;
   for (const auto& r : results) width = std::max(width, static_cast<int>(label(r).size()));
-  char line[512];
   // chance: the primary metric's value under uniform guessing (MetricValue::chance), "-" where there is none.
-  std::snprintf(line, sizeof(line), "%-*s %-6s %5s %6s  %-14s %-17s %-6s %s\n", width, "task", "format", "shots", "n",
-                "primary", "value +- stderr", "chance", "others");
-  std::string out = line;
+  std::string out = format_string("%-*s %-6s %5s %6s  %-14s %-17s %-6s %s\n", width, "task", "format", "shots", "n",
+                                  "primary", "value +- stderr", "chance", "others");
   for (const auto& r : results) {
     std::string primary, others, chance = "-";
     for (const auto& m : r.metrics) {
-      char v[64];
-      std::snprintf(v, sizeof(v), "%.4f +- %.4f", m.value, m.stderr_);
       if (m.primary) {
-        primary = v;
-        if (std::isfinite(m.chance)) {
-          std::snprintf(v, sizeof(v), "%.4f", m.chance);
-          chance = v;
-        }
+        primary = format_string("%.4f +- %.4f", m.value, m.stderr_);
+        if (std::isfinite(m.chance)) chance = format_string("%.4f", m.chance);
       } else {
-        std::snprintf(v, sizeof(v), "%s%s %.4f", m.name.c_str(), m.aggregate == "micro" ? " micro" : "", m.value);
-        others += (others.empty() ? "" : ", ") + std::string(v);
+        others += (others.empty() ? "" : ", ") +
+                  format_string("%s%s %.4f", m.name.c_str(), m.aggregate == "micro" ? " micro" : "", m.value);
       }
     }
     const std::string task = label(r);
     const std::string shots = r.shots >= 0 ? std::to_string(r.shots) : "-";
-    std::snprintf(line, sizeof(line), "%-*s %-6s %5s %6lld  %-14s %-17s %-6s %s\n", width, task.c_str(),
-                  r.format.c_str(), shots.c_str(), static_cast<long long>(r.documents), r.primary_metric.c_str(),
-                  primary.c_str(), chance.c_str(), others.c_str());
-    out += line;
+    out += format_string("%-*s %-6s %5s %6lld  %-14s %-17s %-6s %s\n", width, task.c_str(), r.format.c_str(),
+                         shots.c_str(), static_cast<long long>(r.documents), r.primary_metric.c_str(), primary.c_str(),
+                         chance.c_str(), others.c_str());
   }
   return out;
 }

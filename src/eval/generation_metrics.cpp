@@ -767,7 +767,10 @@ std::string code_program(const GenerationTaskSpec& spec, const std::string& gene
            gold["entry_point"].get<std::string>() + ")";
   if (spec.gold_kind == "mbpp_tests") {
     std::string tests;
-    for (const auto& t : gold["test_list"]) tests += (tests.empty() ? "" : "\n") + t.get<std::string>();
+    for (const auto& t : gold["test_list"]) {
+      if (!tests.empty()) tests += '\n';
+      tests += t.get<std::string>();
+    }
     return generation + "\n" + tests;
   }
   throw Error("code_program: task " + spec.task + " is not a code task");

@@ -388,6 +388,8 @@ nlohmann::json MemoryPlan::to_json() const {
 }
 
 int64_t parse_memory_size(const std::string& text, const std::string& flag) {
+  const std::string forms =
+      " (a size with its unit: 80GiB, 80GB, 80G, 81920MiB or 85899345920B; all binary, 2^30 a GiB)";
   size_t used = 0;
   double value = -1;
   try {
@@ -398,8 +400,11 @@ int64_t parse_memory_size(const std::string& text, const std::string& flag) {
   std::string unit = text.substr(used);
   unit.erase(0, unit.find_first_not_of(' '));
   for (auto& ch : unit) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+  // A bare number is refused rather than read as bytes: "--gpu-memory 80" almost always means 80 GiB, and reading
+  // it as 80 bytes answered a question nobody asked. Bytes must say so ("B").
+  if (used > 0 && unit.empty()) throw Error(flag + ": '" + text + "' has no unit" + forms);
   static const std::vector<std::pair<std::vector<std::string>, double>> units = {
-      {{"", "B"}, 1.0},
+      {{"B"}, 1.0},
       {{"K", "KB", "KIB"}, 1024.0},
       {{"M", "MB", "MIB"}, 1024.0 * 1024},
       {{"G", "GB", "GIB"}, 1024.0 * 1024 * 1024},
@@ -409,7 +414,7 @@ int64_t parse_memory_size(const std::string& text, const std::string& flag) {
       if (used > 0 && unit == n && value > 0 && value * scale < 9e18) return static_cast<int64_t>(value * scale);
     }
   }
-  throw Error(flag + ": '" + text + "' is not a memory size (e.g. 80GiB, 24GB, 81920MiB)");
+  throw Error(flag + ": '" + text + "' is not a memory size" + forms);
 }
 
 FitAdvice advise_fit(const ModelConfig& c, const PlanOptions& o, int64_t capacity) {

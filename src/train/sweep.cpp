@@ -81,7 +81,8 @@ std::vector<SweepPoint> expand_sweep_grid(const std::vector<SweepAxis>& axes) {
       for (const auto& v : axes[i].values) {
         SweepPoint q = p;
         q.settings.emplace_back(axes[i].key, v);
-        q.name += (q.name.empty() ? "" : ",") + directory_safe(names[i] + "=" + v);
+        if (!q.name.empty()) q.name += ',';
+        q.name += directory_safe(names[i] + "=" + v);
         next.push_back(std::move(q));
       }
     }

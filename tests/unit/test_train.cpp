@@ -427,7 +427,8 @@ namespace {
 AdamW adamw_of(const std::vector<at::Tensor>& init, bool fused) {
   std::vector<AdamW::Group> groups;
   for (size_t i = 0; i < init.size(); ++i)
-    groups.push_back({"p" + std::to_string(i), init[i].clone().requires_grad_(true), /*decay=*/i != 1});
+    groups.push_back({std::string("p").append(std::to_string(i)), init[i].clone().requires_grad_(true),
+                      /*decay=*/i != 1});
   return AdamW(groups, {0.9, 0.95, 1e-8, fused});
 }
 

@@ -46,7 +46,8 @@ struct SuitePlan {
   struct Entry {
     SuiteTask task;
     std::vector<std::string> members;  // the tasks run (a group's members; the task itself)
-    std::string missing;               // non-empty: why the task cannot run (no files for ...)
+    std::string missing;               // non-empty: why the task cannot run (no files for ...), every name
+    std::string missing_brief;         // the same with a long list of names shortened (the table's cell)
   };
   const Suite* suite = nullptr;
   std::vector<Entry> entries;
@@ -60,7 +61,7 @@ struct SuiteReport {
     std::optional<double> value;  // unset: missing
     double stderr_ = 0;
     int64_t shots = -1, olmes_shots = 0, documents = 0;
-    std::string missing;
+    std::string missing, missing_brief;  // the JSON's (every name) and the table's (a long list shortened)
   };
   std::string name;
   std::vector<Row> rows;
@@ -70,6 +71,7 @@ struct SuiteReport {
 SuiteReport suite_report(const SuitePlan& plan, const std::vector<TaskResult>& results);
 
 // The table printed after the per-task rows: task, metric, value (x100), shots (OLMES'), n; then the macro line.
+// One line per row, whatever its length: a missing group lists its first member tasks and "(+K more)".
 std::string suite_table(const SuiteReport& report);
 
 // The --out file's "suite" object: {"name", "tasks", "missing", "macro", "macro_over", "rows": [...]}.

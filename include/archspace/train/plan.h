@@ -107,7 +107,8 @@ int64_t layer_activation_bytes(const ModelConfig& config, const PlanOptions& opt
 std::string human_bytes(int64_t bytes);
 
 // A memory size as GPUs are sold and nvidia-smi prints them: "80GiB", "80 GB", "81920MiB", "80G" (binary units:
-// G, GB and GiB all mean 2^30, as nvidia-smi's MiB), or plain bytes. Throws naming `flag`.
+// G, GB and GiB all mean 2^30, as nvidia-smi's MiB), or bytes with "B". A bare number is an error that shows the
+// accepted forms (a bare "80" meant 80 GiB to every user who typed it). Throws naming `flag`.
 int64_t parse_memory_size(const std::string& text, const std::string& flag);
 
 // Whether the plan fits in `capacity` bytes per rank, and if not the cheapest change among those the plan

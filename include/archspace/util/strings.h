@@ -3,6 +3,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,25 @@ inline std::vector<std::string> split_nonempty(const std::string& s, char sep) {
 inline std::string join(const std::vector<std::string>& items, const std::string& sep = ", ") {
   std::string out;
   for (size_t i = 0; i < items.size(); ++i) out += (i ? sep : "") + items[i];
+  return out;
+}
+
+// The first `shown` items joined, then "... (+K more)" for the rest: a table cell's list, whose whole list goes to
+// the JSON. {"a", "b", "c", "d"}, 2 -> "a, b, ... (+2 more)".
+inline std::string join_brief(const std::vector<std::string>& items, size_t shown, const std::string& sep = ", ") {
+  if (items.size() <= shown) return join(items, sep);
+  std::vector<std::string> head(items.begin(), items.begin() + static_cast<std::ptrdiff_t>(shown));
+  return join(head, sep) + sep + "... (+" + std::to_string(items.size() - shown) + " more)";
+}
+
+// printf into a string as long as the text needs: a fixed buffer cuts a long row, its newline with it, and the
+// next row runs into it.
+template <typename... Args>
+std::string format_string(const char* format, Args... args) {
+  const int n = std::snprintf(nullptr, 0, format, args...);
+  if (n <= 0) return {};
+  std::string out(static_cast<size_t>(n), '\0');
+  std::snprintf(out.data(), out.size() + 1, format, args...);
   return out;
 }
 
