@@ -30,7 +30,7 @@ def convergence(report, out):
     c = report["convergence"]
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6.5), sharex=True, gridspec_kw={"height_ratios": [3, 1.3]})
     for side, colour in (("a", "tab:blue"), ("b", "tab:orange")):
-        s, name = c[side], ", ".join(pathlib.Path(r).name or r for r in report[side])
+        s, name = c[side], ", ".join(report[side])
         top.plot(s["tokens"], s["loss"], color=colour, alpha=0.25, linewidth=1)
         top.plot(s["tokens"], s["smoothed"], color=colour, label=f"{side.upper()}: {name} (train)")
         if s["valid_tokens"]:

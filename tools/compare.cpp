@@ -1,10 +1,11 @@
 // archspace compare: a matched comparison of two sides (one run or several seeds each): matched or not,
 // convergence, and the paired per-task evaluation differences with their intervals (eval/compare.h holds the
 // policy; this gathers flags, writes DIR/compare.json and compare.md, and draws the charts with matplotlib).
+#include "archspace/eval/compare.h"
+
 #include <filesystem>
 #include <iostream>
 
-#include "archspace/eval/compare.h"
 #include "archspace/util/error.h"
 #include "archspace/util/files.h"
 #include "command.h"
@@ -58,8 +59,9 @@ int run(CompareArgs& args) {
 Command add(CLI::App& parent) {
   auto a = std::make_shared<CompareArgs>();
   auto* app = parent.add_subcommand(
-      "compare", "Compare two runs (or two sides of several seeds): matched or not, convergence, paired evaluation "
-                 "differences with bootstrap intervals, McNemar and Holm");
+      "compare",
+      "Compare two runs (or two sides of several seeds): matched or not, convergence, paired evaluation "
+      "differences with bootstrap intervals, McNemar and Holm");
   app->add_option("RUN_DIR", a->positional, "A B: the two run directories");
   app->add_option("--a", a->a, "side A's run directories (several seeds)")->expected(1, -1);
   app->add_option("--b", a->b, "side B's run directories (several seeds)")->expected(1, -1);

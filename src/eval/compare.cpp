@@ -1,5 +1,7 @@
 #include "archspace/eval/compare.h"
 
+#include <toml++/toml.h>
+
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -7,7 +9,6 @@
 #include <map>
 #include <set>
 #include <sstream>
-#include <toml++/toml.h>
 
 #include "archspace/eval/generation_metrics.h"
 #include "archspace/io/run_dir.h"
@@ -208,8 +209,8 @@ struct Run {
   std::vector<StepPoint> steps;
   std::vector<std::pair<double, double>> valid;  // (tokens, valid_loss)
   std::vector<int64_t> valid_steps;
-  json state;                                    // the newest checkpoint's trainer_state.json, or null
-  std::map<std::string, std::string> config;     // train_config.toml flattened: "section.key" -> value
+  json state;                                 // the newest checkpoint's trainer_state.json, or null
+  std::map<std::string, std::string> config;  // train_config.toml flattened: "section.key" -> value
 };
 
 double number_field(const json& j, const char* key, const std::string& where) {
@@ -330,8 +331,8 @@ json match_checks(const Run& a, const Run& b) {
   }
   // Evaluation settings: which validation losses at which steps.
   add("validation", a.valid_steps == b.valid_steps,
-      std::to_string(a.valid_steps.size()) + " vs " + std::to_string(b.valid_steps.size()) +
-          " validation points" + (a.valid_steps == b.valid_steps ? " at the same steps" : " (steps differ)"));
+      std::to_string(a.valid_steps.size()) + " vs " + std::to_string(b.valid_steps.size()) + " validation points" +
+          (a.valid_steps == b.valid_steps ? " at the same steps" : " (steps differ)"));
   // The run configs, except the change under test and where each run writes.
   if (!a.config.empty() && !b.config.empty()) {
     std::set<std::string> keys;
@@ -408,7 +409,8 @@ Rows read_requests(const std::string& path) {
       const GenerationTaskSpec* spec = find_generation_task(task);
       const std::string metric = j.contains("primary_metric") && j["primary_metric"].is_string()
                                      ? j["primary_metric"].get<std::string>()
-                                     : spec ? spec->primary_metric : "";
+                                 : spec ? spec->primary_metric
+                                        : "";
       if (metric.empty()) throw Error(where + ": task " + task + " is no generation task known here");
       if (!j.contains("metrics") || !j["metrics"].is_object() || !j["metrics"].contains(metric) ||
           !j["metrics"][metric].is_number())
@@ -502,8 +504,9 @@ json evaluation(const CompareOptions& o) {
               {"level", 0.95},
               {"runs_a", o.eval_a.size()},
               {"runs_b", o.eval_b.size()},
-              {"rng", "SplitMix64; task t draws from state splitmix64_mix(seed + t); index = floor(u * n), "
-                      "u = (x >> 11) * 2^-53"},
+              {"rng",
+               "SplitMix64; task t draws from state splitmix64_mix(seed + t); index = floor(u * n), "
+               "u = (x >> 11) * 2^-53"},
               {"method", o.eval_a.size() > 1 || o.eval_b.size() > 1
                              ? "paired bootstrap over runs and instances: each resample draws the runs of each side "
                                "with replacement, then the instances with replacement; the difference is the mean "
@@ -607,12 +610,13 @@ json evaluation(const CompareOptions& o) {
     above += v >= 0;
   }
   out["tasks"] = tasks;
-  out["macro"] = {{"a", ma / k},
-                  {"b", mb / k},
-                  {"diff", diff / k},
-                  {"low", linear_quantile(sorted, 0.025)},
-                  {"high", linear_quantile(sorted, 0.975)},
-                  {"p", std::min(1.0, 2.0 * static_cast<double>(std::min(below, above)) / static_cast<double>(o.resamples))}};
+  out["macro"] = {
+      {"a", ma / k},
+      {"b", mb / k},
+      {"diff", diff / k},
+      {"low", linear_quantile(sorted, 0.025)},
+      {"high", linear_quantile(sorted, 0.975)},
+      {"p", std::min(1.0, 2.0 * static_cast<double>(std::min(below, above)) / static_cast<double>(o.resamples))}};
   out["dropped"] = dropped;
   return out;
 }
@@ -666,8 +670,9 @@ json convergence(const std::vector<Run>& a, const std::vector<Run>& b, const Com
     if (hi > lo) {
       for (double f : {0.8, 0.6, 0.4, 0.2, 0.0}) levels.push_back(lo + f * (hi - lo));
     }
-    chosen = "five evenly spaced between the lower of the two smoothed curves' first values and the higher of "
-             "their minima (levels both reach)";
+    chosen =
+        "five evenly spaced between the lower of the two smoothed curves' first values and the higher of "
+        "their minima (levels both reach)";
   }
   json rows = json::array();
   for (double level : levels) {
@@ -678,16 +683,16 @@ json convergence(const std::vector<Run>& a, const std::vector<Run>& b, const Com
                 {"ratio", xa && xb && *xa > 0 ? json(*xb / *xa) : json()}};
     rows.push_back(row);
   }
-  return {{"smooth", o.smooth},
-          {"rule",
-           "training loss smoothed as `plot --smooth " + fmt(o.smooth) +
-               "` does (TensorBoard's debiased exponential moving average); a curve reaches a level at the first "
-               "logged step whose smoothed loss is at or below it, and its tokens are that step's tokens; with "
-               "several runs per side, the runs' mean loss at each step is smoothed"},
-          {"levels_chosen", chosen},
-          {"a", ca},
-          {"b", cb},
-          {"levels", rows}};
+  return {
+      {"smooth", o.smooth},
+      {"rule", "training loss smoothed as `plot --smooth " + fmt(o.smooth) +
+                   "` does (TensorBoard's debiased exponential moving average); a curve reaches a level at the first "
+                   "logged step whose smoothed loss is at or below it, and its tokens are that step's tokens; with "
+                   "several runs per side, the runs' mean loss at each step is smoothed"},
+      {"levels_chosen", chosen},
+      {"a", ca},
+      {"b", cb},
+      {"levels", rows}};
 }
 
 }  // namespace
@@ -758,12 +763,15 @@ std::string compare_markdown(const nlohmann::json& r) {
     md << "\n";
   }
   const json& c = r["convergence"];
-  md << "## Convergence\n\n" << c["rule"].get<std::string>() << ". Levels: " << c["levels_chosen"].get<std::string>()
+  md << "## Convergence\n\n"
+     << c["rule"].get<std::string>() << ". Levels: " << c["levels_chosen"].get<std::string>()
      << ".\n\n| loss | tokens A | tokens B | B/A |\n|---|---|---|---|\n";
   for (const auto& l : c["levels"]) {
-    const auto cell = [](const json& v, int digits) { return v.is_null() ? std::string("not reached") : md_number(v, digits); };
-    md << "| " << md_number(l["loss"], 3) << " | " << cell(l["tokens_a"], 0) << " | " << cell(l["tokens_b"], 0)
-       << " | " << (l["ratio"].is_null() ? std::string("-") : md_number(l["ratio"], 2) + "x") << " |\n";
+    const auto cell = [](const json& v, int digits) {
+      return v.is_null() ? std::string("not reached") : md_number(v, digits);
+    };
+    md << "| " << md_number(l["loss"], 3) << " | " << cell(l["tokens_a"], 0) << " | " << cell(l["tokens_b"], 0) << " | "
+       << (l["ratio"].is_null() ? std::string("-") : md_number(l["ratio"], 2) + "x") << " |\n";
   }
   const auto last = [](const json& side, const char* key) {
     return side[key].empty() ? std::string("-") : md_number(side[key].back(), 4);
@@ -772,9 +780,11 @@ std::string compare_markdown(const nlohmann::json& r) {
      << "; final validation loss A " << last(c["a"], "valid_loss") << ", B " << last(c["b"], "valid_loss") << ".\n";
   if (r.contains("evaluation")) {
     const json& e = r["evaluation"];
-    md << "\n## Evaluation\n\n" << e["method"].get<std::string>() << "; " << e["resamples"].get<int64_t>()
-       << " resamples, seed " << e["seed"].get<uint64_t>() << " (" << e["rng"].get<std::string>()
-       << "). Values in points (x100).\n\n| task | metric | n | A | B | B - A | 95% interval | p | significant (Holm) |\n"
+    md << "\n## Evaluation\n\n"
+       << e["method"].get<std::string>() << "; " << e["resamples"].get<int64_t>() << " resamples, seed "
+       << e["seed"].get<uint64_t>() << " (" << e["rng"].get<std::string>()
+       << "). Values in points (x100).\n\n| task | metric | n | A | B | B - A | 95% interval | p | significant (Holm) "
+          "|\n"
        << "|---|---|---|---|---|---|---|---|---|\n";
     const auto pts = [](const json& v) { return md_number(100 * v.get<double>(), 1); };
     for (const auto& t : e["tasks"]) {

@@ -236,8 +236,15 @@ def tiny(tmp_path_factory):
         result = subprocess.run(args, cwd=work, capture_output=True, text=True)
         assert result.returncode == 0, result.stderr
         return work / "runs" / name
-    return {"work": work, "base": train("base"), "siamese": train("siamese", "--set", "model.variant=siamese_depth"),
+    runs = {"work": work, "base": train("base"), "siamese": train("siamese", "--set", "model.variant=siamese_depth"),
             "seed": train("seed", "--set", "model.variant=siamese_depth", "--set", "train.seed=1")}
+    for name in ("base", "siamese"):  # the evaluation rows compare finds in each run (RUN/requests.jsonl)
+        run = runs[name]
+        result = subprocess.run([str(BINARY), "eval", "downstream", "--model", run, "--tasks", "arc_easy,piqa",
+                                 "--limit", "20", "--requests-out", run / "requests.jsonl", "--out",
+                                 work / f"{name}.eval.json"], cwd=work, capture_output=True, text=True)
+        assert result.returncode == 0, result.stderr
+    return runs
 
 
 def test_tiny_runs_matched(tiny, tmp_path):
@@ -252,7 +259,18 @@ def test_tiny_runs_matched(tiny, tmp_path):
     base = [json.loads(l) for l in (tiny["base"] / "metrics.jsonl").read_text().splitlines()]
     assert report["convergence"]["a"]["loss"] == [m["loss"] for m in base if "loss" in m]
     assert report["convergence"]["a"]["valid_loss"] == [m["valid_loss"] for m in base if "valid_loss" in m]
-    assert (out / "convergence.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for png in ("convergence.png", "forest.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # Each side's per-task value, scored from the rows alone, is eval downstream's own primary metric
+    # (arc_easy's rows include the unconditional requests of acc_uncond, which compare leaves out).
+    tasks = {t["task"]: t for t in report["evaluation"]["tasks"]}
+    assert sorted(tasks) == ["arc_easy", "piqa"]
+    for side, name in (("a", "base"), ("b", "siamese")):
+        rows = json.loads((tiny["work"] / f"{name}.eval.json").read_text())["results"]
+        for r in rows:
+            if r["task"] in tasks and r["primary"]:
+                assert tasks[r["task"]]["metric"] == r["metric"] and tasks[r["task"]]["n"] == r["n"] == 20
+                assert tasks[r["task"]][side] == pytest.approx(r["value"], abs=1e-12), (name, r)
 
 
 def test_tiny_runs_with_another_seed_name_the_difference(tiny, tmp_path):

@@ -50,8 +50,7 @@ std::vector<double> holm_adjust(const std::vector<double>& p);
 std::vector<double> ema_smooth(const std::vector<double>& values, double weight);
 
 // The tokens at the first point whose loss is at or below `level`; nullopt when the curve never reaches it.
-std::optional<double> tokens_to_reach(const std::vector<double>& tokens, const std::vector<double>& loss,
-                                      double level);
+std::optional<double> tokens_to_reach(const std::vector<double>& tokens, const std::vector<double>& loss, double level);
 
 // One task's per-instance values of both sides: a[r][i] is run r of side A on instance i (B likewise, the
 // same instances in the same order).
@@ -63,9 +62,9 @@ struct PairedTask {
 struct PairedResult {
   double mean_a = 0, mean_b = 0, diff = 0, low = 0, high = 0;
   double p = 1;
-  std::string test;                 // "mcnemar_exact" or "bootstrap"
-  int64_t only_a = 0, only_b = 0;   // McNemar's discordant pairs (one run per side, 0/1 metrics)
-  std::vector<double> resampled;    // the resamples' differences, in draw order
+  std::string test;                // "mcnemar_exact" or "bootstrap"
+  int64_t only_a = 0, only_b = 0;  // McNemar's discordant pairs (one run per side, 0/1 metrics)
+  std::vector<double> resampled;   // the resamples' differences, in draw order
 };
 
 // The paired bootstrap of one task (see the top of this file for the draws), the interval at `level`.
@@ -77,11 +76,11 @@ PairedResult paired_bootstrap(const PairedTask& task, int64_t resamples, uint64_
 struct CompareOptions {
   std::vector<std::string> a, b;            // run directories per side (one or several seeds)
   std::vector<std::string> eval_a, eval_b;  // requests-out files per side (one per run), else RUN/requests.jsonl
-  bool intersect = false;  // drop (and count) instances that only one side has or whose gold differs
+  bool intersect = false;                   // drop (and count) instances that only one side has or whose gold differs
   int64_t resamples = 10000;
   uint64_t seed = 0;
-  double smooth = 0.6;          // plot --smooth's weight for the training loss
-  std::vector<double> levels;   // loss levels for tokens-to-reach; empty: chosen from the curves
+  double smooth = 0.6;         // plot --smooth's weight for the training loss
+  std::vector<double> levels;  // loss levels for tokens-to-reach; empty: chosen from the curves
 };
 
 // The whole report as compare.json holds it (docs/compare.md); throws Error naming file and line on bad input.
