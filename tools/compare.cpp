@@ -59,9 +59,7 @@ int run(CompareArgs& args) {
 Command add(CLI::App& parent) {
   auto a = std::make_shared<CompareArgs>();
   auto* app = parent.add_subcommand(
-      "compare",
-      "Compare two runs (or two sides of several seeds): matched or not, convergence, paired evaluation "
-      "differences with bootstrap intervals, McNemar and Holm");
+      "compare", "Compare two runs or seed sets: matched or not, convergence, paired evaluation differences");
   app->add_option("RUN_DIR", a->positional, "A B: the two run directories");
   app->add_option("--a", a->a, "side A's run directories (several seeds)")->expected(1, -1);
   app->add_option("--b", a->b, "side B's run directories (several seeds)")->expected(1, -1);

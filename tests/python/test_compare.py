@@ -166,12 +166,10 @@ def test_several_seeds_resample_runs_too(tmp_path):
     assert t["diff"] == pytest.approx(B.mean() - A.mean(), abs=1e-12) and t["test"] == "bootstrap"
     # Redrawn: per resample 3 run draws of A, 2 of B, then the 120 instances (compare.h).
     state = int(mix(np.uint64(seed)))
-    draws = splitmix_indices(state, resamples * (3 + 2 + 120), 1)  # only the stream's u values matter below
     k = np.arange(1, resamples * 125 + 1, dtype=np.uint64)
     with np.errstate(over="ignore"):
         u = (mix(np.uint64(state) + k * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(11)).astype(float) * 2.0 ** -53
     u = u.reshape(resamples, 125)
-    assert draws.shape == (resamples * 125,)
     ra, rb, ri = (np.floor(u[:, :3] * 3).astype(int), np.floor(u[:, 3:5] * 2).astype(int),
                   np.floor(u[:, 5:] * 120).astype(int))
     means = np.array([(B[rb[s]].mean(0) - A[ra[s]].mean(0))[ri[s]].mean() for s in range(resamples)])
