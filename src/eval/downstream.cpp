@@ -304,7 +304,11 @@ std::vector<nlohmann::json> request_rows(const TaskFiles& files, const TaskResul
                     {"continuation", r.continuation},
                     {"loglikelihood", s.loglikelihood},
                     {"is_greedy", s.is_greedy},
-                    {"n_continuation_tokens", s.tokens}});
+                    {"n_continuation_tokens", s.tokens},
+                    // What `archspace compare` needs to score each document from the rows alone.
+                    {"label", r.label},
+                    {"primary_metric", files.primary_metric},
+                    {"unconditional", files.uncond_offset > 0 && r.doc_id >= files.uncond_offset}});
   }
   return rows;
 }

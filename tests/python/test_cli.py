@@ -204,7 +204,7 @@ def test_help_lists_every_command():
     """`archspace --help` lists each command with its line; a command file that forgot to register shows."""
     out = run_cli("--help").stdout
     commands = [line.split()[0] for line in out.split("Subcommands:")[1].strip().splitlines() if line.strip()]
-    assert commands == ["info", "logits", "trace", "init", "encode", "tokenize", "train", "sweep", "plan", "export-hf", "plot", "generate",
+    assert commands == ["info", "logits", "trace", "init", "encode", "tokenize", "train", "sweep", "plan", "export-hf", "plot", "compare", "generate",
                         "eval", "analyze", "serve"]
     for tool in (REPO / "tools").glob("*.cpp"):
         if tool.stem not in ("main", "command"):

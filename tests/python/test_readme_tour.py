@@ -124,6 +124,14 @@ def check_torchrun(r, work):
     assert state["world_size"] == 2, state
 
 
+def check_compare(r, work):
+    out = work / "runs" / "compare" / "report"
+    report = json.loads((out / "compare.json").read_text())
+    assert report["matched"] is True, report["differences"]  # same config but the variant: matched
+    assert (out / "compare.md").read_text() in r.stdout and "**Matched**" in r.stdout
+    assert (out / "convergence.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 CHECKS = {
     "generate": check_generate,
     "chat": check_generate,
@@ -136,6 +144,7 @@ CHECKS = {
     "analyze": check_analyze,
     "plot": check_plot,
     "torchrun": check_torchrun,
+    "compare": check_compare,
 }
 SERVED = ("curl", "openai")  # the steps that need the server
 
