@@ -69,6 +69,8 @@ NOT_QUANTITIES = {
     "--token-dtype": "an element type",
     "--help": "help",
     "--x": "a choice of axis (step or tokens)",
+    "--smooth": "a moving average's weight (its help mentions the tokens to reach a loss)",
+    "--levels": "loss levels (its help mentions tokens-to-reach)",
     "--depth-stride": "Depth-Attention's stride over layers",
     "--depth-recent-window": "Depth-Attention's count of recent layers",
 }
