@@ -31,8 +31,8 @@ std::vector<std::vector<std::string>> task_rows(const Suite& suite, const std::s
   // "", "suite NAME (values x 100)", the header, one row per task, the macro line; the text ends with its newline.
   EXPECT_EQ(table.back(), '\n');
   EXPECT_EQ(lines.size(), suite.tasks.size() + 4) << table;
-  EXPECT_EQ(words_of(lines.at(2)), (std::vector<std::string>{"task", "metric", "value", "+-", "stderr", "shots",
-                                                              "olmes", "n"}));
+  EXPECT_EQ(words_of(lines.at(2)),
+            (std::vector<std::string>{"task", "metric", "value", "+-", "stderr", "shots", "olmes", "n"}));
   std::vector<std::vector<std::string>> rows;
   for (size_t i = 0; i < suite.tasks.size() && 3 + i < lines.size(); ++i) {
     rows.push_back(words_of(lines[3 + i]));
@@ -79,8 +79,8 @@ TEST(SuiteTable, EveryTaskMissingKeepsOneLinePerTaskAndShortensLongLists) {
   const nlohmann::json json = suite_json(report);
   const std::string json_missing = json["rows"][0]["missing"];
   for (const auto& m : bbh->members) EXPECT_NE(json_missing.find(m), std::string::npos) << m;
-  EXPECT_EQ(words_of(lines_of(table).back()), (std::vector<std::string>{"macro", "-", "-", "no", "task", "of", "the",
-                                                                         "suite", "had", "files"}));
+  EXPECT_EQ(words_of(lines_of(table).back()),
+            (std::vector<std::string>{"macro", "-", "-", "no", "task", "of", "the", "suite", "had", "files"}));
 }
 
 TEST(SuiteTable, EveryTaskPresentShowsValueShotsAndCount) {
