@@ -352,17 +352,65 @@ def test_ifeval_scorer_needs_no_network_data_and_rejects_bad_input(tmp_path):
     r, out = scorer(tmp_path, {"instances": [{"doc": doc, "response": "One. Two."}]}, env={"NLTK_DATA": str(empty)})
     assert r.returncode == 0, r.stderr
     assert out["results"] == [{"prompt_level_strict_acc": True, "inst_level_strict_acc": [True],
-                               "prompt_level_loose_acc": True, "inst_level_loose_acc": [True]}]  # fmt: skip
+                               "prompt_level_loose_acc": True, "inst_level_loose_acc": [True],
+                               "scoring_errors": []}]  # fmt: skip
     for payload, fragment in [
         ("{not json", "in.json"),
         ({"instances": [{"doc": doc}]}, "instance 0"),
         ({"instances": [{"doc": {**doc, "kwargs": []}, "response": "x"}]}, "one per instruction"),
         ({"instances": [{"doc": {**doc, "instruction_id_list": []}, "response": "x"}]}, "non-empty list"),
-        ({"instances": [{"doc": ifeval_doc(2, "p", ("no:such_check", {})), "response": "x"}]}, "instance 0 (key 2)"),
-        ({"instances": [{"doc": doc, "response": "x" * (2 << 20)}]}, "longer than"),
     ]:
         r, _ = scorer(tmp_path, payload)
         assert r.returncode == 1 and fragment in r.stderr, (payload if isinstance(payload, str) else "", r.stderr)
+
+
+# Responses a model stuck or broken may give (issue 47): none may end a run.
+DEGENERATE_RESPONSES = {
+    "brackets": "[" * 5000,
+    "json_nesting": '{"a": ' * 5000,
+    "one_char_1mb": "a" * (1 << 20),
+    "invalid_utf8": b"ok \xff\xfe\xc3( end".decode("utf-8", errors="replace"),
+    "empty": "",
+    "special_tokens": "<|im_start|>assistant\n<|im_end|><|endoftext|>",
+}
+
+
+def olmes_instruction_check(doc, index, response, loose):
+    """OLMES' per-instruction guard (olmes 99cf8bb7, oe_eval/dependencies/ifeval/utils.py lines 33-52 strict,
+    86-111 loose): lm-eval's check of that one instruction, and False when it raises."""
+    from lm_eval.tasks.ifeval import utils
+
+    one = utils.InputExample(key=doc["key"], instruction_id_list=[doc["instruction_id_list"][index]],
+                             prompt=doc["prompt"], kwargs=[doc["kwargs"][index]])  # fmt: skip
+    test = utils.test_instruction_following_loose if loose else utils.test_instruction_following_strict
+    try:
+        return test(one, response).follow_instruction_list[0]
+    except Exception:
+        return False
+
+
+def test_ifeval_scorer_scores_a_raising_check_false_as_olmes_does(tmp_path):
+    """A check that raises (the JSON check's RecursionError on 5,000 "[", an unknown instruction id) is that
+    instruction False, named in scoring_errors; the other instructions of the document are still checked; the
+    scorer exits 0 for every degenerate response."""
+    doc = ifeval_doc(1, "Answer in JSON, no commas.", ("detectable_format:json_format", {}),
+                     ("punctuation:no_comma", {}), ("no:such_check", {}))  # fmt: skip
+    names = list(DEGENERATE_RESPONSES)
+    r, out = scorer(tmp_path, {"instances": [{"doc": doc, "response": DEGENERATE_RESPONSES[n]} for n in names]})
+    assert r.returncode == 0, r.stderr
+    assert len(out["results"]) == len(names)
+    for name, got in zip(names, out["results"]):
+        response = DEGENERATE_RESPONSES[name]
+        for level in ("strict", "loose"):
+            want = [olmes_instruction_check(doc, i, response, level == "loose") for i in range(3)]
+            assert got[f"inst_level_{level}_acc"] == want, (name, level)
+            assert got[f"prompt_level_{level}_acc"] == all(want), (name, level)
+        # the unknown id raises KeyError at both levels; the JSON check raises on the nesting responses
+        assert sum("no:such_check: KeyError" in e for e in got["scoring_errors"]) == 2, (name, got["scoring_errors"])
+        json_errors = [e for e in got["scoring_errors"] if "json_format: RecursionError" in e]
+        assert len(json_errors) == (2 if name in ("brackets", "json_nesting") else 0), (name, got["scoring_errors"])
+    # 5,000 "[" has no comma: the raising checks beside that one did not hide it
+    assert out["results"][names.index("brackets")]["inst_level_strict_acc"] == [False, True, False]
 
 
 # ---- request files in OLMES' layout, loaded and run by the engine -------------------------------------------------
