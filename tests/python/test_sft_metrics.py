@@ -552,3 +552,21 @@ def test_ifeval_scorer_python_that_cannot_start(tmp_path):
     row = {"task": "ifeval", "doc_id": 0, "generation": "x", "gold": IFEVAL_CASES[0][1]}
     _, err = bad(tmp_path, json.dumps(row) + "\n", env={"ARCHSPACE_PYTHON": str(tmp_path / "no-python")})
     assert "error: cannot run" in err and "no-python" in err and "ifeval_score.py" in err, err
+
+
+def test_a_scorer_that_fails_leaves_the_generations_for_rescore(model, tmp_path):
+    """The IFEval scorer cannot start: the run fails, but only after its generations are in --requests-out
+    (without metrics), and --rescore of that file then scores them."""
+    tasks_dir, rows_path = tmp_path / "tasks", tmp_path / "rows.jsonl"
+    ifeval, _ = write_request_files(tasks_dir)
+    r = subprocess.run([str(BINARY), "eval", "downstream", "--model", str(model), "--tasks", "ifeval", "--tasks-dir",
+                        str(tasks_dir), "--requests-out", str(rows_path)], capture_output=True, text=True,
+                       env={**os.environ, "ARCHSPACE_PYTHON": str(tmp_path / "no-python")})  # fmt: skip
+    assert r.returncode != 0 and "no-python" in r.stderr and "--rescore" in r.stderr, r.stderr
+    rows = [json.loads(line) for line in rows_path.read_text().splitlines()]
+    assert [row["gold"] for row in rows] == ifeval and all("metrics" not in row for row in rows)
+    out = tmp_path / "out.json"
+    run_cli("eval", "downstream", "--rescore", rows_path, "--out", out)
+    got = {(x["metric"]): x["value"] for x in json.loads(out.read_text())["results"] if x["task"] == "ifeval"}
+    refs = [ref_ifeval(row["generation"], row["gold"])[0]["prompt_level_loose_acc"] for row in rows]
+    assert got["prompt_level_loose_acc"] == pytest.approx(sum(refs) / len(refs), abs=1e-12)
