@@ -727,7 +727,10 @@ std::string bbh_extract_answer(const std::string& generation, const std::string&
   if (mc) answer_regex = "\\([A-Z]\\)";
   std::vector<std::string> templates = {"(?i)So the answer is ($ANS$)\\.?", "(?i)answer is ($ANS$)",
                                         "(?i)answer:.*?($ANS$)", "(?i)answer\\b.*?($ANS$)", "($ANS$)"};
-  if (mc) templates.push_back("\\b([A-Z])\\b");
+  // OLMES appends this "last resort" as the non-raw Python string "\b([A-Z])\b" (olmes 99cf8bb7,
+  // oe_eval/tasks/oe_eval_tasks/bbh.py:236): its \b are backspace characters, so a bare option letter never matches
+  // there. The published numbers are OLMES' as it runs, so the pattern is kept as OLMES compiles it.
+  if (mc) templates.push_back("\x08([A-Z])\x08");
   templates.push_back("(?i)($ANS$)");
   std::string extracted;
   for (std::string t : templates) {
