@@ -8,8 +8,16 @@ runs from its copy (oe_eval/dependencies/ifeval).
 
 IN.json: {"instances": [{"doc": {"key", "prompt", "instruction_id_list", "kwargs"}, "response": str}, ...]};
 OUT.json: {"results": [{"prompt_level_strict_acc": bool, "inst_level_strict_acc": [bool, ...],
-"prompt_level_loose_acc": bool, "inst_level_loose_acc": [bool, ...]}, ...]}, one per instance, written whole
-(beside OUT, then renamed). Exit status 1 with a message on stderr naming the instance for a bad input.
+"prompt_level_loose_acc": bool, "inst_level_loose_acc": [bool, ...], "scoring_errors": [str, ...]}, ...]}, one per
+instance, written whole (beside OUT, then renamed). Exit status 1 with a message on stderr naming the instance for a
+malformed input file.
+
+A check that raises (a RecursionError on 5,000 "[" given to the JSON check, an unknown instruction id, kwargs a
+checker refuses) scores that instruction False, as OLMES does: its copy of this code wraps each instruction of the
+strict and of the loose test in try/except and appends False (olmes 99cf8bb7, oe_eval/dependencies/ifeval/utils.py
+lines 33-52 strict, 86-111 loose). lm-eval's process_results has no such guard, so each instruction is checked here
+on its own (a one-instruction document: the checks of a document's instructions are independent) and the error is
+named in "scoring_errors" ("strict"/"loose", the instruction id, the exception) instead of ending the run.
 
 No network: lm-eval's IFEval needs NLTK's English Punkt model (punkt_tab: sentence counts and word_tokenize)
 and would download it on import. The model is instead written from the copy the PyPI package
@@ -25,7 +33,6 @@ import sys
 import tempfile
 
 MAX_INPUT_BYTES = 512 << 20  # a whole IFEval run is ~ 541 prompts; this bounds a corrupt or hostile file
-MAX_RESPONSE_CHARS = 1 << 20
 MAX_INSTRUCTIONS = 64
 
 
@@ -55,8 +62,6 @@ def read_instances(path):
             raise InputError(f"{where}: doc.kwargs must be a list of objects, one per instruction")
         if not isinstance(doc.get("prompt"), str):
             raise InputError(f"{where}: doc.prompt must be a string")
-        if len(response) > MAX_RESPONSE_CHARS:
-            raise InputError(f"{where}: response longer than {MAX_RESPONSE_CHARS} characters")
         out.append((doc, response))
     return out
 
@@ -94,20 +99,36 @@ def score(instances, scratch):
     import langdetect
 
     langdetect.DetectorFactory.seed = 0
-    from lm_eval.tasks.ifeval.utils import process_results
+    from lm_eval.tasks.ifeval import utils
 
     results = []
-    for i, (doc, response) in enumerate(instances):
-        try:
-            r = process_results(doc, [response])
-        except Exception as e:  # a checker refusing its kwargs (e.g. a missing "relation")
-            raise InputError(f"instance {i} (key {doc.get('key')!r}): {type(e).__name__}: {e}") from e
+    for doc, response in instances:
+        errors = []
+        levels = {"strict": [], "loose": []}
+        for index, instruction_id in enumerate(doc["instruction_id_list"]):
+            one = utils.InputExample(
+                key=doc.get("key"),
+                instruction_id_list=[instruction_id],
+                prompt=doc["prompt"],
+                kwargs=[doc["kwargs"][index]],
+            )
+            for level, test in (
+                ("strict", utils.test_instruction_following_strict),
+                ("loose", utils.test_instruction_following_loose),
+            ):
+                try:
+                    ok = bool(test(one, response).follow_instruction_list[0])
+                except Exception as e:  # OLMES' except Exception: the instruction is not followed
+                    ok = False
+                    errors.append(f"{level} {instruction_id}: {type(e).__name__}: {str(e)[:200]}")
+                levels[level].append(ok)
         results.append(
             {
-                "prompt_level_strict_acc": bool(r["prompt_level_strict_acc"]),
-                "inst_level_strict_acc": [bool(b) for b in r["inst_level_strict_acc"]],
-                "prompt_level_loose_acc": bool(r["prompt_level_loose_acc"]),
-                "inst_level_loose_acc": [bool(b) for b in r["inst_level_loose_acc"]],
+                "prompt_level_strict_acc": all(levels["strict"]),
+                "inst_level_strict_acc": levels["strict"],
+                "prompt_level_loose_acc": all(levels["loose"]),
+                "inst_level_loose_acc": levels["loose"],
+                "scoring_errors": errors,
             }
         )
     return results

@@ -113,6 +113,7 @@ std::vector<InstructionResult> ifeval_checks(const std::vector<std::pair<nlohman
       x.prompt_loose = r.at("prompt_level_loose_acc").get<bool>();
       x.inst_strict = r.at("inst_level_strict_acc").get<std::vector<bool>>();
       x.inst_loose = r.at("inst_level_loose_acc").get<std::vector<bool>>();
+      if (r.contains("scoring_errors")) x.scoring_errors = r.at("scoring_errors").get<std::vector<std::string>>();
       results.push_back(std::move(x));
     }
   } catch (const nlohmann::json::exception& e) {
@@ -146,6 +147,9 @@ struct GenerationScores {
   std::vector<InstanceMetrics> metrics;
   std::vector<TaskResult> results;
   std::vector<std::pair<std::string, std::vector<std::string>>> macro_over;
+  // The instances whose scoring raised (scored as OLMES scores a failed check): {"count", "instances": [{"task",
+  // "doc_id", "errors"}]}, in the --out JSON so that a run's few unscorable responses are seen, not hidden.
+  nlohmann::json scoring_errors = {{"count", 0}, {"instances", nlohmann::json::array()}};
 };
 
 GenerationScores score_and_aggregate(const std::vector<GenerationInstance>& instances,
@@ -154,6 +158,16 @@ GenerationScores score_and_aggregate(const std::vector<GenerationInstance>& inst
   GenerationScores g;
   g.metrics = score_generations(instances, minerva_equivalence, ifeval_checks, sandbox_executor(progress));
   g.results = generation_results(instances, g.metrics, shots, &g.macro_over);
+  for (size_t i = 0; i < instances.size(); ++i) {
+    if (g.metrics[i].scoring_errors.empty()) continue;
+    g.scoring_errors["instances"].push_back(
+        {{"task", instances[i].task}, {"doc_id", instances[i].doc_id}, {"errors", g.metrics[i].scoring_errors}});
+  }
+  g.scoring_errors["count"] = g.scoring_errors["instances"].size();
+  if (g.scoring_errors["count"] != 0)
+    progress.note(g.scoring_errors["count"].dump() +
+                  " responses had a check that raised; those checks scored 0/False as OLMES does (\"scoring_errors\" "
+                  "in --out and in their --requests-out rows)");
   for (const auto& [group, members] : g.macro_over) {
     for (const auto& [name, all] : generation_groups()) {
       if (name == group && members.size() < all.size())
@@ -196,8 +210,12 @@ int run_rescore(const DownstreamArgs& a) {
 
   if (!a.requests_out.empty()) {
     std::vector<nlohmann::json> rows = file.rows;
-    for (size_t i = 0; i < file.instances.size(); ++i)
-      rows[file.instance_rows[i]]["metrics"] = metrics_json(metrics[i]);
+    for (size_t i = 0; i < file.instances.size(); ++i) {
+      nlohmann::json& row = rows[file.instance_rows[i]];
+      row["metrics"] = metrics_json(metrics[i]);
+      row.erase("scoring_errors");  // an earlier scoring's, replaced by this one's
+      if (!metrics[i].scoring_errors.empty()) row["scoring_errors"] = metrics[i].scoring_errors;
+    }
     std::string text;
     for (const auto& row : rows) text += row.dump() + "\n";
     write_text_file_atomically(a.requests_out, text);
@@ -211,7 +229,8 @@ int run_rescore(const DownstreamArgs& a) {
                               {"stderr",
                                "lm-eval's standard error of the mean: sqrt(sample variance / n); a group's macro: "
                                "sqrt(sum of its tasks' squared standard errors) / tasks"},
-                              {"results", rows}};
+                              {"results", rows},
+                              {"scoring_errors", scored.scoring_errors}};
     write_text_file_atomically(a.out, j.dump(2) + "\n");
   }
   return 0;
@@ -354,8 +373,29 @@ int run_downstream(const DownstreamArgs& a, bool limit_given) {
   }
   if (truncated > 0)
     progress.note(std::to_string(truncated) + " generation contexts were left-truncated to fit (as lm-eval does)");
-  const GenerationScores scored =
-      instances.empty() ? GenerationScores{} : score_and_aggregate(instances, generation_shots, progress);
+  GenerationScores scored;
+  try {
+    if (!instances.empty()) scored = score_and_aggregate(instances, generation_shots, progress);
+  } catch (const std::exception&) {
+    // A scorer that failed must not lose the generation time: the generations go to --requests-out first (without
+    // metrics), so that `--rescore` can finish the job.
+    if (!a.requests_out.empty()) {
+      std::string text;
+      size_t k = 0;
+      for (size_t t = 0; t < generation_files.size(); ++t) {
+        for (size_t i = 0; i < generation_files[t].requests.size(); ++i, ++k) {
+          const auto& tokens = answers[t][i].prompt_tokens;
+          nlohmann::json row = generation_row(instances[k], generation_files[t].shots,
+                                              std::vector<int64_t>(tokens.begin(), tokens.end()), InstanceMetrics{});
+          row.erase("metrics");
+          text += row.dump() + "\n";
+        }
+      }
+      write_text_file_atomically(a.requests_out, text);
+      progress.note("the generations were written to " + a.requests_out + " (rescore them with --rescore)");
+    }
+    throw;
+  }
   progress.finish();
   profile.finish();
 
@@ -407,6 +447,7 @@ int run_downstream(const DownstreamArgs& a, bool limit_given) {
                         {"stderr", "lm-eval's standard error of the mean: sqrt(sample variance / n)"},
                         {"results", rows_with_macro_over(shown, scored.macro_over)}};
     j["chat"] = chat;
+    j["scoring_errors"] = scored.scoring_errors;
     if (suite) j["suite"] = suite_json(*suite);
     write_text_file_atomically(a.out, j.dump(2) + "\n");
   }

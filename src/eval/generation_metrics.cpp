@@ -727,7 +727,10 @@ std::string bbh_extract_answer(const std::string& generation, const std::string&
   if (mc) answer_regex = "\\([A-Z]\\)";
   std::vector<std::string> templates = {"(?i)So the answer is ($ANS$)\\.?", "(?i)answer is ($ANS$)",
                                         "(?i)answer:.*?($ANS$)", "(?i)answer\\b.*?($ANS$)", "($ANS$)"};
-  if (mc) templates.push_back("\\b([A-Z])\\b");
+  // OLMES appends this "last resort" as the non-raw Python string "\b([A-Z])\b" (olmes 99cf8bb7,
+  // oe_eval/tasks/oe_eval_tasks/bbh.py:236): its \b are backspace characters, so a bare option letter never matches
+  // there. The published numbers are OLMES' as it runs, so the pattern is kept as OLMES compiles it.
+  if (mc) templates.push_back("\x08([A-Z])\x08");
   templates.push_back("(?i)($ANS$)");
   std::string extracted;
   for (std::string t : templates) {
@@ -902,56 +905,62 @@ std::vector<InstanceMetrics> score_generations(const std::vector<GenerationInsta
     const GenerationTaskSpec* spec = find_generation_task(x.task);
     if (!spec) throw Error("unknown generation task \"" + x.task + "\"");
     auto& v = out[i].values;
-    if (x.task == "gsm8k") {
-      const std::string gold = x.gold.get<std::string>();
-      const auto em = [&](const std::string& answer) {
-        return gm::exact_match(answer, gold, gm::kGsm8kRegexesToIgnore, /*ignore_case=*/true,
-                               /*ignore_punctuation=*/false)
-                   ? 1.0
-                   : 0.0;
-      };
-      v.push_back({"exact_match", em(gm::gsm8k_last_number(x.generation))});
-      v.push_back({"exact_match_flex", em(gm::gsm8k_flex(x.generation))});
-    } else if (x.task.rfind("minerva_math", 0) == 0) {
-      const std::string answer = gm::minerva_normalize_final_answer(gm::minerva_unnormalized_answer(x.generation));
-      const std::string gold = x.gold.get<std::string>();
-      v.push_back({"exact_match", 0.0});
-      if (!answer.empty() && answer == gold) {
-        v.back().second = 1.0;  // is_equiv's own first test: identical non-empty strings
+    try {
+      if (x.task == "gsm8k") {
+        const std::string gold = x.gold.get<std::string>();
+        const auto em = [&](const std::string& answer) {
+          return gm::exact_match(answer, gold, gm::kGsm8kRegexesToIgnore, /*ignore_case=*/true,
+                                 /*ignore_punctuation=*/false)
+                     ? 1.0
+                     : 0.0;
+        };
+        v.push_back({"exact_match", em(gm::gsm8k_last_number(x.generation))});
+        v.push_back({"exact_match_flex", em(gm::gsm8k_flex(x.generation))});
+      } else if (x.task.rfind("minerva_math", 0) == 0) {
+        const std::string answer = gm::minerva_normalize_final_answer(gm::minerva_unnormalized_answer(x.generation));
+        const std::string gold = x.gold.get<std::string>();
+        v.push_back({"exact_match", 0.0});
+        if (!answer.empty() && answer == gold) {
+          v.back().second = 1.0;  // is_equiv's own first test: identical non-empty strings
+        } else {
+          pending[{answer, gold}].push_back(i);
+        }
+      } else if (x.task == "ifeval") {
+        for (const auto& name : spec->metrics) v.push_back({name, 0.0});
+        ifeval.push_back(i);
+      } else if (spec->group == "bbh") {
+        const std::string subtask = x.task.substr(4);  // bbh_<subtask>
+        const std::string answer = gm::bbh_extract_answer(x.generation, subtask);
+        const std::string gold = x.gold.get<std::string>();
+        const bool em = gm::exact_match(answer, gold, {}, /*ignore_case=*/true,
+                                        /*ignore_punctuation=*/subtask != "dyck_languages");
+        v.push_back({"exact_match", em ? 1.0 : 0.0});
+        v.push_back({"exact_match_simple", answer == gold ? 1.0 : 0.0});
+      } else if (x.task == "popqa") {
+        v.push_back({"exact_match", gm::popqa_match(x.generation, gold_strings(x.gold)) ? 1.0 : 0.0});
+      } else if (x.task == "drop") {
+        const auto [em, f1] = gm::drop_em_f1(x.generation, x.gold.get<std::vector<std::vector<std::string>>>());
+        v.push_back({"f1", f1});
+        v.push_back({"exact_match", em});
+      } else if (spec->gold_kind == "humaneval_tests" || spec->gold_kind == "mbpp_tests") {
+        v.push_back({"pass_at_1", 0.0});
+        programs.push_back(gm::code_program(*spec, x.generation, x.gold));
+        program_of.push_back(i);
       } else {
-        pending[{answer, gold}].push_back(i);
+        const std::vector<std::string> golds = gold_strings(x.gold);
+        double f1 = 0, em = 0;
+        for (const auto& g : golds) {
+          f1 = std::max(f1, gm::squad_f1(x.generation, g));
+          em = std::max(em, gm::squad_em(x.generation, g));
+        }
+        v.push_back({"f1", f1});
+        v.push_back({"exact_match", em});
+        v.push_back({"recall", gm::olmes_recall(x.generation, golds)});
       }
-    } else if (x.task == "ifeval") {
+    } catch (const std::exception& e) {  // this response scores 0, named; the others are still scored
+      v.clear();
       for (const auto& name : spec->metrics) v.push_back({name, 0.0});
-      ifeval.push_back(i);
-    } else if (spec->group == "bbh") {
-      const std::string subtask = x.task.substr(4);  // bbh_<subtask>
-      const std::string answer = gm::bbh_extract_answer(x.generation, subtask);
-      const std::string gold = x.gold.get<std::string>();
-      const bool em = gm::exact_match(answer, gold, {}, /*ignore_case=*/true,
-                                      /*ignore_punctuation=*/subtask != "dyck_languages");
-      v.push_back({"exact_match", em ? 1.0 : 0.0});
-      v.push_back({"exact_match_simple", answer == gold ? 1.0 : 0.0});
-    } else if (x.task == "popqa") {
-      v.push_back({"exact_match", gm::popqa_match(x.generation, gold_strings(x.gold)) ? 1.0 : 0.0});
-    } else if (x.task == "drop") {
-      const auto [em, f1] = gm::drop_em_f1(x.generation, x.gold.get<std::vector<std::vector<std::string>>>());
-      v.push_back({"f1", f1});
-      v.push_back({"exact_match", em});
-    } else if (spec->gold_kind == "humaneval_tests" || spec->gold_kind == "mbpp_tests") {
-      v.push_back({"pass_at_1", 0.0});
-      programs.push_back(gm::code_program(*spec, x.generation, x.gold));
-      program_of.push_back(i);
-    } else {
-      const std::vector<std::string> golds = gold_strings(x.gold);
-      double f1 = 0, em = 0;
-      for (const auto& g : golds) {
-        f1 = std::max(f1, gm::squad_f1(x.generation, g));
-        em = std::max(em, gm::squad_em(x.generation, g));
-      }
-      v.push_back({"f1", f1});
-      v.push_back({"exact_match", em});
-      v.push_back({"recall", gm::olmes_recall(x.generation, golds)});
+      out[i].scoring_errors.push_back(e.what());
     }
   }
   if (!pending.empty()) {
@@ -990,6 +999,8 @@ std::vector<InstanceMetrics> score_generations(const std::vector<GenerationInsta
       v[1].second = r.prompt_strict ? 1.0 : 0.0;
       v[2].second = fraction(r.inst_loose);
       v[3].second = fraction(r.inst_strict);
+      out[ifeval[k]].scoring_errors.insert(out[ifeval[k]].scoring_errors.end(), r.scoring_errors.begin(),
+                                           r.scoring_errors.end());
     }
   }
   if (!programs.empty()) {
@@ -1195,15 +1206,17 @@ nlohmann::json metrics_json(const InstanceMetrics& metrics) {
 
 nlohmann::json generation_row(const GenerationInstance& instance, int64_t shots,
                               const std::vector<int64_t>& prompt_tokens, const InstanceMetrics& metrics) {
-  return {{"task", instance.task},
-          {"format", "gen"},
-          {"shots", shots},
-          {"doc_id", instance.doc_id},
-          {"native_id", instance.native_id},
-          {"prompt_tokens", prompt_tokens},
-          {"generation", instance.generation},
-          {"gold", instance.gold},
-          {"metrics", metrics_json(metrics)}};
+  nlohmann::json row = {{"task", instance.task},
+                        {"format", "gen"},
+                        {"shots", shots},
+                        {"doc_id", instance.doc_id},
+                        {"native_id", instance.native_id},
+                        {"prompt_tokens", prompt_tokens},
+                        {"generation", instance.generation},
+                        {"gold", instance.gold},
+                        {"metrics", metrics_json(metrics)}};
+  if (!metrics.scoring_errors.empty()) row["scoring_errors"] = metrics.scoring_errors;
+  return row;
 }
 
 RescoreFile read_rescore_file(const std::string& path) {

@@ -75,7 +75,7 @@ def olmes_bbh_extract(continuation, subtask):
     regexes = [r"(?i)So the answer is ($ANS$)\.?", r"(?i)answer is ($ANS$)", r"(?i)answer:.*?($ANS$)",
                r"(?i)answer\b.*?($ANS$)", r"($ANS$)"]  # fmt: skip
     if is_mc:
-        regexes.append(r"\b([A-Z])\b")
+        regexes.append("\b([A-Z])\b")  # non-raw as in OLMES (bbh.py:236, olmes 99cf8bb7): backspaces, no word edge
     regexes.append(r"(?i)($ANS$)")
     extracted = ""
     for regex in regexes:
@@ -173,7 +173,7 @@ IFEVAL_CASES = [
 
 BBH_CASES = [
     ("date_understanding", "Let's think step by step. Today is 12/31. So the answer is (B).", "(B)"),
-    ("date_understanding", "So the answer is B.", "(B)"),  # a bare letter becomes (B)
+    ("date_understanding", "So the answer is B.", "(B)"),  # a bare letter: no match in OLMES (backspace pattern)
     ("date_understanding", "I think it is (C), but the answer is (A)", "(A)"),
     ("date_understanding", "The answer: **(D)**", "(B)"),  # near miss
     ("snarks", "Neither (A) nor (B)... The answer is (A).", "(A)"),
@@ -292,7 +292,7 @@ def test_hand_written_generations_equal_the_references(tmp_path):
     # Known values, stated by hand (independent of both implementations).
     got = {(r["task"], r["doc_id"]): r["metrics"] for r in rescored}
     first_bbh = len(IFEVAL_CASES)
-    assert got[("bbh_date_understanding", first_bbh + 1)]["exact_match"] == 1.0  # "B" -> "(B)"
+    assert got[("bbh_date_understanding", first_bbh + 1)]["exact_match"] == 0.0  # OLMES' "\b" is a backspace
     assert got[("bbh_multistep_arithmetic_two", first_bbh + 12)]["exact_match"] == 1.0  # punctuation ignored
     assert got[("bbh_dyck_languages", first_bbh + 15)]["exact_match"] == 0.0
     assert got[("bbh_dyck_languages", first_bbh + len(BBH_CASES) - 1)]["exact_match"] == 0.0
@@ -352,17 +352,65 @@ def test_ifeval_scorer_needs_no_network_data_and_rejects_bad_input(tmp_path):
     r, out = scorer(tmp_path, {"instances": [{"doc": doc, "response": "One. Two."}]}, env={"NLTK_DATA": str(empty)})
     assert r.returncode == 0, r.stderr
     assert out["results"] == [{"prompt_level_strict_acc": True, "inst_level_strict_acc": [True],
-                               "prompt_level_loose_acc": True, "inst_level_loose_acc": [True]}]  # fmt: skip
+                               "prompt_level_loose_acc": True, "inst_level_loose_acc": [True],
+                               "scoring_errors": []}]  # fmt: skip
     for payload, fragment in [
         ("{not json", "in.json"),
         ({"instances": [{"doc": doc}]}, "instance 0"),
         ({"instances": [{"doc": {**doc, "kwargs": []}, "response": "x"}]}, "one per instruction"),
         ({"instances": [{"doc": {**doc, "instruction_id_list": []}, "response": "x"}]}, "non-empty list"),
-        ({"instances": [{"doc": ifeval_doc(2, "p", ("no:such_check", {})), "response": "x"}]}, "instance 0 (key 2)"),
-        ({"instances": [{"doc": doc, "response": "x" * (2 << 20)}]}, "longer than"),
     ]:
         r, _ = scorer(tmp_path, payload)
         assert r.returncode == 1 and fragment in r.stderr, (payload if isinstance(payload, str) else "", r.stderr)
+
+
+# Responses a model stuck or broken may give (issue 47): none may end a run.
+DEGENERATE_RESPONSES = {
+    "brackets": "[" * 5000,
+    "json_nesting": '{"a": ' * 5000,
+    "one_char_1mb": "a" * (1 << 20),
+    "invalid_utf8": b"ok \xff\xfe\xc3( end".decode("utf-8", errors="replace"),
+    "empty": "",
+    "special_tokens": "<|im_start|>assistant\n<|im_end|><|endoftext|>",
+}
+
+
+def olmes_instruction_check(doc, index, response, loose):
+    """OLMES' per-instruction guard (olmes 99cf8bb7, oe_eval/dependencies/ifeval/utils.py lines 33-52 strict,
+    86-111 loose): lm-eval's check of that one instruction, and False when it raises."""
+    from lm_eval.tasks.ifeval import utils
+
+    one = utils.InputExample(key=doc["key"], instruction_id_list=[doc["instruction_id_list"][index]],
+                             prompt=doc["prompt"], kwargs=[doc["kwargs"][index]])  # fmt: skip
+    test = utils.test_instruction_following_loose if loose else utils.test_instruction_following_strict
+    try:
+        return test(one, response).follow_instruction_list[0]
+    except Exception:
+        return False
+
+
+def test_ifeval_scorer_scores_a_raising_check_false_as_olmes_does(tmp_path):
+    """A check that raises (the JSON check's RecursionError on 5,000 "[", an unknown instruction id) is that
+    instruction False, named in scoring_errors; the other instructions of the document are still checked; the
+    scorer exits 0 for every degenerate response."""
+    doc = ifeval_doc(1, "Answer in JSON, no commas.", ("detectable_format:json_format", {}),
+                     ("punctuation:no_comma", {}), ("no:such_check", {}))  # fmt: skip
+    names = list(DEGENERATE_RESPONSES)
+    r, out = scorer(tmp_path, {"instances": [{"doc": doc, "response": DEGENERATE_RESPONSES[n]} for n in names]})
+    assert r.returncode == 0, r.stderr
+    assert len(out["results"]) == len(names)
+    for name, got in zip(names, out["results"]):
+        response = DEGENERATE_RESPONSES[name]
+        for level in ("strict", "loose"):
+            want = [olmes_instruction_check(doc, i, response, level == "loose") for i in range(3)]
+            assert got[f"inst_level_{level}_acc"] == want, (name, level)
+            assert got[f"prompt_level_{level}_acc"] == all(want), (name, level)
+        # the unknown id raises KeyError at both levels; the JSON check raises on the nesting responses
+        assert sum("no:such_check: KeyError" in e for e in got["scoring_errors"]) == 2, (name, got["scoring_errors"])
+        json_errors = [e for e in got["scoring_errors"] if "json_format: RecursionError" in e]
+        assert len(json_errors) == (2 if name in ("brackets", "json_nesting") else 0), (name, got["scoring_errors"])
+    # 5,000 "[" has no comma: the raising checks beside that one did not hide it
+    assert out["results"][names.index("brackets")]["inst_level_strict_acc"] == [False, True, False]
 
 
 # ---- request files in OLMES' layout, loaded and run by the engine -------------------------------------------------
@@ -504,3 +552,21 @@ def test_ifeval_scorer_python_that_cannot_start(tmp_path):
     row = {"task": "ifeval", "doc_id": 0, "generation": "x", "gold": IFEVAL_CASES[0][1]}
     _, err = bad(tmp_path, json.dumps(row) + "\n", env={"ARCHSPACE_PYTHON": str(tmp_path / "no-python")})
     assert "error: cannot run" in err and "no-python" in err and "ifeval_score.py" in err, err
+
+
+def test_a_scorer_that_fails_leaves_the_generations_for_rescore(model, tmp_path):
+    """The IFEval scorer cannot start: the run fails, but only after its generations are in --requests-out
+    (without metrics), and --rescore of that file then scores them."""
+    tasks_dir, rows_path = tmp_path / "tasks", tmp_path / "rows.jsonl"
+    ifeval, _ = write_request_files(tasks_dir)
+    r = subprocess.run([str(BINARY), "eval", "downstream", "--model", str(model), "--tasks", "ifeval", "--tasks-dir",
+                        str(tasks_dir), "--requests-out", str(rows_path)], capture_output=True, text=True,
+                       env={**os.environ, "ARCHSPACE_PYTHON": str(tmp_path / "no-python")})  # fmt: skip
+    assert r.returncode != 0 and "no-python" in r.stderr and "--rescore" in r.stderr, r.stderr
+    rows = [json.loads(line) for line in rows_path.read_text().splitlines()]
+    assert [row["gold"] for row in rows] == ifeval and all("metrics" not in row for row in rows)
+    out = tmp_path / "out.json"
+    run_cli("eval", "downstream", "--rescore", rows_path, "--out", out)
+    got = {(x["metric"]): x["value"] for x in json.loads(out.read_text())["results"] if x["task"] == "ifeval"}
+    refs = [ref_ifeval(row["generation"], row["gold"])[0]["prompt_level_loose_acc"] for row in rows]
+    assert got["prompt_level_loose_acc"] == pytest.approx(sum(refs) / len(refs), abs=1e-12)

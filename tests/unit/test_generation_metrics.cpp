@@ -206,7 +206,9 @@ TEST(GenerationMetrics, BbhExtraction) {
   // OLMES' _extract_answer_regex (restated in Python in tests/python/test_sft_metrics.py) on the same strings.
   EXPECT_EQ(gm::bbh_extract_answer("So the answer is (B).", "date_understanding"), "(B)");
   EXPECT_EQ(gm::bbh_extract_answer("answer: **(C)**", "date_understanding"), "(C)");
-  EXPECT_EQ(gm::bbh_extract_answer("It is D.", "date_understanding"), "(D)");
+  // OLMES' bare-letter pattern is the non-raw "\b([A-Z])\b" (bbh.py:236): it matches backspaces, never a bare D.
+  EXPECT_EQ(gm::bbh_extract_answer("It is D.", "date_understanding"), "");
+  EXPECT_EQ(gm::bbh_extract_answer("It is \bD\b.", "date_understanding"), "(D)");
   EXPECT_EQ(gm::bbh_extract_answer("So the answer is True.", "boolean_expressions"), "True");
   EXPECT_EQ(gm::bbh_extract_answer("So the answer is ] ) }.", "dyck_languages"), "] ) }");
   EXPECT_EQ(gm::bbh_extract_answer("So the answer is apple banana.", "word_sorting"), "apple banana");

@@ -95,6 +95,7 @@ using AnswerEquivalence = std::function<std::vector<bool>(const std::vector<std:
 struct InstructionResult {
   bool prompt_strict = false, prompt_loose = false;
   std::vector<bool> inst_strict, inst_loose;  // one per instruction of the doc
+  std::vector<std::string> scoring_errors;    // the checks that raised (each scored False, as OLMES does)
 };
 using InstructionCheck =
     std::function<std::vector<InstructionResult>(const std::vector<std::pair<nlohmann::json, std::string>>&)>;
@@ -110,12 +111,16 @@ struct GenerationInstance {
 
 struct InstanceMetrics {
   std::vector<std::pair<std::string, double>> values;  // in the task's metric order
+  // What raised while scoring this instance (the instance then scores as OLMES scores a failed check: 0 / False).
+  std::vector<std::string> scoring_errors;
 };
 
 // Per-instance metrics of every instance (their tasks must be in the registry and their gold checked).
 // `equivalence` is called once, for the Minerva pairs whose strings differ, and only when there are some;
 // `instructions` once for the ifeval instances, when there are some (their results checked against the docs);
 // `execute` once, with the code tasks' programs (genmetrics::code_program), and only when there are some.
+// An instance whose own extraction raises (e.g. a regular expression's match limit on a degenerate response) scores 0
+// on every metric with the error in its scoring_errors: one response never ends a run.
 std::vector<InstanceMetrics> score_generations(const std::vector<GenerationInstance>& instances,
                                                const AnswerEquivalence& equivalence,
                                                const InstructionCheck& instructions = nullptr,
@@ -142,7 +147,8 @@ nlohmann::json gold_from_request(const GenerationTaskSpec& spec, const nlohmann:
 nlohmann::json metrics_json(const InstanceMetrics& metrics);
 
 // The requests-out row of one generation (the contract read_rescore_file reads back): {"task", "format": "gen",
-// "shots", "doc_id", "native_id", "prompt_tokens", "generation", "gold", "metrics"}.
+// "shots", "doc_id", "native_id", "prompt_tokens", "generation", "gold", "metrics"}, and "scoring_errors" (strings)
+// when scoring it raised.
 nlohmann::json generation_row(const GenerationInstance& instance, int64_t shots,
                               const std::vector<int64_t>& prompt_tokens, const InstanceMetrics& metrics);
 
