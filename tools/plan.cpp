@@ -198,16 +198,7 @@ Command add(CLI::App& parent) {
                   "a GPU's memory with its unit, e.g. 80GiB, 80GB, 81920MiB (binary units; a bare number is refused): "
                   "says whether the plan fits, the margin, and else the cheapest change that fits (ZeRO-1, activation "
                   "checkpointing, smaller micro-batch, more ranks)")
-      ->check(
-          [](const std::string& text) {
-            try {
-              parse_memory_size(text, "--gpu-memory");
-              return std::string();
-            } catch (const Error& e) {
-              return std::string(e.what());
-            }
-          },
-          "SIZE");
+      ->check(choice_validator([](const std::string& text) { parse_memory_size(text, "--gpu-memory"); }, "SIZE"));
   return {app, [a] { return run(*a); }, /*computes=*/false};
 }
 
