@@ -14,6 +14,7 @@
 #include "archspace/io/run_dir.h"
 #include "archspace/util/error.h"
 #include "archspace/util/json_file.h"
+#include "archspace/util/strings.h"
 
 namespace archspace {
 
@@ -480,11 +481,7 @@ std::vector<Rows> read_side(const std::vector<std::string>& files) {
   return side;
 }
 
-std::string md_number(double v, int digits = 2) {
-  char s[64];
-  std::snprintf(s, sizeof(s), "%.*f", digits, v);
-  return s;
-}
+std::string md_number(double v, int digits = 2) { return format_string("%.*f", digits, v); }
 
 json evaluation(const CompareOptions& o) {
   const std::vector<Rows> a = read_side(o.eval_a), b = read_side(o.eval_b);
