@@ -7,8 +7,6 @@
 #include <array>
 #include <cctype>
 #include <cstdlib>
-#include <iostream>
-#include <mutex>
 
 #include "archspace/util/cpu_isa.h"
 
@@ -32,11 +30,6 @@ bool choose_widened() { return !(max_cpu_isa() == CpuIsa::kAvx512Bf16 && onednn_
 
 int policy_override = -1;  // -1: this CPU's choice; 0 or 1: a test's (ScopedBf16MatmulPolicy)
 
-void state_once() {
-  static std::once_flag stated;
-  std::call_once(stated, [] { std::cerr << bf16_matmuls_line() << "\n"; });
-}
-
 // Whether the ATen op on these operands would run a bf16 GEMM on the CPU: all of them bf16, or bf16 autocast on
 // for the CPU and every floating operand one it casts (fp32 or bf16; it leaves fp64 alone).
 bool runs_in_bf16(std::initializer_list<const at::Tensor*> operands) {
@@ -51,9 +44,7 @@ bool runs_in_bf16(std::initializer_list<const at::Tensor*> operands) {
 }
 
 bool widen(std::initializer_list<const at::Tensor*> operands) {
-  if (!bf16_matmuls_widened() || !runs_in_bf16(operands)) return false;
-  state_once();
-  return true;
+  return bf16_matmuls_widened() && runs_in_bf16(operands);
 }
 
 // The operand as the bf16 GEMM reads it (autocast's rounding of an fp32 one), widened exactly to fp32.

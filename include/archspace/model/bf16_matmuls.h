@@ -7,7 +7,7 @@
 //
 // The choice is made once per process from the CPU (util/cpu_isa.h: max_cpu_isa(), which ARCHSPACE_MAX_CPU_ISA
 // caps) and from oneDNN's own cap (ONEDNN_MAX_CPU_ISA below AVX512_CORE_BF16 keeps its bf16 GEMM off), and
-// stated once on stderr the first time a matmul is widened. With AVX512-BF16 nothing changes: these functions
+// stated once on stderr by the CLI at start-up (tools/main.cpp). With AVX512-BF16 nothing changes: these functions
 // are the ATen ops. CUDA tensors always take the ATen ops.
 #pragma once
 
@@ -20,7 +20,8 @@ namespace archspace {
 
 // Whether bf16 matmuls on this CPU are widened to fp32 (chosen once; a test's ScopedBf16MatmulPolicy aside).
 bool bf16_matmuls_widened();
-// The line stated on stderr: "bf16 matmuls: widened to fp32 on this CPU (no AVX512-BF16/AMX)" or native.
+// The line the CLI states on stderr at start-up where widened: "bf16 matmuls: widened to fp32 on this CPU (no
+// AVX512-BF16/AMX)" or native.
 std::string bf16_matmuls_line();
 
 // For tests: the widened (true) or native (false) path within a scope, whatever the CPU.
