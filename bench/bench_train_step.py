@@ -24,6 +24,10 @@ bf16 step read 1.59 s in the first round and 2.23 s in the next two), where ever
 
 Goal (issue 25): bf16 >= 1.5x PyTorch eager with fused AdamW and >= 40% of the bf16 GEMM peak on CPUs with
 AVX512-BF16 or AMX; fp32 >= 1.1x. Results: bench/results/train-step-<time>.json and a table on stdout.
+
+The engine's bf16 step against its fp32 step is also reported on each of `--kernel-paths` (scripts/kernel_paths.sh;
+default native and avx2): under avx2 LibTorch has no native bf16 GEMM, and the engine widens its bf16 matmuls to fp32
+(model/bf16_matmuls.h), so bf16 should run at >= 0.8x fp32's speed there (issue 52; it ran at 1/50 without).
 """
 import argparse
 import json
@@ -81,7 +85,7 @@ def step_flops(config, seq):
     return 6 * matmul_params * seq + 3 * attention
 
 
-def engine_step_seconds(tmp, model_dir, seq, steps, threads, dtype, tag):
+def engine_step_seconds(tmp, model_dir, seq, steps, threads, dtype, tag, kernel_path="native"):
     run = tmp / f"run-{dtype}-{tag}"
     toml = write_toml(tmp / f"{dtype}-{tag}.toml", {
         "model": {"init_from": str(model_dir)},
@@ -91,7 +95,8 @@ def engine_step_seconds(tmp, model_dir, seq, steps, threads, dtype, tag):
         "optim": {"lr": 1e-4, "warmup_steps": 0, "weight_decay": 0.1, "clip_grad_norm": 1.0, "z_loss": 1e-4,
                   "fused": True},
     })
-    subprocess.run([str(BINARY), "train", "--config", str(toml)], check=True, capture_output=True)
+    subprocess.run(["bash", str(REPO / "scripts" / "kernel_paths.sh"), kernel_path, str(BINARY), "train", "--config",
+                    str(toml)], check=True, capture_output=True)
     return [seq / m["tokens_per_s"] for m in metrics(run)[WARMUP:]]
 
 
@@ -146,12 +151,20 @@ def main():
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--dtypes", default="fp32,bf16", help="which steps to time, comma-separated")
+    parser.add_argument("--kernel-paths", default="native,avx2",
+                        help="kernel paths (scripts/kernel_paths.sh) on which the engine's bf16 step is timed against "
+                             "its fp32 step, comma-separated")
     parser.add_argument("--torch-side", nargs=2, metavar=("MODEL_DIR", "TOKENS_NPY"),
                         help="internal: time PyTorch's step in this process and print the seconds as JSON")
     args = parser.parse_args()
     dtypes = args.dtypes.split(",")
     if not set(dtypes) <= {"fp32", "bf16"}:
         parser.error(f"--dtypes {args.dtypes!r}: expected fp32, bf16 or both, comma-separated")
+    paths = args.kernel_paths.split(",") if args.kernel_paths else []
+    known = subprocess.run(["bash", str(REPO / "scripts" / "kernel_paths.sh"), "list"], check=True, capture_output=True,
+                           text=True).stdout.split()
+    if not set(paths) <= set(known):
+        parser.error(f"--kernel-paths {args.kernel_paths!r}: expected some of {', '.join(known)}, comma-separated")
     if args.torch_side:
         tokens = np.load(args.torch_side[1])
         print(json.dumps(torch_side(args.torch_side[0], tokens, args.seq, args.steps, args.threads, dtypes[0])))
@@ -184,6 +197,14 @@ def main():
                 for side, tunables in TORCH_MALLOC.items():
                     rounds[f"{side}_{dtype}"].append(statistics.median(torch_step_seconds(
                         model_dir, tmp / "tokens.npy", args.seq, args.steps, args.threads, dtype, tunables)))
+            # The engine's fp32 and bf16 steps on the other kernel paths (native's are the ones above).
+            for path in paths:
+                if path == "native" or set(dtypes) != {"fp32", "bf16"}:
+                    continue
+                for dtype in dtypes:
+                    rounds.setdefault(f"engine_{dtype}_{path}", []).append(statistics.median(
+                        engine_step_seconds(tmp, model_dir, args.seq, args.steps, args.threads, dtype, f"{path}-{r}",
+                                            path)))
             print(f"round {r + 1}: " + ", ".join(f"{k} {v[-1]:.3f} s" for k, v in rounds.items()) + "; limits: "
                   + ", ".join(f"{k} {v[-1]:.1f}" for k, v in limits.items()), flush=True)
     result["step_seconds"] = {k: spread(v) for k, v in rounds.items()}
@@ -202,6 +223,12 @@ def main():
             per_round = zip(rounds[f"{side}_{dtype}"], limits[f"gemm_{dtype}_gflops"])
             result[f"{side}_{dtype}_percent_of_gemm_peak_by_round"] = spread(
                 [100 * flops / seconds / 1e9 / peak_read for seconds, peak_read in per_round])
+    # bf16's speed against fp32's (fp32 seconds / bf16 seconds, per round) on each kernel path.
+    if set(dtypes) == {"fp32", "bf16"}:
+        for path in paths:
+            suffix = "" if path == "native" else f"_{path}"
+            result[f"engine_bf16_vs_fp32_{path}"] = spread(
+                [f / b for f, b in zip(rounds[f"engine_fp32{suffix}"], rounds[f"engine_bf16{suffix}"])])
     result["loadavg_after"] = pathlib.Path("/proc/loadavg").read_text().strip()
     out = REPO / "bench" / "results" / f"train-step-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -223,6 +250,13 @@ def main():
         by_round = result[f"engine_{dtype}_percent_of_gemm_peak_by_round"]
         print(f"  engine {dtype}, each round against its own peak reading: {by_round['median']:.1f}% "
               f"({by_round['min']:.1f}-{by_round['max']:.1f}%)")
+    for path in paths:
+        if f"engine_bf16_vs_fp32_{path}" in result:
+            ratio, suffix = result[f"engine_bf16_vs_fp32_{path}"], "" if path == "native" else f"_{path}"
+            s = result["step_seconds"]
+            print(f"  engine bf16 against fp32 on the {path} kernel path: {ratio['median']:.2f}x the speed "
+                  f"({ratio['min']:.2f}-{ratio['max']:.2f}; fp32 {s[f'engine_fp32{suffix}']['median']:.3f} s, "
+                  f"bf16 {s[f'engine_bf16{suffix}']['median']:.3f} s)")
     print(f"  load after: {result['loadavg_after']}; wrote {out}")
 
 

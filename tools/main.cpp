@@ -4,6 +4,7 @@
 
 #include <iostream>
 
+#include "archspace/model/bf16_matmuls.h"
 #include "archspace/util/error.h"
 #include "archspace/util/threads.h"
 #include "command.h"
@@ -45,6 +46,8 @@ int main(int argc, char** argv) {
         at::set_num_threads(threads);
       else if (command.computes)
         at::set_num_threads(default_thread_count());
+      // Said once, before any work, where it changes the speed of bf16 runs (docs/reference.md).
+      if (command.computes && bf16_matmuls_widened()) std::cerr << bf16_matmuls_line() << "\n";
       return command.run();
     }
   } catch (const Error& e) {

@@ -96,10 +96,17 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
     const std::vector<at::Tensor> saved = ctx->get_saved_variables();
     const std::vector<at::Tensor>& params = holder->params;
     at::AutoGradMode grad(true);
-    AutocastScope autocast(holder->autocast);
     // Fresh leaves for the inputs, so the recomputed graph ends here and not in the earlier blocks.
     const auto [inputs, given] = stand_ins(saved);
-    const std::vector<at::Tensor> outputs = holder->fn(given);
+    std::vector<at::Tensor> outputs;
+    {
+      // The forward's autocast state for the recomputation only: the gradients below are taken outside it, as
+      // the backward without checkpointing is (and as torch.utils.checkpoint does). Under autocast an fp32
+      // matmul of the backward (the widened bf16 matmuls' backward GEMMs, model/bf16_matmuls.h) would be cast
+      // to bf16.
+      AutocastScope autocast(holder->autocast);
+      outputs = holder->fn(given);
+    }
     if (outputs.size() != grad_outputs.size()) throw Error("activation checkpointing: the block changed its outputs");
 
     std::vector<at::Tensor> roots, root_grads;

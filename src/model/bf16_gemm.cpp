@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 
+#include "archspace/model/bf16_matmuls.h"
 #include "archspace/util/cpu_isa.h"
 #include "archspace/util/error.h"
 
@@ -78,9 +79,9 @@ void bf16_matmul_into_fp32(at::Tensor& out, const at::Tensor& a, const at::Tenso
   // The bf16 product, rounded, then widened: autocast's at::mm(a, b).to(kFloat).
   auto product_then_cast = [&] {
     if (accumulate)
-      out.add_(at::mm(a, b));
+      out.add_(bf16_matmuls::mm(a, b));
     else
-      out.copy_(at::mm(a, b));
+      out.copy_(bf16_matmuls::mm(a, b));
   };
   const bool cpu = a.device().is_cpu() && b.device().is_cpu() && out.device().is_cpu();
   if (!cpu || !has_fp32_output_bf16_gemm() || k == 0 || !fits_int(m) || !fits_int(n) || !fits_int(k))

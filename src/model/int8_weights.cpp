@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "archspace/model/bf16_matmuls.h"
 #include "archspace/model/linear.h"
 #include "archspace/util/error.h"
 #include "streaming_gemv.h"
@@ -246,7 +247,8 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& weight) {
   // (the temporary stays one block whatever the matrix; the cat keeps autograd's path through x).
   std::vector<at::Tensor> parts;
   for (int64_t r = 0; r < N; r += kRowBlock)
-    parts.push_back(at::linear(x, dequantized_rows(weight, scales, r, std::min(kRowBlock, N - r), x.scalar_type())));
+    parts.push_back(
+        bf16_matmuls::linear(x, dequantized_rows(weight, scales, r, std::min(kRowBlock, N - r), x.scalar_type())));
   return parts.size() == 1 ? parts.front() : at::cat(parts, -1);
 }
 

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <mutex>
 
+#include "archspace/model/bf16_matmuls.h"
 #include "archspace/model/decode_attention.h"
 #include "archspace/model/fused_norm_rope.h"
 #include "archspace/model/linear.h"
@@ -241,10 +242,11 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
       return attention_by_document(q, k, v, window, *documents);
     case AttentionPath::kSdpaCausal:
       // is_causal lets the kernels skip masked blocks instead of reading a mask.
-      return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, 0.0, /*is_causal=*/true, scale, gqa);
+      return bf16_matmuls::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, 0.0, /*is_causal=*/true, scale, gqa);
     case AttentionPath::kSdpaNoMask:  // decoding: no mask to build or read
       if (uses_decode_attention(q, k, v)) return decode_attention(q, k, v, scale);  // inference on the CPU
-      return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, 0.0, /*is_causal=*/false, scale, gqa);
+      return bf16_matmuls::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, 0.0, /*is_causal=*/false, scale,
+                                                        gqa);
     case AttentionPath::kSdpaBlocked:
     case AttentionPath::kSdpaMasked:
       break;
@@ -259,8 +261,8 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
       at::Tensor block_padding =
           padding_mask.defined() ? padding_mask.narrow(2, s, e - s).narrow(3, k0, k1 - k0) : at::Tensor();
       at::Tensor mask = full_mask(e - s, k1 - k0, window, s + q_offset - k0, block_padding, q.device());
-      blocks.push_back(at::scaled_dot_product_attention(q.narrow(2, s, e - s), k.narrow(2, k0, k1 - k0),
-                                                        v.narrow(2, k0, k1 - k0), mask, 0.0, false, scale, gqa));
+      blocks.push_back(bf16_matmuls::scaled_dot_product_attention(
+          q.narrow(2, s, e - s), k.narrow(2, k0, k1 - k0), v.narrow(2, k0, k1 - k0), mask, 0.0, false, scale, gqa));
     }
     return at::cat(blocks, 2);
   }
@@ -271,7 +273,7 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
     return decode_attention(q, k, v, scale, padding_mask);
   at::Tensor mask =
       decoding && padding_mask.defined() ? padding_mask : full_mask(tq, tk, window, q_offset, padding_mask, q.device());
-  return at::scaled_dot_product_attention(q, k, v, mask, 0.0, /*is_causal=*/false, scale, gqa);
+  return bf16_matmuls::scaled_dot_product_attention(q, k, v, mask, 0.0, /*is_causal=*/false, scale, gqa);
 }
 
 }  // namespace archspace

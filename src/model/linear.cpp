@@ -6,6 +6,7 @@
 
 #include <algorithm>
 
+#include "archspace/model/bf16_matmuls.h"
 #include "archspace/model/int8_weights.h"
 #include "archspace/util/cpu_isa.h"
 #include "streaming_gemv.h"
@@ -368,7 +369,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight) {
     RECORD_FUNCTION("archspace::streaming_linear", c10::ArrayRef<const c10::IValue>{});
     return streaming_linear(x, weight);
   }
-  return at::linear(x, weight);
+  return bf16_matmuls::linear(x, weight);  // widened to fp32 where bf16 GEMMs are slow (model/bf16_matmuls.h)
 }
 
 std::vector<at::Tensor> linear_many(const at::Tensor& x, const std::vector<at::Tensor>& weights) {

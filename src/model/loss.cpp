@@ -7,6 +7,7 @@
 #include <string>
 
 #include "archspace/model/bf16_gemm.h"
+#include "archspace/model/bf16_matmuls.h"
 #include "archspace/model/cross_entropy_rows.h"
 #include "archspace/model/int8_weights.h"
 #include "archspace/model/linear.h"
@@ -91,7 +92,7 @@ struct ChunkedHeadLoss : torch::autograd::Function<ChunkedHeadLoss> {
     at::Tensor kept;
     for (int64_t s = 0; s < n; s += chunk) {
       const int64_t c = std::min(chunk, n - s);
-      const at::Tensor padded_logits = at::linear(hs.narrow(0, s, c), w);
+      const at::Tensor padded_logits = bf16_matmuls::linear(hs.narrow(0, s, c), w);
       const at::Tensor logits = padded ? padded_logits.narrow(1, 0, V) : padded_logits;
       const at::Tensor tc = ts.narrow(0, s, c);
       if (!padded && cross_entropy_rows_supported(logits)) {  // CPU: one pass over the logits as the matmul left them
@@ -151,7 +152,7 @@ struct ChunkedHeadLoss : torch::autograd::Function<ChunkedHeadLoss> {
       const at::Tensor hc = hs.narrow(0, s, c), lc = lse.narrow(0, s, c), tc = ts.narrow(0, s, c);
       // The forward's logits (kept, or again: the same kernel on the same operands), turned in place into their
       // gradient, in the matmul dtype as the unchunked linear's backward has it; products in that dtype.
-      at::Tensor dm = kept.defined() ? kept : at::linear(hc, w);
+      at::Tensor dm = kept.defined() ? kept : bf16_matmuls::linear(hc, w);
       kept.reset();  // the one kept chunk is consumed here (the graph is not retained)
       if (!padded && cross_entropy_rows_supported(dm)) {
         cross_entropy_grad_rows_(dm, tc, lc.to(at::kFloat), g_ce.item<float>(), g_z2.item<float>());
@@ -167,7 +168,7 @@ struct ChunkedHeadLoss : torch::autograd::Function<ChunkedHeadLoss> {
           dm = d.to(mm);
         }
       }
-      if (need_h) grad_hs.narrow(0, s, c).copy_(at::mm(dm, w));
+      if (need_h) grad_hs.narrow(0, s, c).copy_(bf16_matmuls::mm(dm, w));
       if (need_w && mm == at::kBFloat16 && acc == at::kFloat && hc.is_cpu() && fp32_output_bf16_gemm_is_fast()) {
         // bf16 x bf16 products summed in fp32 straight into the fp32 gradient, chunk after chunk: no bf16 [V, D]
         // product and no cast pass over it (autocast would round each chunk's product to bf16 first). Only where
@@ -177,11 +178,11 @@ struct ChunkedHeadLoss : torch::autograd::Function<ChunkedHeadLoss> {
         bf16_matmul_into_fp32(grad_w, dm.t(), hc, /*accumulate=*/!first);
       } else if (need_w) {
         if (!grad_w.defined())
-          grad_w = at::mm(dm.t(), hc).to(acc);
+          grad_w = bf16_matmuls::mm(dm.t(), hc).to(acc);
         else if (mm == acc)
           grad_w.addmm_(dm.t(), hc);
         else
-          grad_w.add_(at::mm(dm.t(), hc));  // each chunk's product rounded to its dtype once, summed in fp32
+          grad_w.add_(bf16_matmuls::mm(dm.t(), hc));  // each chunk's product rounded to its dtype once, summed in fp32
       }
     }
     if (need_w && !grad_w.defined()) grad_w = at::zeros({V, D}, w.options().dtype(acc));  // no labelled rows

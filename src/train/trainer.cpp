@@ -159,8 +159,8 @@ void Trainer::setup_device() {
   // torchrun starts one rank per GPU: "cuda" without an index means this rank's own one.
   if (device_.is_cuda() && cfg_.device.index < 0 && dist_env_.world_size > 1)
     device_ = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(dist_env_.local_rank));
-  // bf16 autocast on either device; on a CPU without AVX512-BF16 (or AMX) its matmuls are slower than
-  // fp32, but the numbers are the same as on one that has it.
+  // bf16 autocast on either device; on a CPU without AVX512-BF16 (or AMX) the engine's matmuls widen their
+  // bf16 operands to fp32 (model/bf16_matmuls.h: LibTorch's bf16 GEMM there is 15x-500x slower than fp32's).
   autocast_ = cfg_.dtype == DType::kBf16;
 }
 

@@ -99,3 +99,32 @@ def test_a_bad_isa_cap_names_the_variable(tmp_path):
                              "--out", str(tmp_path / "x.safetensors")], capture_output=True, text=True, env=env)
     assert result.returncode == 1
     assert "ARCHSPACE_MAX_CPU_ISA='avx9' is not one of: scalar, avx2, avx512_bf16" in result.stderr, result.stderr
+
+
+def cpu_has_native_bf16():
+    """util/cpu_isa's avx512_bf16 rule, read from /proc/cpuinfo: AVX2, AVX512F, AVX512BW and AVX512-BF16."""
+    flags = set()
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    return {"avx2", "avx512f", "avx512bw", "avx512_bf16"} <= flags
+
+
+WIDENED_LINE = "bf16 matmuls: widened to fp32 on this CPU (no AVX512-BF16/AMX)"
+
+
+def test_widened_bf16_matmuls_are_said_once_at_start_up(tmp_path):
+    # Issue 52: where the engine widens its bf16 matmuls (no AVX512-BF16, or the avx2 and baseline paths, which cap
+    # it), a command that computes says so once, on stderr, before its work; where they are native, nothing.
+    save_random_olmo3(tiny_olmo3_config(), tmp_path / "m")
+    for path in PATHS:
+        result = under(path, BINARY, "logits", "--model", tmp_path / "m", "--tokens", "1 2 3",
+                       "--out", tmp_path / f"{path}.safetensors")
+        assert result.returncode == 0, result.stderr
+        widened = path != "native" or not cpu_has_native_bf16()
+        lines = [line for line in result.stderr.splitlines() if not line.startswith("[kernel path")]
+        assert lines.count(WIDENED_LINE) == (1 if widened else 0), (path, result.stderr)
+        if widened:
+            assert lines[0] == WIDENED_LINE, (path, result.stderr)
