@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Checks that the library's modules include each other in one direction only (docs/layout.md, "Module layering"):
 
-    util -> config -> dist -> io -> model -> tokenizer -> chat, data -> infer -> eval -> train, export, serve
+    util -> text -> config -> dist -> io -> model -> tokenizer -> chat, data -> infer -> eval -> train, export, serve
          -> tools
 
 A file under include/archspace/<module>/ or src/<module>/ may include its own module and modules of
@@ -13,7 +13,7 @@ import pathlib
 import re
 import sys
 
-LAYERS = [["util"], ["config"], ["dist"], ["io"], ["model"], ["tokenizer"], ["chat", "data"], ["infer"], ["eval"],
+LAYERS = [["util"], ["text"], ["config"], ["dist"], ["io"], ["model"], ["tokenizer"], ["chat", "data"], ["infer"], ["eval"],
           ["train", "export", "serve"], ["tools"]]
 RANK = {module: rank for rank, modules in enumerate(LAYERS) for module in modules}
 INCLUDE = re.compile(r'^\s*#\s*include\s+"archspace/([a-z_]+)/')

@@ -1,6 +1,7 @@
 // archspace eval ppl: perplexity with strided sliding windows on token shards or a text file.
 // archspace eval downstream: OLMES multiple-choice tasks (eval/downstream.h) and generation tasks
-// (eval/generation_tasks.h, scored by eval/generation_metrics.h), a table and a JSON file;
+// (eval/generation_tasks.h, scored by eval/generation_metrics.h) through the library's pipeline
+// (eval/downstream_pipeline.h); here the flags, the Python scorers, a table and a JSON file;
 // --rescore: the metrics of a requests-out file's generations recomputed (eval/generation_metrics.h), no model.
 // The code tasks' programs run in eval/code_sandbox.h's sandbox.
 #include <stdlib.h>
@@ -13,6 +14,7 @@
 #include "archspace/data/token_source.h"
 #include "archspace/eval/code_sandbox.h"
 #include "archspace/eval/downstream.h"
+#include "archspace/eval/downstream_pipeline.h"
 #include "archspace/eval/generation_metrics.h"
 #include "archspace/eval/generation_tasks.h"
 #include "archspace/eval/perplexity.h"
@@ -141,54 +143,10 @@ CodeExecutor sandbox_executor(ProgressLine& progress) {
   };
 }
 
-// Generations scored (eval/generation_metrics.h): per instance, per task and the groups' macros, with a note for a
-// group averaged over fewer tasks than it has.
-struct GenerationScores {
-  std::vector<InstanceMetrics> metrics;
-  std::vector<TaskResult> results;
-  std::vector<std::pair<std::string, std::vector<std::string>>> macro_over;
-  // The instances whose scoring raised (scored as OLMES scores a failed check): {"count", "instances": [{"task",
-  // "doc_id", "errors"}]}, in the --out JSON so that a run's few unscorable responses are seen, not hidden.
-  nlohmann::json scoring_errors = {{"count", 0}, {"instances", nlohmann::json::array()}};
-};
-
-GenerationScores score_and_aggregate(const std::vector<GenerationInstance>& instances,
-                                     const std::vector<std::pair<std::string, int64_t>>& shots,
-                                     ProgressLine& progress) {
-  GenerationScores g;
-  g.metrics = score_generations(instances, minerva_equivalence, ifeval_checks, sandbox_executor(progress));
-  g.results = generation_results(instances, g.metrics, shots, &g.macro_over);
-  for (size_t i = 0; i < instances.size(); ++i) {
-    if (g.metrics[i].scoring_errors.empty()) continue;
-    g.scoring_errors["instances"].push_back(
-        {{"task", instances[i].task}, {"doc_id", instances[i].doc_id}, {"errors", g.metrics[i].scoring_errors}});
-  }
-  g.scoring_errors["count"] = g.scoring_errors["instances"].size();
-  if (g.scoring_errors["count"] != 0)
-    progress.note(g.scoring_errors["count"].dump() +
-                  " responses had a check that raised; those checks scored 0/False as OLMES does (\"scoring_errors\" "
-                  "in --out and in their --requests-out rows)");
-  for (const auto& [group, members] : g.macro_over) {
-    for (const auto& [name, all] : generation_groups()) {
-      if (name == group && members.size() < all.size())
-        progress.note(group + (find_task_group(group)->primary_aggregate == "micro" ? ": micro and macro" : ": macro") +
-                      " over " + std::to_string(members.size()) + " of its " + std::to_string(all.size()) +
-                      " tasks (the others were not evaluated)");
-    }
-  }
-  return g;
-}
-
-// results_rows with each generation group's row naming the tasks its macro is over.
-nlohmann::json rows_with_macro_over(const std::vector<TaskResult>& results,
-                                    const std::vector<std::pair<std::string, std::vector<std::string>>>& macro_over) {
-  nlohmann::json rows = results_rows(results);
-  for (auto& row : rows) {
-    for (const auto& [group, members] : macro_over) {
-      if (row["task"] == group && row["format"] == "gen") row["macro_over"] = members;
-    }
-  }
-  return rows;
+// The external scorers of the generation metrics (eval/generation_task_family.h): lm-eval's own Python where C++
+// cannot reproduce it, and the sandbox.
+ExternalScorers cli_scorers(ProgressLine& progress) {
+  return {minerva_equivalence, ifeval_checks, sandbox_executor(progress)};
 }
 
 int run_rescore(const DownstreamArgs& a) {
@@ -202,7 +160,8 @@ int run_rescore(const DownstreamArgs& a) {
   if (file.loglikelihood_rows > 0)
     progress.note(std::to_string(file.loglikelihood_rows) +
                   " log-likelihood rows kept as they are (their metrics need the task files: run eval downstream)");
-  const GenerationScores scored = score_and_aggregate(file.instances, file.shots, progress);
+  const GenerationScores scored = score_and_aggregate(file.instances, file.shots, cli_scorers(progress),
+                                                      [&](const std::string& n) { progress.note(n); });
   const std::vector<InstanceMetrics>& metrics = scored.metrics;
   const std::vector<TaskResult>& results = scored.results;
   progress.finish();
@@ -236,51 +195,6 @@ int run_rescore(const DownstreamArgs& a) {
   return 0;
 }
 
-// What `eval downstream` runs, found before the model loads (a typo fails at once): the multiple-choice variants,
-// the generation tasks (their own request files, format "gen", told apart by the metrics registry), the names whose
-// group rows are added, and for --suite the suite's plan (its tasks with files, and the missing ones).
-struct DownstreamPlan {
-  std::vector<std::string> dirs;
-  std::vector<TaskVariant> variants;
-  std::vector<std::string> generation_tasks, choice_names, notes;
-  std::optional<SuitePlan> suite;
-};
-
-DownstreamPlan plan_downstream(const DownstreamArgs& a) {
-  DownstreamPlan p;
-  if (!a.suite.empty()) {
-    const Suite* suite = find_suite(a.suite);
-    if (!suite) throw Error("unknown suite \"" + a.suite + "\" (suites: " + join(suite_names()) + ")");
-    // The user's request files first (the tasks no package ships), then the built-in ones.
-    p.dirs = a.tasks_dirs;
-    for (const auto& d : default_task_dirs()) p.dirs.push_back(d);
-    p.suite = plan_suite(*suite, p.dirs);
-    for (const auto& e : p.suite->entries) {
-      if (!e.missing.empty()) {
-        p.notes.push_back("suite " + suite->name + ": " + e.task.name + " is missing (" + e.missing + ")");
-      } else if (e.task.kind == "gen") {
-        p.generation_tasks.insert(p.generation_tasks.end(), e.members.begin(), e.members.end());
-      } else {
-        for (auto& v : select_task_variants(p.dirs, e.members, e.task.kind, e.task.shots, &p.notes))
-          p.variants.push_back(std::move(v));
-        p.choice_names.push_back(e.task.name);
-      }
-    }
-    return p;
-  }
-  p.dirs = a.tasks_dirs.empty() ? default_task_dirs() : a.tasks_dirs;
-  const auto names = split_nonempty(a.tasks, ',');  // tasks and groups (eval/task_groups.h)
-  std::vector<std::string> choice_tasks;
-  for (const auto& task : expand_task_groups(p.dirs, names))
-    (is_generation_task(task) ? p.generation_tasks : choice_tasks).push_back(task);
-  for (const auto& name : names) {  // the groups and tasks whose rows with_group_results builds
-    const TaskGroup* group = find_task_group(name);
-    if (group ? !is_generation_task(group->members.front()) : !is_generation_task(name)) p.choice_names.push_back(name);
-  }
-  if (!choice_tasks.empty()) p.variants = select_task_variants(p.dirs, choice_tasks, a.format, a.shots, &p.notes);
-  return p;
-}
-
 int run_downstream(const DownstreamArgs& a, bool limit_given) {
   if (!a.rescore.empty()) {
     if (!a.model.empty() || !a.tasks.empty() || !a.suite.empty() || limit_given || !a.tasks_dirs.empty() || a.chat)
@@ -296,50 +210,41 @@ int run_downstream(const DownstreamArgs& a, bool limit_given) {
   for (const auto* path : {&a.out, &a.requests_out}) {
     if (!path->empty()) check_writable(*path);
   }
-  const DownstreamPlan plan = plan_downstream(a);
-  const bool chat = a.chat || (plan.suite && plan.suite->suite->chat);
+  DownstreamSelection selection;
+  selection.tasks = split_nonempty(a.tasks, ',');
+  selection.suite = a.suite;
+  selection.tasks_dirs = a.tasks_dirs;
+  selection.format = a.format;
+  selection.shots = a.shots;
+  selection.limit = a.limit;
+  selection.chat = a.chat;
+  DownstreamPlan plan = plan_downstream(selection);
+  const bool chat = plan.chat;
   ProgressLine progress("eval downstream");
+  const NoteFn note = [&progress](const std::string& n) { progress.note(n); };
   // Each batch's activations and KV caches are fresh tensors of varying sizes: reused memory, not fresh mmaps.
-  if (const std::string note = keep_freed_memory_for_reuse(); !note.empty()) progress.note(note);
+  if (const std::string memory = keep_freed_memory_for_reuse(); !memory.empty()) progress.note(memory);
   for (const auto& n : plan.notes) progress.note(n);
-  std::vector<TaskFiles> files;
-  for (const auto& v : plan.variants) {
-    files.push_back(load_task(v.dir, v.task, v.format, v.shots, a.limit));
-    if (chat) to_chat_format(files.back());
-  }
-  std::vector<GenerationTaskFiles> generation_files;
-  for (const auto& task : plan.generation_tasks) {
-    generation_files.push_back(load_generation_task(find_generation_variant(plan.dirs, task), task, a.limit, chat));
-    if (a.shots && *a.shots != generation_files.back().shots)
-      progress.note(task + ": its request files are rendered with " + std::to_string(generation_files.back().shots) +
-                    " shots (--shots applies to the multiple-choice tasks)");
-  }
-
-  // Code tasks need the sandbox: without it they fail now, not after the generation.
-  for (const auto& task : plan.generation_tasks) {
-    const std::string kind = find_generation_task(task)->gold_kind;
-    if ((kind == "humaneval_tests" || kind == "mbpp_tests") && !sandbox_support().available)
-      throw Error(task + " runs the generated programs, which needs the code sandbox: " + sandbox_support().reason);
-  }
+  DownstreamPipeline pipeline(selection, std::move(plan), note);
 
   const std::string model_dir = resolve_model_dir(a.model);
   CausalLM model =
       load_model(model_dir, {scalar_type(parse_dtype(a.dtype, "--dtype")), parse_device(a.device, "--device").device(),
                              false, parse_quantization(a.quantization, "--quantization")});
   auto tokenizer = model_tokenizer(model_dir, a.tokenizer, model.config().vocab_size);
-  CommandProfile profile(a.profile);                        // the evaluation's work, not the loading
-  const double scoring_start = progress.elapsed_seconds();  // tokenizing and scoring, for throughput figures
-  std::vector<PreparedTask> tasks;
-  for (auto& f : files) tasks.push_back(prepare_task(std::move(f), *tokenizer, model.config(), a.max_length));
+  CommandProfile profile(a.profile);  // the evaluation's work, not the loading
+  pipeline.prepare(*tokenizer, model.config(), a.max_length);
 
-  int64_t requests = 0;
-  for (const auto& t : tasks) requests += static_cast<int64_t>(t.requests.size());
-  ScoreOptions options;
-  options.max_batch_sequences = a.batch_size;
-  options.max_batch_tokens = a.batch_tokens;
-  options.share_prefixes = !a.no_prefix_sharing;
+  DownstreamOptions options;
+  options.score.max_batch_sequences = a.batch_size;
+  options.score.max_batch_tokens = a.batch_tokens;
+  options.score.share_prefixes = !a.no_prefix_sharing;
+  options.generation.max_batch = a.batch_size > 0 ? a.batch_size : 8;
+  options.generation.max_length = a.max_length;
+  options.scorers = cli_scorers(progress);
+  options.note = note;
   // A progress callback whose rate counts from when its phase starts (scoring, then generation).
-  const auto report = [&](const char* what) {
+  options.phase_progress = [&progress](const char* what) -> ProgressFn {
     return [&progress, what, start = progress.elapsed_seconds()](int64_t done, int64_t total) {
       const double s = progress.elapsed_seconds() - start;
       char rate[48];
@@ -348,91 +253,28 @@ int run_downstream(const DownstreamArgs& a, bool limit_given) {
                       static_cast<double>(done) / total, done == total);
     };
   };
-  const std::vector<TaskResult> results =
-      tasks.empty() ? std::vector<TaskResult>{} : evaluate_tasks(model, tasks, options, report("requests"));
-  const double scoring_seconds = progress.elapsed_seconds() - scoring_start;
-
-  // Generation requests on the scheduler serve uses, then their metrics.
-  const double generation_start = progress.elapsed_seconds();
-  GenerationOptions generation;
-  generation.max_batch = a.batch_size > 0 ? a.batch_size : 8;
-  generation.max_length = a.max_length;
-  const auto answers = generate_answers(model, tokenizer, generation_files, generation, report("generations"));
-  const double generation_seconds = progress.elapsed_seconds() - generation_start;
-  std::vector<GenerationInstance> instances;
-  std::vector<std::pair<std::string, int64_t>> generation_shots;
-  int64_t truncated = 0;
-  for (size_t t = 0; t < generation_files.size(); ++t) {
-    const auto& f = generation_files[t];
-    generation_shots.emplace_back(f.task, f.shots);
-    for (size_t i = 0; i < f.requests.size(); ++i) {
-      instances.push_back(
-          {f.task, f.requests[i].doc_id, f.requests[i].native_id, answers[t][i].generation, f.requests[i].gold});
-      truncated += answers[t][i].truncated;
-    }
-  }
-  if (truncated > 0)
-    progress.note(std::to_string(truncated) + " generation contexts were left-truncated to fit (as lm-eval does)");
-  GenerationScores scored;
-  try {
-    if (!instances.empty()) scored = score_and_aggregate(instances, generation_shots, progress);
-  } catch (const std::exception&) {
-    // A scorer that failed must not lose the generation time: the generations go to --requests-out first (without
-    // metrics), so that `--rescore` can finish the job.
-    if (!a.requests_out.empty()) {
-      std::string text;
-      size_t k = 0;
-      for (size_t t = 0; t < generation_files.size(); ++t) {
-        for (size_t i = 0; i < generation_files[t].requests.size(); ++i, ++k) {
-          const auto& tokens = answers[t][i].prompt_tokens;
-          nlohmann::json row = generation_row(instances[k], generation_files[t].shots,
-                                              std::vector<int64_t>(tokens.begin(), tokens.end()), InstanceMetrics{});
-          row.erase("metrics");
-          text += row.dump() + "\n";
-        }
-      }
-      write_text_file_atomically(a.requests_out, text);
+  // A scorer that failed must not lose the generation time: the generations go to --requests-out first (without
+  // metrics), so that `--rescore` can finish the job.
+  if (!a.requests_out.empty()) {
+    options.save_unscored = [&](const std::string& lines) {
+      write_text_file_atomically(a.requests_out, lines);
       progress.note("the generations were written to " + a.requests_out + " (rescore them with --rescore)");
-    }
-    throw;
+    };
   }
+  DownstreamResult result = pipeline.run(model, tokenizer, options);
   progress.finish();
   profile.finish();
 
   std::vector<std::string> notes;
-  std::vector<TaskResult> shown = with_group_results(plan.choice_names, results, &notes);  // with the groups' rows
+  pipeline.tabulate(result, &notes);
   for (const auto& n : notes) progress.note(n);
-  shown.insert(shown.end(), scored.results.begin(), scored.results.end());
+  const std::vector<TaskResult>& shown = result.shown;
+  const GenerationScores& scored = result.generation;
   std::cout << results_table(shown);
-  std::optional<SuiteReport> suite;
-  if (plan.suite) {
-    suite = suite_report(*plan.suite, shown);
-    std::cout << suite_table(*suite);
-  }
+  if (result.suite) std::cout << suite_table(*result.suite);
   std::cout << std::flush;
 
-  if (!a.requests_out.empty()) {
-    std::string text;
-    for (size_t t = 0; t < tasks.size(); ++t) {
-      for (const auto& row : request_rows(tasks[t].files, results[t])) text += row.dump() + "\n";
-    }
-    size_t k = 0;  // instances are in task, then request order
-    for (size_t t = 0; t < generation_files.size(); ++t) {
-      const auto& f = generation_files[t];
-      for (size_t i = 0; i < f.requests.size(); ++i, ++k) {
-        const GeneratedAnswer& answer = answers[t][i];
-        nlohmann::json row = generation_row(
-            instances[k], f.shots, std::vector<int64_t>(answer.prompt_tokens.begin(), answer.prompt_tokens.end()),
-            scored.metrics[k]);
-        if (f.requests[i].chat) row["messages"] = f.requests[i].chat->messages;
-        row["truncated"] = answer.truncated;
-        row["finish_reason"] = answer.finish_reason;
-        row["generated_tokens"] = answer.generated_tokens;
-        text += row.dump() + "\n";
-      }
-    }
-    write_text_file_atomically(a.requests_out, text);
-  }
+  if (!a.requests_out.empty()) write_text_file_atomically(a.requests_out, pipeline.request_lines(result));
   if (!a.out.empty()) {
     nlohmann::json j = {{"model", a.model},
                         {"dtype", a.dtype},
@@ -440,15 +282,15 @@ int run_downstream(const DownstreamArgs& a, bool limit_given) {
                         {"device", a.device},
                         {"tokenizer", tokenizer->name()},
                         {"elapsed_seconds", progress.elapsed_seconds()},
-                        {"requests", requests},
-                        {"scoring_seconds", scoring_seconds},
-                        {"generation_requests", instances.size()},
-                        {"generation_seconds", generation_seconds},
+                        {"requests", result.requests},
+                        {"scoring_seconds", result.scoring_seconds},
+                        {"generation_requests", result.instances.size()},
+                        {"generation_seconds", result.generation_seconds},
                         {"stderr", "lm-eval's standard error of the mean: sqrt(sample variance / n)"},
                         {"results", rows_with_macro_over(shown, scored.macro_over)}};
     j["chat"] = chat;
     j["scoring_errors"] = scored.scoring_errors;
-    if (suite) j["suite"] = suite_json(*suite);
+    if (result.suite) j["suite"] = suite_json(*result.suite);
     write_text_file_atomically(a.out, j.dump(2) + "\n");
   }
   return 0;

@@ -3,6 +3,7 @@
 #include <unordered_map>
 
 #include "archspace/chat/chat.h"
+#include "archspace/eval/generation_task_family.h"
 #include "archspace/util/error.h"
 
 namespace archspace {
@@ -90,11 +91,11 @@ ChatPrompt split_few_shot(const std::string& context, const std::string& task, i
 }  // namespace
 
 FewShotMarkers few_shot_markers(const std::string& task) {
-  if (task.starts_with("minerva_math")) return {"Problem:", "\n\nSolution:"};
-  if (task == "drop") return {"Passage:", "\nAnswer:"};
-  if (task == "squad") return {"Title:", "\nAnswer:"};
-  if (task == "jeopardy") return {"Category:", "\nAnswer:"};
-  if (task.starts_with("bbh") || task.starts_with("truthfulqa")) return {"Q:", "\nA:"};
+  // A generation task's family says how its prompts split (its own file in src/eval/tasks/).
+  if (const GenerationTaskSpec* spec = find_generation_task(task)) {
+    if (const auto markers = spec->family->few_shot_markers(task)) return *markers;
+  }
+  if (task.starts_with("truthfulqa")) return {"Q:", "\nA:"};
   return {"Question:", "\nAnswer:"};
 }
 

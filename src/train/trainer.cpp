@@ -26,6 +26,7 @@
 #include "archspace/util/error.h"
 #include "archspace/util/files.h"
 #include "archspace/util/malloc_policy.h"
+#include "archspace/util/strings.h"
 
 namespace archspace {
 
@@ -255,17 +256,23 @@ void Trainer::setup_downstream() {
                 " carries none (tokenize the data with `archspace tokenize`, which stores it)");
   }
   const auto tokenizer = Tokenizer::load(tokenizer_file_);
-  std::vector<TaskVariant> variants;
+  // Multiple-choice and generation tasks (and groups) through the library's pipeline, as `eval downstream` runs them.
+  DownstreamSelection selection;
+  selection.tasks = cfg_.downstream;
+  selection.format = cfg_.downstream_format;
+  selection.shots = cfg_.downstream_shots;
+  selection.limit = cfg_.downstream_limit;
   try {
-    variants =
-        select_task_variants(default_task_dirs(), cfg_.downstream, cfg_.downstream_format, cfg_.downstream_shots);
+    downstream_ = std::make_unique<DownstreamPipeline>(selection, plan_downstream(selection), nullptr);
   } catch (const Error& e) {
     throw Error(key + ": " + e.what());
   }
-  for (const auto& v : variants) {
-    downstream_.push_back(prepare_task(load_task(v.dir, v.task, v.format, v.shots, cfg_.downstream_limit), *tokenizer,
-                                       model_->config(), cfg_.sequence_length));
-  }
+  if (const auto needing = downstream_->tasks_needing_external_scorers(); !needing.empty())
+    throw Error(key + ": " + join(needing) +
+                " are scored by lm-eval's Python code (or the code sandbox), which training does not run: evaluate "
+                "them with `archspace eval downstream` on a checkpoint");
+  downstream_->prepare(*tokenizer, model_->config(), cfg_.sequence_length);
+  downstream_tokenizer_ = tokenizer;
 }
 
 void Trainer::setup_optimizer() {
@@ -516,7 +523,7 @@ TrainResult Trainer::run() {
 
     const bool last = step + 1 == cfg_.max_steps;
     const bool evaluation = every(cfg_.eval_interval, step + 1) || last;
-    if (!downstream_.empty() && evaluation) evaluate_downstream(step);
+    if (downstream_ && evaluation) evaluate_downstream(step);
     if (!valid_.empty() && evaluation) evaluate_validation(step);
     const bool saved = last || every(cfg_.checkpoint_interval, step + 1);
     if (saved) save(step + 1, last);
@@ -835,7 +842,10 @@ void Trainer::evaluate_downstream(int64_t step) {
   // memory of one unsharded model, for the evaluation only).
   std::unique_ptr<CausalLM> whole;
   if (fsdp_) whole = std::make_unique<CausalLM>(model_->config(), fsdp_->full_parameters(device_));
-  const std::vector<TaskResult> results = evaluate_tasks(whole ? *whole : *model_, downstream_);
+  // The generation tasks decode within the model's whole context (as `eval downstream` does by default).
+  const DownstreamResult scored = downstream_->run(whole ? *whole : *model_, downstream_tokenizer_, {});
+  std::vector<TaskResult> results = scored.choice_results;
+  results.insert(results.end(), scored.generation.results.begin(), scored.generation.results.end());
   nlohmann::json tasks = nlohmann::json::object();
   std::string line = "step " + std::to_string(step + 1) + " | downstream";
   for (const auto& r : results) {

@@ -3,7 +3,8 @@
 // lm-eval's standard error) with the group macro averages. Independent of the model: `eval downstream
 // --rescore` scores a requests-out file with these alone.
 //
-// The registry (one entry per task, named as its request directory):
+// The registry (one entry per task, named as its request directory; each family defined in its own file of
+// src/eval/tasks/, eval/generation_task_family.h):
 //   gsm8k           exact_match (primary): OLMES' answer, the last number of the generation (commas between
 //                   digits dropped); exact_match_flex: lm-eval's gsm8k "flexible-extract" filter (the last match
 //                   of (-?[$0-9.,]{2,})|(-?[0-9]+)). Both compared with the gold by lm-eval's exact_match with
@@ -52,9 +53,8 @@
 //
 // Not thread-safe: the compiled patterns are cached and share their match data.
 //
-// Python string semantics reproduced: str.lower (simple case mapping; U+0130 as Python lowers it; the
-// final-sigma context rule is not), str.isspace/strip/split, float() and repr(float) for DROP's numbers, and
-// `re` (PCRE2 in UTF and Unicode-property mode: \w \d \b over Unicode as Python's str patterns).
+// Python string semantics and `re` (str.lower, strip, split, float() and repr(float) for DROP's numbers; PCRE2 in
+// UTF and Unicode-property mode) are the text module's (text/python_str.h, text/python_re.h).
 #pragma once
 
 #include <cstdint>
@@ -65,17 +65,19 @@
 #include <vector>
 
 #include "archspace/eval/downstream.h"
+#include "archspace/text/python_re.h"
+#include "archspace/text/python_str.h"
 
 namespace archspace {
+
+class GenerationTaskFamily;
 
 struct GenerationTaskSpec {
   std::string task;
   std::string group;                 // "minerva_math" for the seven subjects, else empty
   std::vector<std::string> metrics;  // in output order, the primary first
   std::string primary_metric;
-  std::string gold_kind;  // "string", "strings" (a string or a list of alternatives), "span_lists" (drop),
-                          // "ifeval" (an object: key, prompt, instruction_id_list, kwargs),
-                          // "humaneval_tests", "mbpp_tests" (objects of the doc's test fields)
+  const GenerationTaskFamily* family = nullptr;  // its definition: gold, scoring, aggregation, prompts
 };
 
 // The registry entry of `task`; nullptr when the task is not a generation task known here.
@@ -87,6 +89,9 @@ std::vector<std::pair<std::string, std::vector<std::string>>> generation_groups(
 
 // Throws Error("field \"gold\" ...") when `gold` does not have the shape the task's metrics need.
 void check_gold(const GenerationTaskSpec& spec, const nlohmann::json& gold);
+
+// True when `task` is a registry task whose scoring runs the generated programs (it needs the code sandbox).
+bool runs_programs(const std::string& task);
 
 // Decides is_equiv for (answer, gold) pairs of normalised Minerva answers: one bool per pair.
 using AnswerEquivalence = std::function<std::vector<bool>(const std::vector<std::pair<std::string, std::string>>&)>;
@@ -110,7 +115,7 @@ struct GenerationInstance {
 };
 
 struct InstanceMetrics {
-  std::vector<std::pair<std::string, double>> values;  // in the task's metric order
+  std::vector<std::pair<std::string, double>> values;  // (metric name, value), in the task's metric order
   // What raised while scoring this instance (the instance then scores as OLMES scores a failed check: 0 / False).
   std::vector<std::string> scoring_errors;
 };
@@ -170,17 +175,16 @@ RescoreFile read_rescore_file(const std::string& path);
 // The pure functions behind the metrics (exposed for the unit tests).
 namespace genmetrics {
 
-std::string py_lower(const std::string& s);               // Python str.lower
-std::string py_strip(const std::string& s);               // Python str.strip()
-std::vector<std::string> py_split(const std::string& s);  // Python str.split()
-
-// re.sub(pattern, template, s) with Python's template syntax for \1..\9 (other characters literal).
-std::string regex_sub(const std::string& pattern, const std::string& replacement, const std::string& s);
-
-// lm-eval's RegexFilter: findall, the group_select'th match (negative: from the end), a tuple match's first
-// non-empty group, stripped; `fallback` when nothing matches.
-std::string regex_filter(const std::string& pattern, int group_select, const std::string& fallback,
-                         const std::string& s);
+// The text module's Python semantics, under the names the metrics' tests use.
+using text::py_capitalize;
+using text::py_float_repr;
+using text::py_is_float;
+using text::py_lower;
+using text::py_regex_escape;
+using text::py_split;
+using text::py_strip;
+using text::regex_filter;
+using text::regex_sub;
 
 // lm-eval's exact_match (exact_match_hf_evaluate) of one prediction against one reference.
 bool exact_match(std::string prediction, std::string reference, const std::vector<std::string>& regexes_to_ignore,
@@ -198,16 +202,11 @@ std::string minerva_normalize_final_answer(const std::string& answer);   // lm-e
 std::pair<double, double> drop_em_f1(const std::string& prediction,
                                      const std::vector<std::vector<std::string>>& gold_answers);
 std::string drop_normalize(const std::string& span);  // lm-eval drop _normalize
-bool py_is_float(const std::string& s);               // Python float(s) succeeds
-std::string py_float_repr(const std::string& s);      // str(float(s)); s must satisfy py_is_float
 
 std::string squad_normalize(const std::string& s);  // SQuAD v1.1 normalize_answer
 double squad_f1(const std::string& prediction, const std::string& gold);
 double squad_em(const std::string& prediction, const std::string& gold);
 double olmes_recall(const std::string& prediction, const std::vector<std::string>& golds);
-
-std::string py_capitalize(const std::string& s);    // Python str.capitalize (simple case mappings)
-std::string py_regex_escape(const std::string& s);  // a pattern matching s literally (re.escape)
 
 // OLMES' BBH answer of a generation for one subtask ("date_understanding", ...); its answer pattern ("MC":
 // a lettered choice).

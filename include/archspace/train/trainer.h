@@ -15,7 +15,7 @@
 
 #include "archspace/config/train_config.h"
 #include "archspace/dist/process_group.h"
-#include "archspace/eval/downstream.h"
+#include "archspace/eval/downstream_pipeline.h"
 #include "archspace/io/run_dir.h"
 #include "archspace/model/causal_lm.h"
 #include "archspace/model/loss.h"
@@ -125,12 +125,15 @@ class Trainer {
 
   std::unique_ptr<CausalLM> model_;
   std::unique_ptr<BatchSource> train_batches_;
-  std::vector<ValidationSet> valid_;      // data.valid, then [[eval.sources]]
-  nlohmann::json mixture_fingerprint_;    // [[data.sources]]: checked against the checkpoint's on resume
-  nlohmann::json mixture_record_;         // [[data.sources]]: RUN/data_mixture.json
-  std::string tokenizer_file_;            // carried by checkpoints; "" for none
-  int64_t document_eos_ = -1;             // train.document_masking: the data's EOS id (ForwardOptions); -1: off
-  std::vector<PreparedTask> downstream_;  // eval.downstream, tokenized
+  std::vector<ValidationSet> valid_;    // data.valid, then [[eval.sources]]
+  nlohmann::json mixture_fingerprint_;  // [[data.sources]]: checked against the checkpoint's on resume
+  nlohmann::json mixture_record_;       // [[data.sources]]: RUN/data_mixture.json
+  std::string tokenizer_file_;          // carried by checkpoints; "" for none
+  int64_t document_eos_ = -1;           // train.document_masking: the data's EOS id (ForwardOptions); -1: off
+
+  std::unique_ptr<DownstreamPipeline> downstream_;         // eval.downstream, read and tokenized
+  std::shared_ptr<const Tokenizer> downstream_tokenizer_;  // its generation tasks decode with it
+
   std::vector<AdamW::Group> params_;
   std::unique_ptr<AdamW> optimizer_;
 

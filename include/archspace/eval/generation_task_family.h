@@ -1,0 +1,81 @@
+// A family of generation tasks as one registered definition (lm-eval's and OLMES' task = data + prompt +
+// generation settings + metric): each family lives in one file of src/eval/tasks/ and says which tasks it has
+// (their metrics, primary first), the shape of their gold and where a request line keeps it, how a generation is
+// scored (by metric name), how a metric aggregates over a task, and how its prompts split into chat turns. The
+// generic code (eval/generation_metrics.h: scoring, aggregation, rescoring; the request-file reader) reaches a task
+// only through its family: no task names outside the family's file.
+//
+// A new family: one file in src/eval/tasks/ defining a GenerationTaskFamily, its accessor declared in
+// src/eval/tasks/families.h, and one line in the list of src/eval/tasks/registry.cpp.
+#pragma once
+
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "archspace/eval/chat_format.h"
+#include "archspace/eval/generation_metrics.h"
+
+namespace archspace {
+
+// What scoring needs from outside C++, supplied by the caller (the CLI runs lm-eval's own Python where C++ cannot
+// reproduce it): each is called at most once per scoring, with every instance that needs it.
+struct ExternalScorers {
+  AnswerEquivalence equivalence;  // Minerva's is_equiv
+  InstructionCheck instructions;  // IFEval's checks
+  CodeExecutor execute;           // the code tasks' programs
+};
+
+class GenerationTaskFamily {
+ public:
+  virtual ~GenerationTaskFamily() = default;
+
+  // The registry entries of the family's tasks (their `family` is set by the registry).
+  virtual std::vector<GenerationTaskSpec> tasks() const = 0;
+
+  // Throws Error("field \"gold\" ...") when `gold` does not have the shape the task's metrics need.
+  virtual void check_gold(const GenerationTaskSpec& spec, const nlohmann::json& gold) const = 0;
+
+  // The gold of one OLMES request line; by default its "label", checked. Errors name the field.
+  virtual nlohmann::json gold_from_request(const GenerationTaskSpec& spec, const nlohmann::json& request_line) const;
+
+  // Scores `batch` (every instance of the family's tasks in one scoring; gold checked) into `out` (one per
+  // instance, its values already the spec's metrics at 0): by metric name (set_metric). An instance whose own
+  // scoring raises should be left to score_each, which zeroes it and records the error.
+  virtual void score(const std::vector<const GenerationInstance*>& batch, const ExternalScorers& scorers,
+                     const std::vector<InstanceMetrics*>& out) const = 0;
+
+  // A task's value of `metric` from its instances' values; by default the mean with lm-eval's standard error.
+  virtual MetricValue aggregate(const std::string& metric, const std::vector<const GenerationInstance*>& instances,
+                                const std::vector<double>& values) const;
+
+  // How the task's few-shot prompts split into chat turns (eval/chat_format.h); nullopt: the default markers.
+  virtual std::optional<FewShotMarkers> few_shot_markers(const std::string& task) const;
+
+  // True when scoring runs generated programs (the code sandbox must be available before generating).
+  virtual bool runs_programs() const { return false; }
+
+  // True when scoring needs one of the ExternalScorers (a caller without them refuses the task up front).
+  virtual bool needs_external_scorer() const { return false; }
+};
+
+// The registry: every family once, in registration order.
+const std::vector<const GenerationTaskFamily*>& generation_task_families();
+
+// Helpers the families share.
+void set_metric(InstanceMetrics& metrics, const std::string& name, double value);  // throws for an unknown name
+double metric_value(const InstanceMetrics& metrics, const std::string& name);      // throws for an unknown name
+// Runs `score_one` on each instance; one that raises scores 0 on every metric, its error in scoring_errors.
+void score_each(const std::vector<const GenerationInstance*>& batch, const std::vector<InstanceMetrics*>& out,
+                const std::function<void(const GenerationInstance&, InstanceMetrics&)>& score_one);
+// The usual gold shapes: a string; a string or a non-empty list of strings (strings_gold reads either as a list).
+void check_string_gold(const GenerationTaskSpec& spec, const nlohmann::json& gold);
+void check_strings_gold(const GenerationTaskSpec& spec, const nlohmann::json& gold);
+std::vector<std::string> strings_gold(const nlohmann::json& gold);
+bool all_strings(const nlohmann::json& j);  // a non-empty array of strings
+// gold_from_request's common step: `gold` (nullptr when absent) checked, errors naming `field` (e.g. "label").
+nlohmann::json checked_gold_field(const GenerationTaskSpec& spec, const nlohmann::json* gold, const std::string& field);
+
+}  // namespace archspace

@@ -1,0 +1,193 @@
+#include "archspace/text/python_str.h"
+
+#include <locale.h>
+#include <wctype.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
+#include <optional>
+
+#include "archspace/text/utf8.h"
+#include "archspace/util/error.h"
+
+namespace archspace::text {
+
+namespace {
+
+locale_t utf8_locale() {
+  static const locale_t utf8 = newlocale(LC_CTYPE_MASK, "C.UTF-8", static_cast<locale_t>(nullptr));
+  return utf8;
+}
+
+}  // namespace
+
+// The Unicode White_Space characters and the separators \x1c-\x1f.
+bool py_isspace(char32_t c) {
+  return (c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x20) || c == 0x85 || c == 0xA0 || c == 0x1680 ||
+         (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
+}
+
+std::string py_lower(const std::string& s) {
+  const locale_t utf8 = utf8_locale();
+  std::string out;
+  out.reserve(s.size());
+  for (char32_t c : decode_utf8(s)) {
+    if (c < 0x80) {
+      out += static_cast<char>(c >= 'A' && c <= 'Z' ? c + 32 : c);
+    } else if (c == 0x130) {  // LATIN CAPITAL LETTER I WITH DOT ABOVE: Python's full mapping, two characters
+      out += "i\xcc\x87";
+    } else {
+      append_utf8(out, utf8 ? static_cast<char32_t>(towlower_l(static_cast<wint_t>(c), utf8)) : c);
+    }
+  }
+  return out;
+}
+
+std::string py_capitalize(const std::string& s) {
+  const locale_t utf8 = utf8_locale();
+  const std::vector<char32_t> cps = decode_utf8(s);
+  if (cps.empty()) return s;
+  std::string out;
+  const char32_t first = cps[0];
+  if (first < 0x80) {
+    out += static_cast<char>(first >= 'a' && first <= 'z' ? first - 32 : first);
+  } else {
+    append_utf8(out, utf8 ? static_cast<char32_t>(towupper_l(static_cast<wint_t>(first), utf8)) : first);
+  }
+  std::string rest;
+  for (size_t i = 1; i < cps.size(); ++i) append_utf8(rest, cps[i]);
+  return out + py_lower(rest);
+}
+
+std::string py_strip(const std::string& s) {
+  const std::vector<char32_t> cps = decode_utf8(s);
+  size_t b = 0, e = cps.size();
+  while (b < e && py_isspace(cps[b])) ++b;
+  while (e > b && py_isspace(cps[e - 1])) --e;
+  std::string out;
+  for (size_t i = b; i < e; ++i) append_utf8(out, cps[i]);
+  return out;
+}
+
+std::vector<std::string> py_split(const std::string& s) {
+  std::vector<std::string> out;
+  std::string word;
+  bool in_word = false;
+  for (char32_t c : decode_utf8(s)) {
+    if (py_isspace(c)) {
+      if (in_word) out.push_back(std::move(word));
+      word.clear();
+      in_word = false;
+    } else {
+      append_utf8(word, c);
+      in_word = true;
+    }
+  }
+  if (in_word) out.push_back(std::move(word));
+  return out;
+}
+
+std::string join_words(const std::vector<std::string>& words) {
+  std::string out;
+  for (const auto& w : words) out += (out.empty() ? "" : " ") + w;
+  return out;
+}
+
+const std::string kPyPunctuation = "!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~";
+
+std::string remove_punctuation(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (kPyPunctuation.find(c) == std::string::npos) out += c;
+  }
+  return out;
+}
+
+void replace_all(std::string& s, const std::string& from, const std::string& to) {
+  if (from.empty()) return;
+  std::string out;
+  size_t start = 0;
+  for (size_t pos; (pos = s.find(from, start)) != std::string::npos; start = pos + from.size()) {
+    out.append(s, start, pos - start);
+    out += to;
+  }
+  out.append(s, start, std::string::npos);
+  s = std::move(out);
+}
+
+namespace {
+
+// Python float(s) without its surrounding whitespace: the digits with their underscores removed, or nullopt.
+std::optional<std::string> float_literal(const std::string& text) {
+  const std::string s = py_strip(text);
+  size_t i = 0;
+  std::string out;
+  if (i < s.size() && (s[i] == '+' || s[i] == '-')) out += s[i++];
+  std::string rest = py_lower(s.substr(i));
+  if (rest == "inf" || rest == "infinity" || rest == "nan") return out + rest;
+  // digitpart: digit (["_"] digit)*
+  const auto digits = [&](size_t& k) {
+    const size_t begin = k;
+    while (k < s.size() && s[k] >= '0' && s[k] <= '9') {
+      out += s[k++];
+      if (k + 1 < s.size() && s[k] == '_' && s[k + 1] >= '0' && s[k + 1] <= '9') ++k;
+    }
+    return k > begin;
+  };
+  const bool int_part = digits(i);
+  bool frac_part = false;
+  if (i < s.size() && s[i] == '.') {
+    out += s[i++];
+    frac_part = digits(i);
+  }
+  if (!int_part && !frac_part) return std::nullopt;
+  if (i < s.size() && (s[i] == 'e' || s[i] == 'E')) {
+    out += s[i++];
+    if (i < s.size() && (s[i] == '+' || s[i] == '-')) out += s[i++];
+    if (!digits(i)) return std::nullopt;
+  }
+  if (i != s.size()) return std::nullopt;
+  return out;
+}
+
+}  // namespace
+
+bool py_is_float(const std::string& s) { return float_literal(s).has_value(); }
+
+std::string py_float_repr(const std::string& s) {
+  const auto literal = float_literal(s);
+  if (!literal) throw Error("py_float_repr: \"" + s + "\" is not a float");
+  const double v = std::strtod(literal->c_str(), nullptr);  // literal: C syntax now (no underscores)
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v < 0 ? "-inf" : "inf";
+  if (v == 0) return std::signbit(v) ? "-0.0" : "0.0";
+  // repr: the shortest digits that round-trip, fixed notation for 1e-4 <= |v| < 1e16, else d.ddde+XX.
+  char buf[64];
+  const auto res = std::to_chars(buf, buf + sizeof(buf), v, std::chars_format::scientific);
+  std::string sci(buf, res.ptr);
+  std::string sign;
+  if (sci[0] == '-') {
+    sign = "-";
+    sci.erase(0, 1);
+  }
+  const size_t e_pos = sci.find('e');
+  std::string digits = sci.substr(0, e_pos);
+  digits.erase(std::remove(digits.begin(), digits.end(), '.'), digits.end());
+  const int exponent = std::stoi(sci.substr(e_pos + 1));
+  const int decpt = exponent + 1;  // v = 0.DIGITS x 10^decpt
+  const int n = static_cast<int>(digits.size());
+  if (decpt > -4 && decpt <= 16) {
+    if (decpt <= 0) return sign + "0." + std::string(-decpt, '0') + digits;
+    if (decpt >= n) return sign + digits + std::string(decpt - n, '0') + ".0";
+    return sign + digits.substr(0, decpt) + "." + digits.substr(decpt);
+  }
+  std::string out = sign + digits.substr(0, 1);
+  if (n > 1) out += "." + digits.substr(1);
+  const int a = std::abs(exponent);
+  out += std::string("e") + (exponent < 0 ? "-" : "+") + (a < 10 ? "0" : "") + std::to_string(a);
+  return out;
+}
+
+}  // namespace archspace::text
