@@ -48,11 +48,9 @@ KVCache::KVCache(const ModelConfig& config, std::vector<int64_t> left_padding)
 }
 
 at::Tensor KVCache::positions(int64_t tokens, const at::Device& device) const {
-  if (fixed_shapes()) {  // from the device's slot: a captured step's positions move with it
+  if (fixed_shapes()) {  // from the device's slots, one per row: a captured step's positions move with them
     if (tokens != 1) throw Error("KVCache: a fixed-shape step takes one token per row, got " + std::to_string(tokens));
-    const at::Tensor slot = slot_.to(device);
-    if (!padded_) return slot;
-    return (slot.view({1, 1}) - device_left_padding_.to(device).view({-1, 1})).clamp_min(0);
+    return (slot_.to(device).view({-1, 1}) - device_left_padding_.to(device).view({-1, 1})).clamp_min(0);
   }
   auto opts = at::TensorOptions().dtype(at::kLong).device(device);
   at::Tensor slots = at::arange(length_, length_ + tokens, opts);
@@ -130,7 +128,9 @@ void KVCache::fix_shapes(int64_t end_slot) {
   }
   const at::Device device = held->k.device();
   const int64_t B = held->k.size(0);
-  slot_ = at::zeros({1}, at::TensorOptions().dtype(at::kLong).device(device));
+  slot_ = at::zeros({B}, at::TensorOptions().dtype(at::kLong).device(device));
+  row_slots_.assign(B, length_);
+  idle_.assign(B, false);
   device_left_padding_ =
       left_padding_.empty() ? at::zeros({B}, slot_.options()) : at::tensor(left_padding_, at::kLong).to(device);
   fixed_end_ = end_slot;
@@ -138,33 +138,96 @@ void KVCache::fix_shapes(int64_t end_slot) {
   forget_masks();
 }
 
+void KVCache::advance(int64_t tokens) {
+  if (!fixed_shapes()) {
+    length_ += tokens;
+    return;
+  }
+  for (size_t b = 0; b < row_slots_.size(); ++b)
+    if (!idle_[b]) row_slots_[b] += tokens;
+  length_ = *std::max_element(row_slots_.begin(), row_slots_.end());
+  ++fixed_steps_;
+}
+
+bool KVCache::is_idle(int64_t row) const { return fixed_shapes() && idle_.at(row); }
+
+void KVCache::leave_row(int64_t row) {
+  if (!fixed_shapes()) throw Error("KVCache::leave_row: the cache's shapes are not fixed (keep_rows)");
+  if (row < 0 || row >= static_cast<int64_t>(idle_.size()))
+    throw Error("KVCache::leave_row: row " + std::to_string(row) + " of " + std::to_string(idle_.size()));
+  idle_[row] = true;
+  row_slots_[row] = 0;  // an idle row writes and reads its slot 0 alone: finite, and never past the end
+  if (!left_padding_.empty()) left_padding_[row] = 0;
+  device_left_padding_[row].fill_(0);
+  length_ = *std::max_element(row_slots_.begin(), row_slots_.end());
+  forget_masks();
+}
+
+bool KVCache::fits(const KVCache& prefilled, int64_t steps) const {
+  return fixed_shapes() && prefilled.length() + steps <= fixed_end_;
+}
+
+void KVCache::place_row(int64_t row, const KVCache& prefilled) {
+  if (!fixed_shapes()) throw Error("KVCache::place_row: the cache's shapes are not fixed (append_rows)");
+  if (row < 0 || row >= static_cast<int64_t>(idle_.size()) || !idle_[row])
+    throw Error("KVCache::place_row: row " + std::to_string(row) + " is not an idle row of the batch");
+  if (prefilled.types_ != types_ || prefilled.window_ != window_ || prefilled.fixed_shapes() ||
+      prefilled.batch_size() != 1 || prefilled.length() == 0)
+    throw Error("KVCache::place_row: takes one prefilled row of the same model, without fixed shapes");
+  const int64_t length = prefilled.length();
+  if (length >= fixed_end_) {
+    throw Error("KVCache::place_row: a row of " + std::to_string(length) + " slots does not fit the end slot " +
+                std::to_string(fixed_end_) + " the shapes were fixed for");
+  }
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    auto [k, v] = prefilled.in_slot_order(static_cast<int64_t>(l));  // [1, G, held, h]: slots length - held ..
+    LayerCache& c = layers_[l];
+    const int64_t held = k.size(2);
+    const at::Tensor index =
+        at::arange(length - held, length, at::TensorOptions().dtype(at::kLong).device(c.k.device()))
+            .remainder(c.k.size(2));
+    c.k.select(0, row).index_copy_(1, index, k[0].to(c.k.options()));
+    c.v.select(0, row).index_copy_(1, index, v[0].to(c.v.options()));
+  }
+  idle_[row] = false;
+  row_slots_[row] = length;
+  length_ = *std::max_element(row_slots_.begin(), row_slots_.end());
+  forget_masks();
+}
+
 void KVCache::begin_fixed_step() {
   if (!fixed_shapes()) throw Error("KVCache::begin_fixed_step: the cache's shapes are not fixed (fix_shapes)");
-  if (length_ >= fixed_end_) {
-    throw Error("KVCache: slot " + std::to_string(length_) + " is past the end slot " + std::to_string(fixed_end_) +
-                " the shapes were fixed for");
+  for (size_t b = 0; b < row_slots_.size(); ++b) {
+    if (!idle_[b] && row_slots_[b] >= fixed_end_) {
+      throw Error("KVCache: slot " + std::to_string(row_slots_[b]) + " is past the end slot " +
+                  std::to_string(fixed_end_) + " the shapes were fixed for");
+    }
   }
-  slot_.fill_(length_);
-  slot_written_for_ = length_;
+  slot_.copy_(at::tensor(row_slots_, at::kLong));
+  slot_written_for_ = fixed_steps_;
+  forget_masks();  // the rows' slots moved: a new mask for this step
 }
 
 KVCache::View KVCache::append_fixed(LayerType type, LayerCache& c, const at::Tensor& k, const at::Tensor& v) {
   if (k.size(2) != 1)
     throw Error("KVCache: a fixed-shape step takes one token per row, got " + std::to_string(k.size(2)));
-  if (slot_written_for_ != length_)
+  if (slot_written_for_ != fixed_steps_)
     throw Error("KVCache: a fixed-shape step at slot " + std::to_string(length_) + " without begin_fixed_step()");
   const int64_t capacity = c.k.size(2);
-  const at::Tensor index = slot_.remainder(capacity);
-  c.k.index_copy_(2, index, k);
-  c.v.index_copy_(2, index, v);
+  // Each row writes at its own slot's index.
+  const at::Tensor index = slot_.remainder(capacity).view({-1, 1, 1, 1}).expand({k.size(0), k.size(1), 1, k.size(3)});
+  c.k.scatter_(2, index, k);
+  c.v.scatter_(2, index, v);
   c.held = std::min(length_ + 1, capacity);
   View view{c.k, c.v, capacity - 1, {}};
-  // Index j holds the latest slot s <= slot with s % capacity == j (negative: nothing yet); it is read when it is
-  // a real slot of its row, s >= left padding. Every key is within a sliding query's window (capacity <= window).
+  // In row b, index j holds the latest slot s <= slot_b with s % capacity == j (negative: nothing yet); it is read
+  // when it is a real slot of its row, s >= left padding. Every key is within a sliding query's window (capacity
+  // <= window).
   view.padding_mask = layer_padding_mask(type, 1, capacity, [&] {
-    const at::Tensor j = at::arange(capacity, slot_.options());
-    const at::Tensor slot_of_j = slot_ - (slot_ - j).remainder(capacity);  // [capacity]
-    return slot_of_j.view({1, 1, 1, -1}) >= device_left_padding_.view({-1, 1, 1, 1});
+    const at::Tensor j = at::arange(capacity, slot_.options()).view({1, -1});
+    const at::Tensor slot = slot_.view({-1, 1});
+    const at::Tensor slot_of_j = slot - (slot - j).remainder(capacity);  // [B, capacity]
+    return (slot_of_j >= device_left_padding_.view({-1, 1})).view({-1, 1, 1, capacity});
   });
   return view;
 }

@@ -120,6 +120,30 @@ def test_greedy_tokens_do_not_depend_on_batching(server):
     assert together == alone
 
 
+def test_seeded_sampling_is_the_same_from_generate_and_serve(model_dir, server):
+    """One sampler: a prompt, its sampling settings and its seed give the same tokens from `archspace generate`,
+    from serve alone, and from serve while 7 other sampled requests decode beside it (each row draws from its
+    own generator, seeded from its request's seed)."""
+    sampling = {"temperature": 1.3, "top_p": 0.9, "top_k": 40, "seed": 9}
+
+    def ask(prompt, max_tokens, **settings):
+        body = {"prompt": prompt, "max_tokens": max_tokens, "logprobs": 0, **settings}
+        r = requests.post(server.url + "/v1/completions", json=body, timeout=120)
+        r.raise_for_status()
+        return r.json()["choices"][0]["text"]
+
+    cli = generate_cli(model_dir[0], "--prompt", PROMPTS[2], "--max-new-tokens", 16, "--temperature", 1.3, "--top-p", 0.9,
+                       "--top-k", 40, "--seed", 9)
+    assert ask(PROMPTS[2], 16, **sampling) == cli
+    assert ask(PROMPTS[2], 16, temperature=0) != cli  # it samples
+    with ThreadPoolExecutor(8) as pool:
+        others = [pool.submit(ask, p, 10 + 2 * i, temperature=1.0, seed=i) for i, p in enumerate(PROMPTS) if i != 2]
+        mine = pool.submit(ask, PROMPTS[2], 16, **sampling)
+        assert mine.result() == cli
+        for other in others:
+            other.result()  # they ran, beside it
+
+
 def test_echo_logprobs_equal_transformers(model_dir, server):
     """lm-eval's loglikelihood request (token ids, echo, logprobs 1, max_tokens 1) and max_tokens 0 (scoring
     only): every prompt token's log-probability, top_logprobs and the generated token against transformers."""

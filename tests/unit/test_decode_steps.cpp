@@ -2,7 +2,8 @@
 // the cache reserved once after the prefill, each step writing at slot % capacity from a device slot and reading
 // the whole buffer under a device mask. Its logits equal eager decoding (fp32, within tolerance::forward_bound: the
 // same maths, with masked keys adding exact zeros) for both variants, left-padded batches, sliding rings that wrap
-// and ones that never fill; every step launches the same ops on the same memory; misuse is refused by name.
+// and ones that never fill, and rows that join and leave the batch (per-row slots); every step launches the same
+// ops on the same memory; misuse is refused by name.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -79,6 +80,76 @@ TEST_P(FixedShapeDecoding, ShortUnpaddedRunEqualsEagerDecoding) {
   const auto fixed = decode(model, prompt, {}, feeds, DecodeMode::kFixedShapes, 6);
   for (size_t t = 0; t < eager.size(); ++t)
     EXPECT_TRUE(tolerance::within(fixed[t], eager[t], tolerance::forward_bound(model, 6))) << "step " << t;
+}
+
+// Rows join and leave a fixed-shape batch without reshaping it (KVCache::leave_row, place_row: per-row slots and
+// masks): two prompts (11 tokens, past the window of 8, and 3) start the batch; the short one leaves after 4 tokens,
+// its row idles two steps, then a third prompt (5 tokens) takes it. Every row's greedy tokens equal eager decoding
+// of its prompt alone, token for token, and the buffers keep their memory throughout.
+TEST_P(FixedShapeDecoding, RowsJoinAndLeaveAFixedBatchAsEagerDecodingAlone) {
+  const ModelConfig c = config_for(GetParam());
+  const CausalLM model = random_model(c, 15);
+  auto argmax = [](const at::Tensor& logits) { return logits.reshape({-1}).argmax().item<int64_t>(); };
+  auto prefill = [&](KVCache& cache, const std::vector<int64_t>& prompt) {
+    return argmax(model.forward(at::tensor(prompt, at::kLong).view({1, -1}), {AttentionImpl::kSdpa, &cache, true}));
+  };
+  auto alone = [&](const std::vector<int64_t>& prompt, int64_t n) {
+    KVCache cache(c);
+    std::vector<int64_t> out = {prefill(cache, prompt)};
+    while (static_cast<int64_t>(out.size()) < n)
+      out.push_back(
+          argmax(model.forward(at::tensor({out.back()}, at::kLong).view({1, 1}), {AttentionImpl::kSdpa, &cache})));
+    return out;
+  };
+  auto prompt_of = [&](int64_t n) {
+    const at::Tensor ids = at::randint(0, c.vocab_size, {n}, at::kLong);
+    return std::vector<int64_t>(ids.data_ptr<int64_t>(), ids.data_ptr<int64_t>() + n);
+  };
+  const std::vector<std::vector<int64_t>> prompts = {prompt_of(11), prompt_of(3), prompt_of(5)};
+  const std::vector<int64_t> wanted = {18, 4, 10};
+
+  KVCache first(c), second(c), third(c);
+  std::vector<std::vector<int64_t>> tokens = {{prefill(first, prompts[0])}, {prefill(second, prompts[1])}, {}};
+  KVCache batch(c);
+  batch.append_rows({&first, &second});
+  DecodeSteps steps(model, batch, DecodeMode::kFixedShapes, 11 + 20);
+  std::vector<const void*> buffers;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) buffers.push_back(batch.key_buffer(l).const_data_ptr());
+  std::vector<int64_t> in_row = {0, 1};  // which prompt each batch row decodes (-1: idle)
+  int64_t left_at = -1;
+  for (int64_t t = 0; in_row[0] >= 0 || in_row[1] >= 0; ++t) {
+    if (in_row[1] < 0 && left_at >= 0 && t == left_at + 3 && tokens[2].empty()) {  // the third prompt joins
+      tokens[2].push_back(prefill(third, prompts[2]));
+      ASSERT_TRUE(batch.fits(third, wanted[2] - 1));
+      batch.place_row(1, third);
+      in_row[1] = 2;
+    }
+    std::vector<int64_t> feed;
+    for (int64_t p : in_row) feed.push_back(p >= 0 ? tokens[p].back() : 0);
+    const at::Tensor logits = steps.step(feed);
+    for (int64_t b = 0; b < 2; ++b) {
+      const int64_t p = in_row[b];
+      if (p < 0) continue;
+      tokens[p].push_back(argmax(logits[b]));
+      if (static_cast<int64_t>(tokens[p].size()) == wanted[p]) {
+        batch.leave_row(b);
+        EXPECT_TRUE(batch.is_idle(b));
+        in_row[b] = -1;
+        if (p == 1) left_at = t;
+      }
+    }
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l)
+      ASSERT_EQ(batch.key_buffer(l).const_data_ptr(), buffers[l]) << "layer " << l << " step " << t;
+    ASSERT_LT(t, 40) << "the rows never finished";
+  }
+  ASSERT_EQ(tokens[2].size(), static_cast<size_t>(wanted[2]));  // the third prompt joined and finished
+  for (size_t p = 0; p < prompts.size(); ++p) EXPECT_EQ(tokens[p], alone(prompts[p], wanted[p])) << "prompt " << p;
+  // An idle row takes a prefilled one, once; a row whose steps would pass the end slot does not fit.
+  batch.place_row(0, third);
+  EXPECT_FALSE(batch.is_idle(0));
+  EXPECT_THROW(batch.place_row(0, third), Error);
+  EXPECT_TRUE(batch.fits(first, 20));  // 11 + 20 slots: exactly the end slot
+  EXPECT_FALSE(batch.fits(first, 21));
 }
 
 INSTANTIATE_TEST_SUITE_P(BothVariants, FixedShapeDecoding, ::testing::Values(Variant::kBase, Variant::kSiameseDepth));

@@ -1,6 +1,7 @@
 // infer/scheduler: a request that fails (its sampling throws) fails alone, its batch neighbours' tokens
 // unchanged; sequences that would fail the shared decode step (positions past the model's, ids outside the
-// vocabulary, a length that overflows) are refused at submit; sampling is stable for tiny temperature/top_p.
+// vocabulary, a length that overflows) are refused at submit; sampling is stable for tiny temperature/top_p;
+// a seeded request samples the same tokens alone, in a batch, and from `generate`.
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 
@@ -107,6 +108,89 @@ TEST_F(SchedulerTest, TheQueueCountsSequencesAndDeadlinesEndRequests) {
   three->wait();
   EXPECT_TRUE(three->error().empty());
   EXPECT_EQ(three->results()[2].tokens.size(), 2u);
+}
+
+// One sampler: a seeded request draws the same tokens from `generate` (alone, or as row i of a batch seeded
+// seed - i), from the engine alone, and from the engine while it joins a batch of other requests mid-decode.
+TEST_F(SchedulerTest, ASeededRequestSamplesTheSameTokensAloneInABatchAndFromGenerate) {
+  const std::vector<uint32_t> prompt = {5, 17, 300, 42, 9}, other = {7, 8, 9}, third = {11, 12, 13, 14, 15, 16, 17};
+  SamplingOptions sampling;
+  sampling.temperature = 1.0;
+  sampling.top_p = 0.95;
+  sampling.seed = 7;
+  const int64_t n = 16;
+  auto request = [&](std::vector<uint32_t> p, uint64_t seed, int64_t max_tokens) {
+    SequenceRequest s = greedy(std::move(p), max_tokens);
+    s.sampling = sampling;
+    s.sampling.seed = seed;
+    return s;
+  };
+
+  std::vector<uint32_t> alone;
+  {
+    Scheduler s(model, tokenizer, {});
+    auto t = s.submit({request(prompt, 7, n)});
+    t->wait();
+    ASSERT_TRUE(t->error().empty()) << t->error();
+    alone = ids_of(t->results()[0]);
+  }
+  ASSERT_EQ(alone.size(), static_cast<size_t>(n));
+
+  {  // joining a running batch of other requests (left-padded: shorter and longer prompts decode beside it)
+    Scheduler s(model, tokenizer, {});
+    auto before = s.submit({request(other, 1, 40), request(third, 2, 40)});
+    ASSERT_TRUE(before->next_event());  // they decode when the request joins
+    auto t = s.submit({request(prompt, 7, n)});
+    auto after = s.submit({request(third, 3, 8)});
+    t->wait();
+    before->wait();
+    after->wait();
+    EXPECT_EQ(ids_of(t->results()[0]), alone);
+  }
+
+  GenerateOptions o;
+  o.max_new_tokens = n;
+  o.sampling = sampling;
+  auto generated = [&](const std::vector<std::vector<uint32_t>>& prompts, uint64_t seed, size_t row) {
+    o.sampling.seed = seed;
+    return generate(model, *tokenizer, prompts, o, [](size_t, const std::string&) {}).completions[row].ids;
+  };
+  EXPECT_EQ(generated({prompt}, 7, 0), alone);
+  EXPECT_EQ(generated({other, prompt, third}, 6, 1), alone);  // row 1 samples with seed 6 + 1
+  // It is sampling: another seed draws other tokens, and greedy decoding differs from the draws.
+  EXPECT_NE(generated({prompt}, 8, 0), alone);
+  o.sampling.temperature = 0;
+  EXPECT_NE(generated({prompt}, 7, 0), alone);
+}
+
+// The engine with fixed-shape decode steps (generate --decode-steps fixed-shapes): requests that arrive while a
+// batch decodes take the rows finished ones left (or wait for the next batch), and every request's tokens equal
+// the eager engine's.
+TEST_F(SchedulerTest, FixedShapeStepsGiveTheEagerTokensWhileRowsJoinAndLeave) {
+  const std::vector<SequenceRequest> requests = {greedy({5, 17, 300, 42, 9}, 30), greedy({7, 8, 9}, 4),
+                                                 greedy({11, 12, 13, 14, 15, 16, 17}, 6), greedy({3, 4}, 5)};
+  auto run = [&](DecodeMode mode) {
+    SchedulerOptions o;
+    o.max_batch = 2;
+    o.decode_steps = mode;
+    Scheduler s(model, tokenizer, o);
+    auto first = s.submit({requests[0], requests[1]});  // start the batch together
+    EXPECT_TRUE(first->next_event());
+    auto third = s.submit({requests[2]}), fourth = s.submit({requests[3]});
+    for (const auto& t : {first, third, fourth}) {
+      t->wait();
+      EXPECT_TRUE(t->error().empty()) << t->error();
+    }
+    return std::vector<std::vector<uint32_t>>{ids_of(first->results()[0]), ids_of(first->results()[1]),
+                                              ids_of(third->results()[0]), ids_of(fourth->results()[0])};
+  };
+  std::vector<std::vector<uint32_t>> eager, fixed;
+  eager = run(DecodeMode::kEager);
+  fixed = run(DecodeMode::kFixedShapes);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    EXPECT_EQ(eager[i].size(), static_cast<size_t>(requests[i].max_tokens)) << i;
+    EXPECT_EQ(fixed[i], eager[i]) << "request " << i;
+  }
 }
 
 TEST(Sampling, TinyTemperatureIsGreedyAndTinyTopPKeepsTheMostLikely) {

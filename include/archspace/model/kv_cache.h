@@ -22,6 +22,10 @@
 // writes its key and value at index slot % capacity (index_copy_), its query reads the whole buffer, and a mask
 // made on the device from the slot allows the slots held. Each step then launches the same kernels on the same
 // memory, which is what a CUDA graph replays (infer/decode_step.h); on the CPU it is the reference of that path.
+// Each row has its own write slot and mask (the slot tensor holds one slot per row), so rows join and leave a
+// fixed-shape batch without reshaping it: a row leaves (leave_row) to an idle state (slot 0, attending to itself
+// only, its slot not advancing), and a prefilled sequence takes an idle row (place_row), its keys and values
+// copied into that row's ring at its own slots. length() is then the largest slot of the rows.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -56,7 +60,7 @@ class KVCache {
   // Adds a chunk's keys and values [B, G, T, h] for `layer` (called once per layer per forward).
   View append(int64_t layer, const at::Tensor& k, const at::Tensor& v);
   // Marks the chunk as consumed by every layer.
-  void advance(int64_t tokens) { length_ += tokens; }
+  void advance(int64_t tokens);
 
   // Rows in the batch (0 before the first forward when built without left_padding).
   int64_t batch_size() const;
@@ -73,9 +77,18 @@ class KVCache {
   void fix_shapes(int64_t end_slot);
   bool fixed_shapes() const { return fixed_end_ > 0; }
   int64_t fixed_end() const { return fixed_end_; }  // end_slot of fix_shapes (0: not fixed)
-  // Writes length() into the device tensor a fixed-shape step reads its slot from. Outside a captured graph,
-  // before each step (a step whose slot was not written for its length is refused).
+  // Writes each row's slot into the device tensor a fixed-shape step reads them from. Outside a captured graph,
+  // before each step (a step whose slots were not written for it is refused).
   void begin_fixed_step();
+  // Fixed shapes: row `row` leaves (it goes idle: its later steps attend to one slot of their own, never
+  // advance, and their outputs are to be ignored). Rows that are idle: is_idle.
+  void leave_row(int64_t row);
+  bool is_idle(int64_t row) const;
+  // Fixed shapes: the one row of `prefilled` (a cache without fixed shapes, same model) takes the idle row `row`,
+  // at its own slots 0 .. prefilled.length() - 1; its later steps fill slots from prefilled.length() on, which
+  // must stay below fixed_end() (fits says whether `steps` more do).
+  void place_row(int64_t row, const KVCache& prefilled);
+  bool fits(const KVCache& prefilled, int64_t steps) const;
 
   int64_t bytes() const;                          // allocated by all layers
   int64_t bytes(LayerType type) const;            // allocated by layers of one type
@@ -121,9 +134,12 @@ class KVCache {
   std::vector<LayerCache> layers_;
   MaskMemo masks_[2];               // sliding, full
   int64_t fixed_end_ = 0;           // fix_shapes' end slot (0: shapes follow the length)
-  at::Tensor slot_;                 // [1] int64 on the cache's device: the fixed-shape step's slot
+  at::Tensor slot_;                 // [B] int64 on the cache's device: each row's slot in a fixed-shape step
   at::Tensor device_left_padding_;  // [B] int64 on that device (zeros without padding)
-  int64_t slot_written_for_ = -1;   // the length begin_fixed_step wrote into slot_
+  std::vector<int64_t> row_slots_;  // fixed shapes: each row's next slot (0 for an idle row)
+  std::vector<bool> idle_;          // fixed shapes: rows that left
+  int64_t fixed_steps_ = 0;         // fixed-shape steps begun (the mask memo's key)
+  int64_t slot_written_for_ = -1;   // the step begin_fixed_step wrote slot_ for
 };
 
 }  // namespace archspace
