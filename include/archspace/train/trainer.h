@@ -1,6 +1,8 @@
 // The training loop of one pipeline stage, read top to bottom in Trainer::run(): set up (device, model,
-// data, optimizer), resume, then per step: the global batch in micro-batches (bf16 autocast on CUDA),
-// clipping, the AdamW step, one metrics line and one progress line, evaluation, checkpoints.
+// data, callbacks, the parallel mode's gradient strategy), resume, then per step: the global batch in
+// micro-batches (bf16 autocast on CUDA), clipping, the AdamW step (Trainer::train_step, through the
+// GradientStrategy of train/gradient_strategy.h), and the callbacks of train/callback.h around it: one metrics
+// line and one progress line, evaluation, checkpoints.
 // Data-parallel under torchrun (WORLD_SIZE > 1): rank r computes its slice of each global batch, gradients
 // are all-reduced during the last micro-batch's backward, every rank takes the same optimizer step, and
 // rank 0 alone writes metrics, progress and checkpoints (which do not depend on the number of ranks).
@@ -15,19 +17,16 @@
 
 #include "archspace/config/train_config.h"
 #include "archspace/dist/process_group.h"
-#include "archspace/eval/downstream_pipeline.h"
 #include "archspace/io/run_dir.h"
 #include "archspace/model/causal_lm.h"
 #include "archspace/model/loss.h"
 #include "archspace/train/batches.h"
+#include "archspace/train/callback.h"
 #include "archspace/train/context_parallelism.h"
-#include "archspace/train/embedding_gradient.h"
-#include "archspace/train/fully_sharded.h"
+#include "archspace/train/gradient_strategy.h"
 #include "archspace/train/metrics_log.h"
-#include "archspace/train/optimizer.h"
-#include "archspace/train/stability.h"
 #include "archspace/train/token_data.h"
-#include "archspace/train/weight_casts.h"
+#include "archspace/train/trackers.h"
 #include "archspace/util/progress.h"
 
 namespace archspace {
@@ -58,30 +57,52 @@ struct StepStats {
 
 class Trainer {
  public:
-  // Setup: device, run directory, model, data, optimizer. Throws naming the config file and key.
+  // Setup: device, run directory, model, data, callbacks, the parallel mode's gradient strategy. Throws naming
+  // the config file and key.
   Trainer(const TrainConfig& config, const TrainOptions& options);
   ~Trainer();
 
   TrainResult run();
 
+  // ---- what callbacks read and do (train/callback.h) ----
+  const TrainConfig& config() const { return cfg_; }
+  const TrainOptions& options() const { return options_; }
+  int rank() const { return rank_; }
+  int world_size() const { return world_; }
+  at::Device device() const { return device_; }
+  int64_t start_step() const { return start_step_; }
+  uint64_t tokens_seen() const { return tokens_seen_; }
+  // Instances per step: each data-parallel rank's (a context-parallel group shares its instances).
+  int64_t global_batch() const { return cfg_.global_batch() * data_parallel_size(); }
+  const CausalLM& model() const { return *model_; }
+  GradientStrategy& strategy() { return *strategy_; }
+  const std::string& tokenizer_file() const { return tokenizer_file_; }
+  const std::vector<ValidationSet>& validation_sets() const { return valid_; }
+  ProgressLine& progress() { return *progress_; }
+  // The run's metrics.jsonl, on rank 0 once the metrics callback opened it; null elsewhere.
+  MetricsLog* metrics() { return metrics_.get(); }
+  void set_metrics(std::unique_ptr<MetricsLog> metrics) { metrics_ = std::move(metrics); }
+  // What the trackers show beside the config file: facts the engine derived from it.
+  TrackingContext tracking_context() const;
+  // Mean validation loss per labelled token over the first eval.batches batches (no z-loss). Every rank.
+  double validation_loss(const Instances& instances);
+  // Writes the checkpoint of `step` (the number of steps done): collective, rank 0 writes. Then the callbacks'
+  // post_checkpoint_saved.
+  void save_checkpoint(int64_t step, bool is_final);
+  const TrainCallbacks& callbacks() const { return callbacks_; }
+  // One more callback after the config's (train/callbacks/callbacks.h registers those): tests, tools.
+  void add_callback(std::unique_ptr<TrainCallback> callback) { callbacks_.add(std::move(callback)); }
+
  private:
   int stop_signal_received(int64_t step);
   std::unique_ptr<ProgressLine> make_progress() const;
-  TrackingContext tracking_context() const;
   void setup_device();
   void setup_dist();
   void setup_run_dir();
   void setup_data();
-  void setup_downstream();
-  void setup_optimizer();
+  void setup_strategy();
   void resume();
   void sync_ranks();
-  void setup_full_sharding();
-  void broadcast_updates();
-  NamedTensors optimizer_state();
-  void zero_gradients();
-  // Instances per step: each data-parallel rank's (a context-parallel group shares its instances).
-  int64_t global_batch() const { return cfg_.global_batch() * data_parallel_size(); }
   int64_t data_parallel_size() const { return cp_ ? cp_->data_parallel_size() : world_; }
   int64_t data_parallel_rank() const { return cp_ ? cp_->data_parallel_rank() : rank_; }
   // The step's micro-batches for this rank: the instances of its data-parallel rank, each sequence cut to its
@@ -90,15 +111,12 @@ class Trainer {
   // The forward's options for training (and validation, without checkpointing).
   ForwardOptions forward_options(bool training) const;
 
+  // The step, in the order train_step runs them.
   StepStats train_step(int64_t step);
-  void dump_gradients(int64_t step) const;
-  double evaluate(const Instances& instances);
-  void evaluate_validation(int64_t step);
-  void evaluate_downstream(int64_t step);
-  void save(int64_t step, bool is_final);
-  void log_step(int64_t step, const StepStats& stats, double step_seconds);
-  void log_spike(int64_t step, const StepStats& stats);
-  void show_progress(int64_t step, const StepStats& stats, double step_seconds);
+  int64_t global_labelled_tokens(int64_t step, const std::vector<Batch>& micro);
+  std::pair<double, double> forward_backward(int64_t step, const std::vector<Batch>& micro, int64_t labelled);
+  void record_batch(int64_t step, double ce, double z, int64_t labelled, const std::vector<at::Tensor>& ids,
+                    StepStats& stats);
 
   TrainConfig cfg_;
   TrainOptions options_;
@@ -109,19 +127,9 @@ class Trainer {
   DistEnv dist_env_;  // world_size 1: one process, no communication
   int rank_ = 0, world_ = 1;
   std::unique_ptr<DistGroup> dist_;
-  std::unique_ptr<RunDirLock> run_lock_;  // rank 0 holds the run directory while it trains
-  std::unique_ptr<GradientReducer> reducer_;
-  std::vector<int> owner_;  // ZeRO-1: the rank that updates each parameter; empty when not sharded
-  // FSDP (train.sharding = "full"): the ranks sharing the parameters, under HSDP also the ranks holding the
-  // same shard (null without train.replicate_groups); the sharded model the forward reads its weights from.
-  std::unique_ptr<DistGroup> shard_group_, replicate_group_;
-  std::unique_ptr<FullyShardedModel> fsdp_;
-  std::unique_ptr<ContextParallelism> cp_;         // train.context_parallel > 1
-  std::unique_ptr<StepWeightCasts> weight_casts_;  // bf16 without FSDP: the matmul weights cast once per step
-  // One process on the CPU: the embedding's gradient, kept across steps and zeroed row by row
-  // (train/embedding_gradient.h), and its index in params_; null and -1: a dense gradient per step.
-  std::unique_ptr<EmbeddingGradient> embedding_grad_;
-  int64_t embedding_param_ = -1;
+  std::unique_ptr<RunDirLock> run_lock_;     // rank 0 holds the run directory while it trains
+  std::optional<ShardLayout> shard_layout_;  // train.sharding = "full": checked before the ranks joined
+  std::unique_ptr<ContextParallelism> cp_;   // train.context_parallel > 1
 
   std::unique_ptr<CausalLM> model_;
   std::unique_ptr<BatchSource> train_batches_;
@@ -130,20 +138,16 @@ class Trainer {
   nlohmann::json mixture_record_;       // [[data.sources]]: RUN/data_mixture.json
   std::string tokenizer_file_;          // carried by checkpoints; "" for none
   int64_t document_eos_ = -1;           // train.document_masking: the data's EOS id (ForwardOptions); -1: off
-
-  std::unique_ptr<DownstreamPipeline> downstream_;         // eval.downstream, read and tokenized
-  std::shared_ptr<const Tokenizer> downstream_tokenizer_;  // its generation tasks decode with it
-
-  std::vector<AdamW::Group> params_;
-  std::unique_ptr<AdamW> optimizer_;
+  // How the step computes and applies its gradients in this run's parallel mode (chosen once, at setup).
+  std::unique_ptr<GradientStrategy> strategy_;
+  TrainCallbacks callbacks_;
 
   int64_t start_step_ = 0;
+  int64_t last_saved_step_ = -1;
   uint64_t tokens_seen_ = 0;
   std::unique_ptr<MetricsLog> metrics_;
   std::unique_ptr<ProgressLine> progress_;
-  std::chrono::steady_clock::time_point started_;
   std::string last_checkpoint_;
-  SpikeDetector spikes_{0, 1};
 };
 
 // The CLI's entry point: Trainer(config, options).run().
