@@ -2,7 +2,7 @@
 // tokenized once at setup (a bad task name fails before the first step), scored at each evaluation step into one
 // metrics.jsonl line {"step", "tokens", "downstream": {task: {"metric" (the task's primary), "value", "stderr", "n",
 // "format", "shots"}}} and one note. Every rank scores (no collective inside, so none waits on another); rank 0
-// logs. Scoring draws no random numbers (generation tasks decode greedily), so a resumed run stays exact.
+// logs. Scoring draws no random numbers from the run's generators, so a resumed run stays exact.
 #include <cmath>
 #include <cstdio>
 
