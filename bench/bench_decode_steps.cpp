@@ -27,11 +27,11 @@
 #include <string>
 #include <vector>
 
-#include "archspace/infer/argmax.h"
+#include "archspace/kernels/argmax.h"
+#include "archspace/kernels/cpu_isa.h"
 #include "archspace/model/causal_lm.h"
 #include "archspace/model/kv_cache.h"
 #include "archspace/model/model_io.h"
-#include "archspace/util/cpu_isa.h"
 
 using namespace archspace;
 

@@ -8,8 +8,8 @@
 #include <chrono>
 #include <cmath>
 
-#include "archspace/infer/argmax.h"
 #include "archspace/infer/decode_step.h"
+#include "archspace/kernels/argmax.h"
 #include "archspace/model/kv_cache.h"
 #include "archspace/util/error.h"
 

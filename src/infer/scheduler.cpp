@@ -7,7 +7,7 @@
 #include <algorithm>
 #include <cstdio>
 
-#include "archspace/infer/argmax.h"
+#include "archspace/kernels/argmax.h"
 #include "archspace/model/kv_cache.h"
 #include "archspace/util/error.h"
 #include "archspace/util/error_message.h"

@@ -5,9 +5,9 @@
 
 #include <cmath>
 
+#include "archspace/kernels/int8_weights.h"
+#include "archspace/kernels/linear.h"
 #include "archspace/model/activation_checkpoint.h"
-#include "archspace/model/int8_weights.h"
-#include "archspace/model/linear.h"
 #include "archspace/model/trace.h"
 #include "archspace/util/error.h"
 

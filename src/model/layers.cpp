@@ -3,9 +3,9 @@
 #include <cmath>
 #include <mutex>
 
-#include "archspace/model/decode_attention.h"
-#include "archspace/model/fused_norm_rope.h"
-#include "archspace/model/linear.h"
+#include "archspace/kernels/decode_attention.h"
+#include "archspace/kernels/fused_norm_rope.h"
+#include "archspace/kernels/linear.h"
 #include "archspace/util/error.h"
 
 namespace archspace {

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "archspace/model/fused_norm_rope.h"
+#include "archspace/kernels/fused_norm_rope.h"
 #include "archspace/model/layers.h"
 
 namespace archspace {

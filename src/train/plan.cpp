@@ -338,7 +338,7 @@ MemoryPlan plan_memory(const ModelConfig& c, const PlanOptions& o) {
   // loss_chunk_tokens): as chunked, and the chunk's logits in the matmul dtype kept from forward to backward
   // (where they become their gradient in place); the working set is the bf16 weight-gradient product under
   // autocast (on a CPU with AMX, where MKL's fp32-output bf16 GEMM sums the products into the fp32 gradient,
-  // model/bf16_gemm.h, that product is never formed: the row is then 2 V d bytes over). Counting every token as
+  // kernels/bf16_gemm.h, that product is never formed: the row is then 2 V d bytes over). Counting every token as
   // labelled: the copies of the labelled rows' labels and indices that SFT masks (and a window's last position) make
   // are at most 16 bytes a token more.
   // On CUDA the chunked form runs its matmuls on the head padded with zero rows to a multiple of

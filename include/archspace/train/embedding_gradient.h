@@ -24,7 +24,7 @@ class EmbeddingGradient {
   // Zeroes the rows touched since the last call (the only nonzero ones), instead of dropping the gradient.
   void zero();
   // The rows touched since the last zero(), sorted and distinct (int64, CPU): every row of the gradient that
-  // may be nonzero, for clipping to read and scale only those (train/gradient_norm.h).
+  // may be nonzero, for clipping to read and scale only those (kernels/gradient_norm.h).
   at::Tensor touched_rows() const;
 
   // The hook: a sparse [V, d] gradient of looked-up rows (duplicates in token order) as one row sum per
