@@ -132,7 +132,7 @@ GenerateResult generate(const CausalLM& model, const Tokenizer& tokenizer,
   }
   KVCache cache(c, B > 1 ? padding : std::vector<int64_t>{});
   GenerateResult r;
-  const ForwardOptions fwd{AttentionImpl::kSdpa, &cache, /*last_position_only=*/true};
+  const DecodeOptions fwd{&cache, AttentionImpl::kSdpa, /*last_position_only=*/true};
   auto now = [] { return std::chrono::steady_clock::now(); };
 
   // Prefill in chunks: bounded activation memory for long prompts.

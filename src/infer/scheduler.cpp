@@ -247,7 +247,7 @@ std::unique_ptr<Scheduler::Row> Scheduler::admit(const std::shared_ptr<Ticket>& 
     RECORD_USER_SCOPE("archspace::prefill");
     const int64_t T = static_cast<int64_t>(r.prompt.size());
     at::Tensor ids = at::tensor(std::vector<int64_t>(r.prompt.begin(), r.prompt.end()), at::kLong).view({1, T});
-    const ForwardOptions fwd{AttentionImpl::kSdpa, &joining, /*last_position_only=*/true};
+    const DecodeOptions fwd{&joining, AttentionImpl::kSdpa, /*last_position_only=*/true};
     at::Tensor last;
     for (int64_t s = 0; s < T; s += options_.prefill_chunk) {
       const int64_t n = std::min<int64_t>(options_.prefill_chunk, T - s);

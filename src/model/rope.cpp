@@ -4,7 +4,7 @@
 #include <cmath>
 
 #include "archspace/kernels/fused_norm_rope.h"
-#include "archspace/model/layers.h"
+#include "archspace/model/rms_norm.h"
 
 namespace archspace {
 

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "archspace/kernels/decode_attention.h"
-#include "archspace/model/layers.h"
+#include "archspace/model/attention.h"
 #include "tolerance.h"
 
 using namespace archspace;

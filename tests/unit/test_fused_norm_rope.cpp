@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "archspace/kernels/fused_norm_rope.h"
-#include "archspace/model/layers.h"
+#include "archspace/model/rms_norm.h"
 #include "archspace/model/rope.h"
 
 using namespace archspace;

@@ -1,7 +1,7 @@
 // The embedding table's gradient in one process without a [V, d] zero fill per step. ATen's dense lookup
 // backward allocates a zeroed [V, d] gradient and adds the T looked-up rows into it: at V = 100,278 that fill
 // is the largest write of a small model's step. Here the gradient stays allocated from step to step; the
-// lookup (ForwardOptions::sparse_embedding_gradient) hands autograd its rows as a sparse gradient, which a
+// lookup (SequenceOptions::sparse_embedding_gradient) hands autograd its rows as a sparse gradient, which a
 // hook on the table sums per row in token order (what the dense backward does) before autograd adds it to the
 // dense gradient; after the optimizer step only the rows the step touched are zeroed.
 //

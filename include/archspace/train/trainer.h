@@ -88,7 +88,7 @@ class Trainer {
   // context-parallel slice. `ids`: the whole sequences' input ids (for the batch hash).
   std::vector<Batch> assemble_micro_batches(int64_t step, std::vector<at::Tensor>& ids) const;
   // The forward's options for training (and validation, without checkpointing).
-  ForwardOptions forward_options(bool training) const;
+  SequenceOptions forward_options(bool training) const;
 
   StepStats train_step(int64_t step);
   void dump_gradients(int64_t step) const;
@@ -129,7 +129,7 @@ class Trainer {
   nlohmann::json mixture_fingerprint_;    // [[data.sources]]: checked against the checkpoint's on resume
   nlohmann::json mixture_record_;         // [[data.sources]]: RUN/data_mixture.json
   std::string tokenizer_file_;            // carried by checkpoints; "" for none
-  int64_t document_eos_ = -1;             // train.document_masking: the data's EOS id (ForwardOptions); -1: off
+  int64_t document_eos_ = -1;             // train.document_masking: the data's EOS id (SequenceOptions); -1: off
   std::vector<PreparedTask> downstream_;  // eval.downstream, tokenized
   std::vector<AdamW::Group> params_;
   std::unique_ptr<AdamW> optimizer_;
