@@ -27,11 +27,11 @@
 #include <string>
 #include <vector>
 
-#include "archspace/infer/argmax.h"
+#include "archspace/kernels/argmax.h"
+#include "archspace/kernels/cpu_isa.h"
 #include "archspace/model/causal_lm.h"
 #include "archspace/model/kv_cache.h"
 #include "archspace/model/model_io.h"
-#include "archspace/util/cpu_isa.h"
 
 using namespace archspace;
 
@@ -49,7 +49,7 @@ struct DecodeVariant {
 
 // The logits of each row's last position, as generate() samples from them, and the greedy choices.
 std::vector<int64_t> step(DecodeVariant& v, const at::Tensor& ids) {
-  const ForwardOptions fwd{AttentionImpl::kSdpa, v.cache.get(), /*last_position_only=*/true};
+  const DecodeOptions fwd{v.cache.get(), AttentionImpl::kSdpa, /*last_position_only=*/true};
   const at::Tensor last = logits_to_float(v.model->forward(ids, fwd).select(1, 0));
   std::vector<int64_t> next;
   for (int64_t b = 0; b < last.size(0); ++b) next.push_back(argmax_index(last[b]));

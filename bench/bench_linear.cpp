@@ -1,5 +1,5 @@
-// Decode-shaped matrix products: the engine's streaming kernel (model/linear) against at::linear, on the
-// weight shapes of a preset, for 1 and 4 rows, fp32, bf16 or int8 weights (--dtype; int8: model/int8_weights,
+// Decode-shaped matrix products: the engine's streaming kernel (kernels/linear) against at::linear, on the
+// weight shapes of a preset, for 1 and 4 rows, fp32, bf16 or int8 weights (--dtype; int8: kernels/int8_weights,
 // fp32 activations, its at::linear column the fp32 GEMV on the unquantized weight), CPU. Reports GB/s of weights read
 // and the ratio (at::linear time / streaming time: > 1 means the kernel is faster), the median of --repeat timings, and
 // checks the two results agree. With --dtype bf16 or int8 it also times the fp32 streaming kernel on the same shape,
@@ -27,9 +27,9 @@
 #include <vector>
 
 #include "archspace/config/model_config.h"
-#include "archspace/model/int8_weights.h"
-#include "archspace/model/linear.h"
-#include "archspace/util/cpu_isa.h"
+#include "archspace/kernels/cpu_isa.h"
+#include "archspace/kernels/int8_weights.h"
+#include "archspace/kernels/linear.h"
 
 using namespace archspace;
 

@@ -27,7 +27,7 @@ AVX512-BF16 or AMX; fp32 >= 1.1x. Results: bench/results/train-step-<time>.json 
 
 The engine's bf16 step against its fp32 step is also reported on each of `--kernel-paths` (scripts/kernel_paths.sh;
 default native and avx2): under avx2 LibTorch has no native bf16 GEMM, and the engine widens its bf16 matmuls to fp32
-(model/bf16_matmuls.h), so bf16 should run at >= 0.8x fp32's speed there (issue 52; it ran at 1/50 without).
+(kernels/bf16_matmuls.h), so bf16 should run at >= 0.8x fp32's speed there (issue 52; it ran at 1/50 without).
 """
 import argparse
 import json

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Checks that the library's modules include each other in one direction only (docs/layout.md, "Module layering"):
 
-    util -> text -> config -> dist -> io -> model -> tokenizer -> chat, data -> infer -> eval -> train, export, serve
-         -> tools
+    util -> text, kernels -> config -> dist -> io -> model -> tokenizer -> chat, data -> infer -> eval -> train, export,
+         serve -> tools
 
 A file under include/archspace/<module>/ or src/<module>/ may include its own module and modules of
 lower layers; modules on the same layer (chat and data; train, export and serve) do not include
@@ -13,8 +13,8 @@ import pathlib
 import re
 import sys
 
-LAYERS = [["util"], ["text"], ["config"], ["dist"], ["io"], ["model"], ["tokenizer"], ["chat", "data"], ["infer"], ["eval"],
-          ["train", "export", "serve"], ["tools"]]
+LAYERS = [["util"], ["text", "kernels"], ["config"], ["dist"], ["io"], ["model"], ["tokenizer"], ["chat", "data"],
+          ["infer"], ["eval"], ["train", "export", "serve"], ["tools"]]
 RANK = {module: rank for rank, modules in enumerate(LAYERS) for module in modules}
 INCLUDE = re.compile(r'^\s*#\s*include\s+"archspace/([a-z_]+)/')
 

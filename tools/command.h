@@ -33,7 +33,7 @@ CLI::Validator choice_validator(std::function<void(const std::string&)> parse, c
 // Shared flag helpers: each adds the option with CLI11's check of the valid choices, listed in --help.
 CLI::Option* add_dtype_option(CLI::App* app, std::string& value, const std::string& what);
 CLI::Option* add_device_option(CLI::App* app, std::string& value);
-// --quantization none|int8 (default none): weight-only int8 matmul weights for inference (model/int8_weights.h).
+// --quantization none|int8 (default none): weight-only int8 matmul weights for inference (kernels/int8_weights.h).
 CLI::Option* add_quantization_option(CLI::App* app, std::string& value);
 
 // --profile FILE: a Kineto trace of the command's work (util/profiler.h). CommandProfile starts it (nothing

@@ -4,7 +4,7 @@
 
 #include <iostream>
 
-#include "archspace/model/bf16_matmuls.h"
+#include "archspace/kernels/bf16_matmuls.h"
 #include "archspace/util/error.h"
 #include "archspace/util/threads.h"
 #include "command.h"

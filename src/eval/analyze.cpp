@@ -8,8 +8,8 @@
 #include <regex>
 
 #include "archspace/model/depth_attention.h"
-#include "archspace/model/layers.h"
 #include "archspace/model/loss.h"
+#include "archspace/model/rms_norm.h"
 #include "archspace/model/trace.h"
 #include "archspace/util/error.h"
 
@@ -83,7 +83,7 @@ json analyze_model(const CausalLM& model, const at::Tensor& tokens, const Analyz
   // ---- one recorded forward: streams, logits, Depth-Attention weights -----------------------------
   ActivationRecorder recorder;
   std::vector<at::Tensor> depth_weights;
-  ForwardOptions fwd;
+  AnalysisOptions fwd;
   fwd.recorder = &recorder;
   fwd.depth_weights = &depth_weights;
   fwd.final_hidden_only = true;
@@ -202,7 +202,7 @@ json analyze_model(const CausalLM& model, const at::Tensor& tokens, const Analyz
   // ---- layer pruning: one block removed at a time --------------------------------------------------
   json pruning = json::array();
   for (int64_t l = 0; l < L; ++l) {
-    ForwardOptions skip;
+    AnalysisOptions skip;
     skip.final_hidden_only = true;
     skip.skip_layer = l;
     const double pruned = next_token_loss(model, model.forward(input, skip), tokens, options.head_chunk);

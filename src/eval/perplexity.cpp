@@ -39,7 +39,7 @@ PerplexityResult perplexity(const CausalLM& model, const std::vector<int64_t>& t
     const int64_t new_tokens = end - prev_end;  // scored in this window: positions [end - new_tokens, end)
     at::Tensor ids =
         at::tensor(std::vector<int64_t>(tokens.begin() + begin, tokens.begin() + end), at::kLong).unsqueeze(0);
-    ForwardOptions forward;
+    SequenceOptions forward;
     forward.final_hidden_only = true;
     const at::Tensor hidden = model.forward(ids, forward)[0];  // [len, d]
     // Position i predicts token i + 1; score targets at window positions max(1, len - new_tokens) .. len - 1,

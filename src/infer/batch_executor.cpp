@@ -6,7 +6,7 @@
 #include <chrono>
 #include <limits>
 
-#include "archspace/infer/argmax.h"
+#include "archspace/kernels/argmax.h"
 #include "archspace/infer/score.h"
 #include "archspace/util/error_message.h"
 
@@ -128,7 +128,7 @@ std::unique_ptr<BatchExecutor::Row> BatchExecutor::prefill_row(Admission a, KVCa
     const auto start = std::chrono::steady_clock::now();
     const int64_t T = static_cast<int64_t>(r.prompt.size());
     at::Tensor ids = at::tensor(std::vector<int64_t>(r.prompt.begin(), r.prompt.end()), at::kLong).view({1, T});
-    const ForwardOptions fwd{AttentionImpl::kSdpa, &cache, /*last_position_only=*/true};
+    const DecodeOptions fwd{&cache, AttentionImpl::kSdpa, /*last_position_only=*/true};
     at::Tensor last;
     for (int64_t s = 0; s < T; s += prefill_chunk_) {
       const int64_t n = std::min<int64_t>(prefill_chunk_, T - s);

@@ -49,7 +49,7 @@ DecodeSteps::DecodeSteps(const CausalLM& model, KVCache& cache, DecodeMode mode,
 DecodeSteps::~DecodeSteps() = default;
 
 at::Tensor DecodeSteps::forward(const at::Tensor& ids) {
-  const ForwardOptions options{AttentionImpl::kSdpa, &cache_, /*last_position_only=*/true};
+  const DecodeOptions options{&cache_, AttentionImpl::kSdpa, /*last_position_only=*/true};
   return model_.forward(ids, options).select(1, 0);
 }
 

@@ -4,7 +4,7 @@
 
 #include <limits>
 
-#include "archspace/infer/argmax.h"
+#include "archspace/kernels/argmax.h"
 
 namespace archspace {
 

@@ -126,7 +126,7 @@ void score_whole(const CausalLM& model, const std::vector<ScoreRequest>& request
     for (int64_t t = q.first_scored; t <= q.run_length(); ++t) rows.push_back(b * T + t - 1);
     add_targets(q, targets);
   }
-  ForwardOptions fwd;
+  SequenceOptions fwd;
   fwd.final_hidden_only = true;
   const at::Tensor hidden = model.forward(ids.to(model.device()), fwd);
   const at::Tensor flat = hidden.reshape({B * T, hidden.size(-1)});
@@ -156,10 +156,10 @@ void score_shared(const CausalLM& model, const std::vector<ScoreRequest>& reques
     for (int64_t t = 0; t < group.prefix; ++t) prefix_a[g][padding[g] + t] = first.ids[t];
   }
   KVCache cache(model.config(), G > 1 ? padding : std::vector<int64_t>{});
-  ForwardOptions fwd;
+  DecodeOptions fwd;
   fwd.cache = &cache;
   fwd.final_hidden_only = true;
-  ForwardOptions last = fwd;
+  DecodeOptions last = fwd;
   last.last_position_only = true;
   const at::Tensor prefix_last = model.forward(prefix_ids.to(model.device()), last).squeeze(1);  // [G, d]
 

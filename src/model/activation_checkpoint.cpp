@@ -102,7 +102,7 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
     {
       // The forward's autocast state for the recomputation only: the gradients below are taken outside it, as
       // the backward without checkpointing is (and as torch.utils.checkpoint does). Under autocast an fp32
-      // matmul of the backward (the widened bf16 matmuls' backward GEMMs, model/bf16_matmuls.h) would be cast
+      // matmul of the backward (the widened bf16 matmuls' backward GEMMs, kernels/bf16_matmuls.h) would be cast
       // to bf16.
       AutocastScope autocast(holder->autocast);
       outputs = holder->fn(given);

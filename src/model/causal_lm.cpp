@@ -4,10 +4,12 @@
 #include <c10/core/GradMode.h>
 
 #include <cmath>
+#include <optional>
+#include <tuple>
 
-#include "archspace/model/activation_checkpoint.h"
-#include "archspace/model/int8_weights.h"
-#include "archspace/model/linear.h"
+#include "archspace/kernels/int8_weights.h"
+#include "archspace/kernels/linear.h"
+#include "archspace/model/rms_norm.h"
 #include "archspace/model/trace.h"
 #include "archspace/util/error.h"
 
@@ -143,249 +145,137 @@ std::vector<at::Tensor> CausalLM::block_parameters(int64_t l) const {
   return params;
 }
 
-void CausalLM::LayerContext::record(const char* name, const at::Tensor& t) const {
-  if (options.recorder) options.recorder->record(layer_prefix(index) + name, t);
-}
-
-at::Tensor CausalLM::attention(const BlockWeights& layer, const at::Tensor& x, const LayerContext& ctx) const {
-  ctx.record("attn_input", x);
-  const int64_t B = x.size(0), T = x.size(1), h = config_.head_dim;
-  const double eps = config_.rms_norm_eps;
-  // Q/K RMSNorm over the whole projection width, before splitting into heads.
-  std::vector<at::Tensor> qkv = linear_many(x, {layer.q_proj, layer.k_proj, layer.v_proj});
-  at::Tensor q_BHTD = rms_norm_rope(qkv[0], layer.q_norm, eps, ctx.cos, ctx.sin, h);
-  at::Tensor k_BGTD = rms_norm_rope(qkv[1], layer.k_norm, eps, ctx.cos, ctx.sin, h);
-  at::Tensor v = std::move(qkv[2]);
-  if (layer.v_norm.defined()) v = rms_norm(v, layer.v_norm, eps);  // HybridNorm's QKV norm
-  at::Tensor v_BGTD = v.view({B, T, -1, h}).transpose(1, 2);
-  ctx.record("q", q_BHTD);
-  ctx.record("k", k_BGTD);
-  ctx.record("v", v_BGTD);
-  // Depth-Attention replaces the values with their cross-layer mix; token attention reads the mix.
-  if (ctx.depth) {
-    at::Tensor* weights = ctx.options.depth_weights ? &(*ctx.options.depth_weights)[ctx.index] : nullptr;
-    v_BGTD = ctx.depth->mix(ctx.index, q_BHTD, k_BGTD, v_BGTD, weights);
-    ctx.record("v_mixed", v_BGTD);
-  }
-  int64_t q_offset = 0;
-  at::Tensor padding_mask;
-  if (ctx.options.context_parallel) {  // keys and values of the earlier slices this layer's window reaches
-    ContextParallel::Keys keys = ctx.options.context_parallel->attention_keys(k_BGTD, v_BGTD, ctx.window);
-    k_BGTD = keys.k;
-    v_BGTD = keys.v;
-    q_offset = keys.q_offset;
-  }
-  if (ctx.options.cache) {
-    KVCache::View view = ctx.options.cache->append(ctx.index, k_BGTD, v_BGTD);
-    k_BGTD = view.k;
-    v_BGTD = view.v;
-    q_offset = view.q_offset;
-    padding_mask = view.padding_mask;
-  }
-  at::Tensor o = causal_attention(q_BHTD, k_BGTD, v_BGTD, ctx.window, q_offset, ctx.options.attention, padding_mask,
-                                  ctx.documents);
-  at::Tensor out = archspace::linear(o.transpose(1, 2).reshape({B, T, -1}), layer.o_proj);
-  ctx.record("attn_output", out);
-  return out;
-}
-
-at::Tensor CausalLM::mlp(const LayerWeights& layer, const at::Tensor& x, const LayerContext& ctx) const {
-  at::Tensor out = swiglu_mlp(x, layer.gate_proj, layer.up_proj, layer.down_proj);
-  ctx.record("mlp_output", out);
-  return out;
-}
-
-CausalLM::Streams CausalLM::checkpointed_block(const LayerContext& ctx, const Streams& streams,
-                                               const std::shared_ptr<const Documents>& documents) const {
-  const int64_t l = ctx.index;
-  // The streams (x; X and Y; x and ResiDual's dual) go in and come out as one list. ResiDual's dual stream
-  // starts undefined (d = 0) and the first block creates it, so it enters as zeros (0 + o == o exactly).
-  const bool has_y = streams.y.defined();
-  const bool has_dual = streams.dual.defined() || config_.topology() == NormTopology::kResidual;
-  std::vector<at::Tensor> inputs = {streams.x};
-  if (has_y) inputs.push_back(streams.y);
-  if (has_dual) inputs.push_back(streams.dual.defined() ? streams.dual : at::zeros_like(streams.x));
-  const size_t n = inputs.size();
-  std::vector<int64_t> sources;
-  const bool has_depth = ctx.depth != nullptr, keeps = has_depth && ctx.depth->is_source(l);
-  if (has_depth) {
-    sources = ctx.depth->sources(l);
-    for (int64_t j : sources) {
-      auto [k, vhat] = ctx.depth->recorded(j);
-      inputs.push_back(k);
-      inputs.push_back(vhat);
-    }
-  }
-  // The block's weights are differentiated through its parameters, or through what a parameter source
-  // gathers them from (the recomputation in backward asks the source for them again).
-  ParameterSource* source = ctx.options.parameters;
-  std::vector<at::Tensor> params;
-  if (source) {
-    params = source->block_leaves(l);
-  } else {
-    params = block_parameters(l);
-  }
-  // Everything by value: the function runs again in backward, after forward() has returned.
-  ForwardOptions options;
-  options.attention = ctx.options.attention;
-  options.context_parallel = ctx.options.context_parallel;  // the recomputation exchanges keys and values again
-  const int64_t window = ctx.window;
-  const at::Tensor cos = ctx.cos, sin = ctx.sin;
-  BlockFunction fn = [this, l, n, window, cos, sin, options, sources, has_depth, keeps, has_y, has_dual, documents,
-                      source](const std::vector<at::Tensor>& in) {
-    std::optional<DepthAttentionState> depth;
-    if (has_depth) {
-      depth.emplace(config_.num_hidden_layers, config_.depth_attention_stride, config_.depth_attention_recent_window);
-      for (size_t s = 0; s < sources.size(); ++s) depth->record(sources[s], in[n + 2 * s], in[n + 2 * s + 1]);
-    }
-    const LayerContext block_ctx{l, window, cos, sin, options, depth ? &*depth : nullptr, documents.get()};
-    Streams s;
-    size_t i = 0;
-    s.x = in[i++];
-    if (has_y) s.y = in[i++];
-    if (has_dual) s.dual = in[i++];
-    if (source) {
-      block(source->block(l), s, block_ctx);
-    } else {
-      block(layers_[l], s, block_ctx);
-    }
-    std::vector<at::Tensor> out = {s.x};
-    if (has_y) out.push_back(s.y);
-    if (has_dual) out.push_back(s.dual);
-    if (keeps) {
-      auto [k, vhat] = depth->recorded(l);
-      out.push_back(k);
-      out.push_back(vhat);
-    }
-    return out;
-  };
-  std::vector<at::Tensor> out = checkpointed(std::move(fn), inputs, params);
-  if (keeps) ctx.depth->record(l, out[n], out[n + 1]);
-  Streams result;
-  size_t i = 0;
-  result.x = out[i++];
-  if (has_y) result.y = out[i++];
-  if (has_dual) result.dual = out[i++];
-  return result;
-}
-
-at::Tensor CausalLM::forward(const at::Tensor& input_ids, const ForwardOptions& options) const {
+at::Tensor CausalLM::forward(const at::Tensor& input_ids, const ForwardMode& mode) const {
   if (input_ids.dim() != 2)
     throw Error("forward: input_ids must be [batch, time], got " + shape_string(input_ids.sizes().vec()));
   const int64_t T = input_ids.size(1);
-  if (options.cache && (options.first_position != 0 || options.document_eos_id >= 0))
-    throw Error("forward: first_position and document masking are for forwards without a KV cache");
-  if (options.first_position < 0)
-    throw Error("forward: first_position must be >= 0, got " + std::to_string(options.first_position));
-  ContextParallel* cp = options.context_parallel;
-  if (cp && options.cache)
-    throw Error("forward: context parallelism is for training: it does not run with a KV cache (inference)");
-  if (cp && (options.first_position != 0 || options.document_eos_id >= 0))
-    throw Error("forward: context parallelism takes its positions from its slice and does not mask documents");
+  const at::Tensor ids = input_ids.to(device(), at::kLong);
+  const RopeTables rope = rope_tables(mode, first_position(mode, T), T);
+  // Documents found once per forward; a batch whose rows are each one document needs no masking.
+  std::shared_ptr<const Documents> documents;
+  if (const SequenceOptions* s = mode.sequences(); s && s->document_eos_id >= 0) {
+    auto found = std::make_shared<Documents>(find_documents(ids, s->document_eos_id));
+    if (!found->whole_rows()) documents = std::move(found);
+  }
+  Streams streams = initial_streams(embed(ids, mode));
+  run_blocks(streams, mode, rope, documents);
+  return output(streams, mode, T);
+}
+
+int64_t CausalLM::first_position(const ForwardMode& mode, int64_t T) const {
+  int64_t first = 0;
+  if (const KVCache* cache = mode.cache()) {
+    first = cache->length();
+  } else if (const ContextParallel* cp = mode.context_parallel()) {
+    first = cp->slice_start();
+  } else if (const SequenceOptions* s = mode.sequences()) {
+    first = s->first_position;
+  }
   // Positions past max_position_embeddings were never trained (and YaRN is defined up to it).
-  const int64_t first = options.cache ? options.cache->length() : cp ? cp->slice_start() : options.first_position;
-  const int64_t end = first + T;
-  if (end > config_.max_position_embeddings) {
-    throw Error("forward: " + std::to_string(end) + " positions, more than the model's max_position_embeddings " +
+  if (first + T > config_.max_position_embeddings) {
+    throw Error("forward: " + std::to_string(first + T) + " positions, more than the model's max_position_embeddings " +
                 std::to_string(config_.max_position_embeddings));
   }
-  at::Tensor ids = input_ids.to(device(), at::kLong);
+  return first;
+}
+
+CausalLM::RopeTables CausalLM::rope_tables(const ForwardMode& mode, int64_t first, int64_t T) const {
+  const int64_t end = first + T;
+  const KVCache* cache = mode.cache();
   // [T], or [B, T] for a left-padded batch (each row counts positions from its first real token).
   // A context-parallel slice: global positions, so RoPE (plain or YaRN) sees the whole sequence's.
   // Decoding an unpadded batch reads positions first .. end - 1 as rows of the kept tables (Rope::cached_rows).
   // A fixed-shape step (KVCache::fix_shapes) takes its positions from the cache's device slot instead.
-  const bool fixed = options.cache && options.cache->fixed_shapes();
-  const bool consecutive = options.cache && !options.cache->padded() && !fixed;
+  const bool fixed = cache && cache->fixed_shapes();
+  const bool consecutive = cache && !cache->padded() && !fixed;
   at::Tensor positions = consecutive ? at::Tensor()
-                         : options.cache
-                             ? options.cache->positions(T, device())
-                             : at::arange(first, end, at::TensorOptions().dtype(at::kLong).device(device()));
-  // Documents found once per forward; a batch whose rows are each one document needs no masking.
-  std::shared_ptr<const Documents> documents;
-  if (options.document_eos_id >= 0) {
-    auto found = std::make_shared<Documents>(find_documents(ids, options.document_eos_id));
-    if (!found->whole_rows()) documents = std::move(found);
-  }
+                         : cache     ? cache->positions(T, device())
+                                     : at::arange(first, end, at::TensorOptions().dtype(at::kLong).device(device()));
   // With a cache (decoding, prefill into it) positions run late and repeat across calls: look the tables up.
   const int64_t max_pos = config_.max_position_embeddings;
   // Fixed shapes: the kept tables cover every slot the cache was fixed for from the first step on, so a replayed
   // step never looks up rows past them.
-  const int64_t table_end = fixed ? std::max(end, options.cache->fixed_end()) : end;
+  const int64_t table_end = fixed ? std::max(end, cache->fixed_end()) : end;
   auto tables = [&](const Rope& rope) {
     if (consecutive) return rope.cached_rows(first, end, max_pos, device());
-    return options.cache ? rope.cached_tables(positions, table_end, max_pos) : rope.tables(positions);
+    return cache ? rope.cached_tables(positions, table_end, max_pos) : rope.tables(positions);
   };
-  auto [sliding_cos, sliding_sin] = tables(sliding_rope_);
-  auto [full_cos, full_sin] = tables(full_rope_);
+  RopeTables t;
+  std::tie(t.sliding_cos, t.sliding_sin) = tables(sliding_rope_);
+  std::tie(t.full_cos, t.full_sin) = tables(full_rope_);
   if (positions.defined() && positions.dim() == 2) {  // broadcast over heads: [B, 1, T, h]
-    for (at::Tensor* table : {&sliding_cos, &sliding_sin, &full_cos, &full_sin}) *table = table->unsqueeze(1);
+    for (at::Tensor* table : {&t.sliding_cos, &t.sliding_sin, &t.full_cos, &t.full_sin}) *table = table->unsqueeze(1);
   }
+  return t;
+}
 
+at::Tensor CausalLM::embed(const at::Tensor& ids, const ForwardMode& mode) const {
+  const bool sparse = mode.sequences() && mode.sequences()->sparse_embedding_gradient;
+  at::Tensor x;
+  if (ParameterSource* source = mode.parameters()) {
+    x = at::embedding(source->embedding(), ids, -1, false, sparse);
+    source->embedding_done();
+  } else {
+    x = at::embedding(weights_.embed_tokens, ids, -1, false, sparse);
+  }
+  if (ActivationRecorder* recorder = mode.recorder()) recorder->record("model.embeddings", x);
+  return x;
+}
+
+void CausalLM::run_blocks(Streams& streams, const ForwardMode& mode, const RopeTables& rope,
+                          const std::shared_ptr<const Documents>& documents) const {
   std::optional<DepthAttentionState> depth;
   if (uses_depth_attention()) {
     depth.emplace(config_.num_hidden_layers, config_.depth_attention_stride, config_.depth_attention_recent_window);
   }
-  auto context = [&](int64_t l) {
-    const bool sliding = config_.layer_types[l] == LayerType::kSliding;
-    return LayerContext{l,
-                        sliding ? config_.sliding_window : 0,
-                        sliding ? sliding_cos : full_cos,
-                        sliding ? sliding_sin : full_sin,
-                        options,
-                        depth ? &*depth : nullptr,
-                        documents.get()};
-  };
-
-  if (options.skip_layer >= config_.num_hidden_layers || (options.skip_layer >= 0 && options.cache)) {
-    throw Error("skip_layer " + std::to_string(options.skip_layer) + ": needs a layer below " +
-                std::to_string(config_.num_hidden_layers) + " and no KV cache");
+  // Layer pruning (analysis): the dropped block leaves its stream(s) as they are and is no Depth-Attention source.
+  const AnalysisOptions* analysis = mode.analysis();
+  const int64_t skip_layer = analysis ? analysis->skip_layer : -1;
+  if (skip_layer >= config_.num_hidden_layers) {
+    throw Error("skip_layer " + std::to_string(skip_layer) + ": needs a layer below " +
+                std::to_string(config_.num_hidden_layers));
   }
-  if (options.depth_weights) options.depth_weights->assign(config_.num_hidden_layers, at::Tensor());
-  // Layer pruning: the dropped block leaves its stream(s) as they are and is no Depth-Attention source.
-  auto skipped = [&](int64_t l) {
-    if (l != options.skip_layer) return false;
-    if (depth) depth->drop(l);
-    return true;
-  };
-  ActivationRecorder* recorder = options.recorder;
-  // Not with the analyses' options either (skip_layer, depth_weights): they run without grad anyway.
-  const bool checkpoint = options.activation_checkpointing && c10::GradMode::is_enabled() && !options.cache &&
-                          !recorder && options.skip_layer < 0 && !options.depth_weights;
-  ParameterSource* source = options.parameters;
-  at::Tensor x;
-  if (source) {
-    x = at::embedding(source->embedding(), ids, -1, false, options.sparse_embedding_gradient);
-    source->embedding_done();
-  } else {
-    x = at::embedding(weights_.embed_tokens, ids, -1, false, options.sparse_embedding_gradient);
-  }
-  if (recorder) recorder->record("model.embeddings", x);
-  Streams streams = initial_streams(x);
-  // The source may free block l's weights and hand back streams whose backward brings them back.
-  auto block_done = [&](int64_t l, bool recomputed) {
-    std::vector<at::Tensor> outputs = {streams.x, streams.y, streams.dual};
-    source->block_done(l, outputs, recomputed);
-    streams = {outputs[0], outputs[1], outputs[2]};
-  };
+  if (analysis && analysis->depth_weights) analysis->depth_weights->assign(config_.num_hidden_layers, at::Tensor());
+  const SequenceOptions* sequences = mode.sequences();
+  const bool checkpoint = sequences && sequences->activation_checkpointing && c10::GradMode::is_enabled();
+  ParameterSource* source = mode.parameters();
   for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
-    if (skipped(l)) continue;
-    const LayerContext ctx = context(l);
+    if (l == skip_layer) {
+      if (depth) depth->drop(l);
+      continue;
+    }
+    const bool sliding = config_.layer_types[l] == LayerType::kSliding;
+    const LayerContext ctx{l,
+                           sliding ? config_.sliding_window : 0,
+                           sliding ? rope.sliding_cos : rope.full_cos,
+                           sliding ? rope.sliding_sin : rope.full_sin,
+                           mode,
+                           depth ? &*depth : nullptr,
+                           documents.get()};
     if (checkpoint) {
       streams = checkpointed_block(ctx, streams, documents);
     } else {
       block(source ? source->block(l) : layers_[l], streams, ctx);
     }
-    if (source) block_done(l, checkpoint);
+    if (source) {  // the source may free block l's weights and hand back streams whose backward brings them back
+      std::vector<at::Tensor> outputs = {streams.x, streams.y, streams.dual};
+      source->block_done(l, outputs, checkpoint);
+      streams = {outputs[0], outputs[1], outputs[2]};
+    }
     record_streams(streams, ctx);
   }
+}
+
+at::Tensor CausalLM::output(const Streams& streams, const ForwardMode& mode, int64_t T) const {
+  ParameterSource* source = mode.parameters();
   HeadWeights sourced;
   if (source) sourced = source->head();
-  x = last_hidden(streams, source ? sourced.final_norms : final_norms_);
-  if (options.cache) options.cache->advance(T);
-  if (options.last_position_only) x = x.narrow(1, T - 1, 1);
+  at::Tensor x = last_hidden(streams, source ? sourced.final_norms : final_norms_);
+  if (KVCache* cache = mode.cache()) cache->advance(T);
+  if (mode.last_position_only()) x = x.narrow(1, T - 1, 1);
   x = rms_norm(x, source ? sourced.norm : weights_.norm, config_.rms_norm_eps);
-  if (recorder) recorder->record("model.final_hidden", x);
-  if (options.final_hidden_only) return x;
+  if (ActivationRecorder* recorder = mode.recorder()) recorder->record("model.final_hidden", x);
+  if (mode.final_hidden_only()) return x;
   return source ? archspace::linear(x, sourced.lm_head) : head(x);
 }
 

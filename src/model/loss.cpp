@@ -6,11 +6,11 @@
 
 #include <string>
 
-#include "archspace/model/bf16_gemm.h"
-#include "archspace/model/bf16_matmuls.h"
-#include "archspace/model/cross_entropy_rows.h"
-#include "archspace/model/int8_weights.h"
-#include "archspace/model/linear.h"
+#include "archspace/kernels/bf16_gemm.h"
+#include "archspace/kernels/bf16_matmuls.h"
+#include "archspace/kernels/cross_entropy_rows.h"
+#include "archspace/kernels/int8_weights.h"
+#include "archspace/kernels/linear.h"
 #include "archspace/util/error.h"
 
 namespace archspace {

@@ -3,7 +3,7 @@
 #include <filesystem>
 #include <set>
 
-#include "archspace/model/int8_weights.h"
+#include "archspace/kernels/int8_weights.h"
 #include "archspace/util/error.h"
 
 namespace archspace {

@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
-#include "archspace/model/fused_norm_rope.h"
-#include "archspace/model/layers.h"
+#include "archspace/kernels/fused_norm_rope.h"
+#include "archspace/model/rms_norm.h"
 
 namespace archspace {
 

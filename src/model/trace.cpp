@@ -7,7 +7,7 @@ namespace archspace {
 NamedTensors trace_activations(const CausalLM& model, const at::Tensor& input_ids, AttentionImpl attention) {
   c10::InferenceMode inference;
   ActivationRecorder recorder;
-  ForwardOptions options;
+  AnalysisOptions options;
   options.attention = attention;
   options.recorder = &recorder;
   at::Tensor logits = model.forward(input_ids, options);

@@ -10,7 +10,7 @@
 #include <map>
 
 #include "archspace/dist/test_fault.h"
-#include "archspace/train/gradient_norm.h"
+#include "archspace/kernels/gradient_norm.h"
 #include "archspace/train/stability.h"
 #include "archspace/util/error.h"
 

@@ -6,8 +6,8 @@
 #include <cmath>
 #include <map>
 
-#include "archspace/train/adamw_kernel.h"
-#include "archspace/train/gradient_norm.h"
+#include "archspace/kernels/adamw.h"
+#include "archspace/kernels/gradient_norm.h"
 #include "archspace/util/error.h"
 
 namespace archspace {

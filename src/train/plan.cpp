@@ -4,8 +4,8 @@
 #include <cctype>
 #include <cstdio>
 
+#include "archspace/model/attention.h"
 #include "archspace/model/depth_attention.h"
-#include "archspace/model/layers.h"
 #include "archspace/model/loss.h"
 #include "archspace/model/parameters.h"
 #include "archspace/train/fully_sharded.h"
@@ -15,7 +15,7 @@ namespace archspace {
 
 // How the account below reads the engine's forward (one micro-batch, N = B * T tokens):
 //
-// - An op saves what its backward needs: a linear its input and weight; rms_norm (layers.cpp) its fp32
+// - An op saves what its backward needs: a linear its input and weight; rms_norm (model/rms_norm.cpp) its fp32
 //   input, the normalised product and the [N, 1] rsqrt; pow its input; softmax its result; a mul of two
 //   tensors that need gradients both, a mul by a constant (cos, sin, a mask, a double) only the constant;
 //   add, cat, stack, mean, narrow, neg and casts nothing. A tensor nothing saves is freed when its last
@@ -29,8 +29,8 @@ namespace archspace {
 //   [B, H, T] fp32 logsumexp: O(T), no scores; on CUDA in bf16 the flash kernel keeps the same and takes
 //   the window itself (PlanOptions::cuda), so no masks. Elsewhere a sliding layer with window < T builds a boolean mask
 //   that SDPA turns into an additive mask in the query's dtype and keeps: [T, T] when T <= 2 window, else one [window,
-//   <= 2 window] mask per query block (layers.cpp). The reference attention path (tests only) keeps [B, H, T, T] scores
-//   and is not planned for.
+//   <= 2 window] mask per query block (model/attention.cpp). The reference attention path (tests only) keeps [B, H, T,
+//   T] scores and is not planned for.
 // - Document masking (PlanOptions::document_masking). Off the flash kernel each document of each row runs alone
 //   through the paths above, by its own length: a sliding layer's masks are then per row and per document,
 //   L^2 for a document of W < L <= 2 window tokens, per block beyond, none up to the window. Over any split of
@@ -119,14 +119,14 @@ AttentionShape attention_shape(const PlanOptions& o, int64_t window) {
   return {S, halo + S, halo};
 }
 
-// The kernel causal_attention takes for this shape (layers.cpp's own rule).
+// The kernel causal_attention takes for this shape (model/attention.cpp's own rule).
 AttentionPath path_of(const ModelConfig& c, const PlanOptions& o, const AttentionShape& a, int64_t window) {
   return attention_path(AttentionImpl::kSdpa, o.cuda ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU),
                         o.dtype == DType::kBf16 ? at::kBFloat16 : at::kFloat, a.tq, a.tk, c.head_dim, window,
                         a.q_offset, /*padded=*/false);
 }
 
-// The additive masks a layer keeps (bytes, not per token): see causal_attention in layers.cpp. SDPA turns
+// The additive masks a layer keeps (bytes, not per token): see causal_attention in model/attention.cpp. SDPA turns
 // the boolean mask into an additive one in the query's dtype and keeps it: [Tq, Tk] in one call, or one
 // [window, <= 2 window] mask per query block on the blocked path.
 // With documents (no context parallelism), the worst case over the documents of `rows` rows (see above).
@@ -338,7 +338,7 @@ MemoryPlan plan_memory(const ModelConfig& c, const PlanOptions& o) {
   // loss_chunk_tokens): as chunked, and the chunk's logits in the matmul dtype kept from forward to backward
   // (where they become their gradient in place); the working set is the bf16 weight-gradient product under
   // autocast (on a CPU with AMX, where MKL's fp32-output bf16 GEMM sums the products into the fp32 gradient,
-  // model/bf16_gemm.h, that product is never formed: the row is then 2 V d bytes over). Counting every token as
+  // kernels/bf16_gemm.h, that product is never formed: the row is then 2 V d bytes over). Counting every token as
   // labelled: the copies of the labelled rows' labels and indices that SFT masks (and a window's last position) make
   // are at most 16 bytes a token more.
   // On CUDA the chunked form runs its matmuls on the head padded with zero rows to a multiple of

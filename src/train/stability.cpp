@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "archspace/train/gradient_norm.h"
+#include "archspace/kernels/gradient_norm.h"
 
 namespace archspace {
 

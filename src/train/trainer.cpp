@@ -498,8 +498,8 @@ std::vector<Batch> Trainer::assemble_micro_batches(int64_t step, std::vector<at:
   return micro;
 }
 
-ForwardOptions Trainer::forward_options(bool training) const {
-  ForwardOptions forward;
+SequenceOptions Trainer::forward_options(bool training) const {
+  SequenceOptions forward;
   forward.activation_checkpointing = training && cfg_.activation_checkpointing;
   forward.final_hidden_only = true;  // the head runs in the loss (model/loss.h), chunk by chunk
   forward.context_parallel = cp_.get();

@@ -14,7 +14,7 @@
 // amount of the order of the values themselves.
 //
 // "decode_sdpa_backend": the kernel SDPA picks for one bf16 decoding query over 300 cached keys (GQA), once
-// causal_attention has run on the device: on CUDA it must not be cuDNN's (avoid_cudnn_attention, model/layers.h).
+// causal_attention has run on the device: on CUDA it must not be cuDNN's (avoid_cudnn_attention, model/attention.h).
 #include <ATen/SDPBackend.h>
 
 #include <cstdio>
@@ -22,8 +22,8 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "archspace/model/attention.h"
 #include "archspace/model/documents.h"
-#include "archspace/model/layers.h"
 
 using namespace archspace;
 

@@ -16,7 +16,7 @@ coefficient reaches every weight.
 
 Not bitwise, and the tolerances:
 - Gradient norms. Both modes report the fp64 norm of their gradients rounded once to fp32
-  (src/train/gradient_norm.cpp): "none" sums each whole gradient's fp64 squares, "full" its shards' and then
+  (src/kernels/gradient_norm.cpp): "none" sums each whole gradient's fp64 squares, "full" its shards' and then
   the ranks'. The checks: "full"'s norm is the fp64 norm of its own dumped gradients within 1e-7 (2^-24 of
   rounding to fp32), and the two reported norms differ by no more than "none"'s own error (measured from its
   dumped gradients the same way) plus the two gradients' fp64 norms' difference plus 1e-7.

@@ -102,7 +102,7 @@ def test_a_bad_isa_cap_names_the_variable(tmp_path):
 
 
 def cpu_has_native_bf16():
-    """util/cpu_isa's avx512_bf16 rule, read from /proc/cpuinfo: AVX2, AVX512F, AVX512BW and AVX512-BF16."""
+    """kernels/cpu_isa's avx512_bf16 rule, read from /proc/cpuinfo: AVX2, AVX512F, AVX512BW and AVX512-BF16."""
     flags = set()
     with open("/proc/cpuinfo") as f:
         for line in f:

@@ -1,4 +1,4 @@
-"""--quantization int8 (model/int8_weights): weight-only int8 with one scale per output row.
+"""--quantization int8 (kernels/int8_weights): weight-only int8 with one scale per output row.
 
 Exactness: the engine's int8 model equals transformers running the same model with the int8 weights written
 back as float (the rule applied here independently: scale = max|row| / 127 in fp32, round half to even), on the

@@ -1,6 +1,6 @@
 """An independent reference for the normalization topologies (SPEC.md section 7), in plain PyTorch.
 
-Written from the papers' definitions and SPEC.md, not from the engine (src/model/norm_topology.cpp) or the
+Written from the papers' definitions and SPEC.md, not from the engine (src/model/block.cpp) or the
 remote code (archs/): it imports neither transformers nor the archs/ files, and it is laid out differently
 (one function per topology over explicit tensors; attention with an explicit mask and einsum). The tests
 compare both implementations against it (tests/python/test_topology.py).

@@ -6,8 +6,8 @@
 #include <cmath>
 #include <limits>
 
-#include "archspace/infer/argmax.h"
-#include "archspace/util/cpu_isa.h"
+#include "archspace/kernels/argmax.h"
+#include "archspace/kernels/cpu_isa.h"
 
 using namespace archspace;
 

@@ -7,8 +7,8 @@
 
 #include <limits>
 
+#include "archspace/model/attention.h"
 #include "archspace/model/depth_attention.h"
-#include "archspace/model/layers.h"
 #include "tolerance.h"
 
 using namespace archspace;

@@ -1,4 +1,4 @@
-// model/bf16_gemm: bf16 x bf16 -> fp32 products against fp64, within the rounding bound of fp32 sums of exact
+// kernels/bf16_gemm: bf16 x bf16 -> fp32 products against fp64, within the rounding bound of fp32 sums of exact
 // products (every layout of the operands: plain, transposed views, row strides wider than a row, strides
 // CBLAS cannot take), overwriting an output full of NaN and accumulating into one; the same bits twice; and
 // tight enough that autocast's bf16 product, cast afterwards, fails it.
@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "archspace/model/bf16_gemm.h"
+#include "archspace/kernels/bf16_gemm.h"
 #include "archspace/util/error.h"
 
 namespace archspace {

@@ -1,4 +1,4 @@
-// model/bf16_matmuls: the bf16 matmul policy. The widened form (fp32 GEMM on the bf16 operands, one rounding to
+// kernels/bf16_matmuls: the bf16 matmul policy. The widened form (fp32 GEMM on the bf16 operands, one rounding to
 // bf16) obeys the bound of a bf16 GEMM against fp64, as the native one does; under bf16 autocast it rounds fp32
 // operands as autocast does, and its gradients are those of the native path within the bf16 bound. A whole bf16
 // training step and a bf16 scoring pass give the native path's values within the bf16 bound, and under the
@@ -14,7 +14,7 @@
 #include <optional>
 #include <string>
 
-#include "archspace/model/bf16_matmuls.h"
+#include "archspace/kernels/bf16_matmuls.h"
 #include "archspace/model/causal_lm.h"
 #include "archspace/model/loss.h"
 #include "archspace/train/autocast.h"

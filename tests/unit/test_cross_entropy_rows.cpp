@@ -1,4 +1,4 @@
-// model/cross_entropy_rows: the per-row log-sum-exp and the in-place logits gradient of cross-entropy + z-loss,
+// kernels/cross_entropy_rows: the per-row log-sum-exp and the in-place logits gradient of cross-entropy + z-loss,
 // against fp64 (autograd of the loss's own formula) with bounds derived from the kernel's arithmetic, on every
 // CPU path this machine can run, fp32 and bf16 logits.
 #include <ATen/ATen.h>
@@ -8,7 +8,7 @@
 
 #include <cmath>
 
-#include "archspace/model/cross_entropy_rows.h"
+#include "archspace/kernels/cross_entropy_rows.h"
 #include "archspace/util/error.h"
 
 using namespace archspace;

@@ -1,4 +1,4 @@
-// model/decode_attention against an fp64 softmax(scale q k^T) v computed here from the definition and against
+// kernels/decode_attention against an fp64 softmax(scale q k^T) v computed here from the definition and against
 // at::scaled_dot_product_attention, on every CPU path this machine runs, fp32 and bf16, GQA, padding masks,
 // the cache's strided views; its exp against std::exp; and the conditions that keep other calls on SDPA.
 #include <ATen/core/grad_mode.h>
@@ -9,8 +9,8 @@
 #include <optional>
 #include <vector>
 
-#include "archspace/model/decode_attention.h"
-#include "archspace/model/layers.h"
+#include "archspace/kernels/decode_attention.h"
+#include "archspace/model/attention.h"
 #include "tolerance.h"
 
 using namespace archspace;

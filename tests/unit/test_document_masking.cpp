@@ -6,9 +6,9 @@
 
 #include <cstdio>
 
+#include "archspace/model/attention.h"
 #include "archspace/model/causal_lm.h"
 #include "archspace/model/documents.h"
-#include "archspace/model/layers.h"
 #include "archspace/model/loss.h"
 #include "test_support.h"
 #include "tolerance.h"

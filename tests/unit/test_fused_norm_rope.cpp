@@ -1,4 +1,4 @@
-// model/fused_norm_rope against the ATen forms they replace in inference: rope bit for bit (the same
+// kernels/fused_norm_rope against the ATen forms they replace in inference: rope bit for bit (the same
 // roundings), RMSNorm within the rounding of its D-term sum, against fp64; on every CPU path this machine
 // runs, fp32 and bf16, strided inputs, and the conditions that keep training on the ATen forms.
 #include <ATen/core/grad_mode.h>
@@ -9,8 +9,8 @@
 #include <utility>
 #include <vector>
 
-#include "archspace/model/fused_norm_rope.h"
-#include "archspace/model/layers.h"
+#include "archspace/kernels/fused_norm_rope.h"
+#include "archspace/model/rms_norm.h"
 #include "archspace/model/rope.h"
 
 using namespace archspace;

@@ -1,4 +1,4 @@
-// Gradient norms for clipping (train/gradient_norm.h): fp64 sums of squares within fp64's rounding of the exact
+// Gradient norms for clipping (kernels/gradient_norm.h): fp64 sums of squares within fp64's rounding of the exact
 // value, in an order that depends on the tensor alone (the same with 1 or 2 threads, on the AVX2 and scalar
 // kernels), so that reading only the rows that may be nonzero gives the dense sum bit for bit; the clip
 // scaling equal to ATen's mul_ by the fp32 coefficient; clip_grad_norm against torch's clip_grad_norm_.
@@ -6,7 +6,7 @@
 #include <gtest/gtest.h>
 #include <torch/nn/utils/clip_grad.h>
 
-#include "archspace/train/gradient_norm.h"
+#include "archspace/kernels/gradient_norm.h"
 #include "archspace/train/optimizer.h"
 #include "tolerance.h"
 

@@ -1,4 +1,4 @@
-// Weight-only int8 (model/int8_weights): the quantization rule against its definition written out here, the
+// Weight-only int8 (kernels/int8_weights): the quantization rule against its definition written out here, the
 // streaming kernel on every path this CPU runs against the fp64 product with the dequantized weight, the
 // prefill path, batch invariance, and the model refusing int8 where it does not belong.
 #include <ATen/core/grad_mode.h>
@@ -9,10 +9,10 @@
 #include <string>
 #include <vector>
 
+#include "archspace/kernels/cpu_isa.h"
+#include "archspace/kernels/int8_weights.h"
+#include "archspace/kernels/linear.h"
 #include "archspace/model/causal_lm.h"
-#include "archspace/model/int8_weights.h"
-#include "archspace/model/linear.h"
-#include "archspace/util/cpu_isa.h"
 #include "archspace/util/error.h"
 #include "test_support.h"
 

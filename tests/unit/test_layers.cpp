@@ -5,7 +5,9 @@
 #include <utility>
 #include <vector>
 
-#include "archspace/model/layers.h"
+#include "archspace/model/attention.h"
+#include "archspace/model/mlp.h"
+#include "archspace/model/rms_norm.h"
 #include "archspace/model/rope.h"
 #include "tolerance.h"
 

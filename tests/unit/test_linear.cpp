@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "archspace/model/linear.h"
-#include "archspace/util/cpu_isa.h"
+#include "archspace/kernels/cpu_isa.h"
+#include "archspace/kernels/linear.h"
 #include "test_support.h"
 #include "tolerance.h"
 

@@ -10,10 +10,10 @@
 #include <tuple>
 #include <vector>
 
-#include "../../src/model/streaming_gemv.h"
-#include "archspace/model/int8_weights.h"
-#include "archspace/model/linear.h"
-#include "archspace/util/cpu_isa.h"
+#include "../../src/kernels/streaming_gemv.h"
+#include "archspace/kernels/cpu_isa.h"
+#include "archspace/kernels/int8_weights.h"
+#include "archspace/kernels/linear.h"
 #include "test_support.h"
 
 using namespace archspace;

@@ -11,9 +11,9 @@
 #include <vector>
 
 #include "archspace/eval/perplexity.h"
-#include "archspace/model/bf16_gemm.h"
+#include "archspace/kernels/bf16_gemm.h"
+#include "archspace/kernels/linear.h"
 #include "archspace/model/causal_lm.h"
-#include "archspace/model/linear.h"
 #include "archspace/model/loss.h"
 #include "archspace/train/autocast.h"
 #include "test_support.h"
@@ -57,7 +57,7 @@ Result run(const at::Tensor& h0, const at::Tensor& w0, const at::Tensor& labels,
 }
 
 // fp32: both forms compute every logit as the same dot product and each row's log-sum-exp and gradient
-// row by the same formulas (on the CPU the chunked form through model/cross_entropy_rows: its exp within
+// row by the same formulas (on the CPU the chunked form through kernels/cross_entropy_rows: its exp within
 // 2^-22 of exp, its sums in fp32 blocks of 32 terms joined in fp64; CrossEntropyRows bounds it against
 // fp64), so the values differ only where a kernel rounds or sums in another order: a GEMM of
 // another row count (M = 1..7 takes other MKL kernels than M = N), the weight gradient's sum over rows
@@ -158,7 +158,7 @@ TEST(HeadLoss, BackwardMatchesFiniteDifferencesInFp64) {
 // bf16 autocast: both forms round h and W to bf16 and multiply them in bf16 (fp32 accumulation), the
 // logits rounded to bf16 and then fp32. The losses read the same bf16 logits. The gradients: each side
 // rounds the logits' gradient to bf16 (relative 2^-8) and at most rounds its products to bf16 (2^-8; the
-// chunked weight gradient sums its bf16 x bf16 products in fp32 on CPUs with AMX, model/bf16_gemm.h, else
+// chunked weight gradient sums its bf16 x bf16 products in fp32 on CPUs with AMX, kernels/bf16_gemm.h, else
 // rounds once per chunk and sums in fp32), so each is within 2 x 2^-8 of the
 // exact product of the gradient with the bf16 operands, elementwise relative to the product of magnitudes,
 // and the two within 4 x 2^-8 of each other. Also: bf16 differs from fp32 (autocast did apply).

@@ -10,7 +10,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "archspace/model/linear.h"
+#include "archspace/kernels/linear.h"
 #include "archspace/train/step_profiler.h"
 #include "archspace/util/error.h"
 #include "archspace/util/profiler.h"

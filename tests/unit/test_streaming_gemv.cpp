@@ -1,4 +1,4 @@
-// src/model/streaming_gemv.h's prefetch plan (private to the model's kernels, so included by path): which
+// src/kernels/streaming_gemv.h's prefetch plan (private to the model's kernels, so included by path): which
 // block a four-row block asks for, and that the paced requests cover that block's lines once each, in order,
 // never past it, keeping pace with the bytes the kernel has read. The kernels' results are tested in
 // test_linear.cpp and test_int8_weights.cpp; a prefetch changes only their speed.
@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "../../src/model/streaming_gemv.h"
+#include "../../src/kernels/streaming_gemv.h"
 
 #if defined(__x86_64__)
 using namespace archspace::streaming_gemv;

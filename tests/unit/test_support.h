@@ -11,12 +11,12 @@
 #include <string>
 #include <vector>
 
-#include "archspace/util/cpu_isa.h"
+#include "archspace/kernels/cpu_isa.h"
 #include "archspace/util/error.h"
 
 namespace archspace::testing {
 
-// The kernel paths (util/cpu_isa) this machine can run: a kernel test checks each of them in one process.
+// The kernel paths (kernels/cpu_isa) this machine can run: a kernel test checks each of them in one process.
 inline std::vector<CpuIsa> runnable_paths() {
   std::vector<CpuIsa> paths;
   for (CpuIsa isa : {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512Bf16})

@@ -2,9 +2,9 @@
 // documented shapes, and that recording leaves the forward's result bit for bit as it is.
 #include <gtest/gtest.h>
 
+#include "archspace/kernels/linear.h"
 #include "archspace/model/causal_lm.h"
 #include "archspace/model/kv_cache.h"
-#include "archspace/model/linear.h"
 #include "archspace/model/trace.h"
 #include "tolerance.h"
 

@@ -15,11 +15,11 @@
 
 #include "archspace/config/train_config.h"
 #include "archspace/data/instance_loader.h"
+#include "archspace/kernels/adamw.h"
+#include "archspace/kernels/gradient_norm.h"
 #include "archspace/model/loss.h"
-#include "archspace/train/adamw_kernel.h"
 #include "archspace/train/autocast.h"
 #include "archspace/train/batches.h"
-#include "archspace/train/gradient_norm.h"
 #include "archspace/train/metrics_log.h"
 #include "archspace/train/optimizer.h"
 #include "archspace/train/run_tokenizer.h"
@@ -494,7 +494,7 @@ TEST(AdamW, FusedUpdatesOnlyOwnedParameters) {
   EXPECT_TRUE(at::equal(fused.groups()[1].param, init[1]));
 }
 
-// ---- the one-pass AdamW kernel (train/adamw_kernel.h) ------------------------------------------------
+// ---- the one-pass AdamW kernel (kernels/adamw.h) ------------------------------------------------
 
 namespace {
 

@@ -18,7 +18,7 @@ enum class DataFormat { kTokens, kChat };  // pretraining token shards | SFT cha
 // Data-parallel sharding (train.sharding): none (DDP: everything replicated), optimizer (ZeRO-1: the AdamW
 // moments divided over the ranks), full (FSDP/ZeRO-3: parameters, gradients and moments divided).
 enum class Sharding { kNone, kOptimizer, kFull };
-// Weight-only quantization of the matmul weights for inference (--quantization; model/int8_weights.h): none,
+// Weight-only quantization of the matmul weights for inference (--quantization; kernels/int8_weights.h): none,
 // or int8 with one scale per output row.
 enum class Quantization { kNone, kInt8 };
 

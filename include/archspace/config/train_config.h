@@ -124,7 +124,7 @@ struct TrainConfig {
   double lr = 1e-3;
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
   double weight_decay = 0.1;
-  bool fused = true;         // one-pass AdamW (train/adamw_kernel.h on the CPU, LibTorch's on CUDA); false: the loop
+  bool fused = true;         // one-pass AdamW (kernels/adamw.h on the CPU, LibTorch's on CUDA); false: the loop
   bool decay_norms = false;  // norms and SiameseNorm scale vectors
   bool decay_embeddings = true;
   int64_t warmup_steps = 0;

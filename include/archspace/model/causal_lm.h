@@ -11,56 +11,17 @@
 #include <vector>
 
 #include "archspace/config/model_config.h"
+#include "archspace/model/attention.h"
 #include "archspace/model/context_parallel.h"
 #include "archspace/model/depth_attention.h"
+#include "archspace/model/forward_options.h"
 #include "archspace/model/kv_cache.h"
-#include "archspace/model/layers.h"
 #include "archspace/model/parameter_source.h"
 #include "archspace/model/parameters.h"
 #include "archspace/model/rope.h"
 #include "archspace/util/tensors.h"
 
 namespace archspace {
-
-struct ActivationRecorder;  // model/trace.h
-
-struct ForwardOptions {
-  AttentionImpl attention = AttentionImpl::kSdpa;
-  // Incremental decoding: the input continues the cached positions, and this call's keys and (mixed)
-  // values are added to the cache.
-  KVCache* cache = nullptr;
-  // Only the last position's logits (prefill for generation: the head is the largest matmul).
-  bool last_position_only = false;
-  // Returns the final normalised hidden states [B, T, d] instead of logits (scoring applies head() to the
-  // positions it needs, a chunk at a time: all logits of a long batch would not fit).
-  bool final_hidden_only = false;
-  // Analysis (archspace analyze): run without block `skip_layer` (-1: none; not with a cache), and receive each
-  // layer's Depth-Attention mixing weights [B, G, T, sources + 1] (undefined for layers without the mix).
-  int64_t skip_layer = -1;
-  std::vector<at::Tensor>* depth_weights = nullptr;
-  // Receives every named intermediate (model/trace.h lists the names); null: nothing is recorded.
-  ActivationRecorder* recorder = nullptr;
-  // Training: autograd keeps each block's inputs only and backward recomputes the block
-  // (model/activation_checkpoint.h). Applies only when grad mode is on, without cache or recorder.
-  bool activation_checkpointing = false;
-  // Intra-document masking (train.document_masking; model/documents.h): attention stays within the documents
-  // that this EOS id ends in each row, as if each ran alone; positions still run across the row, as in
-  // OLMo-core when OLMo 3 was trained. -1: off. Not with a cache.
-  int64_t document_eos_id = -1;
-  // The position of the first input token when there is no cache (0: the start). A document of a packed
-  // instance runs alone at the positions it had there (tests of document masking).
-  int64_t first_position = 0;
-  // Training: the embedding lookup's gradient as sparse rows (one per input token) that autograd adds into the
-  // table's dense gradient, which the caller keeps allocated and zeroes row by row (train/trainer.cpp): no
-  // [V, d] zero fill per backward. The caller must have set the dense gradient before backward.
-  bool sparse_embedding_gradient = false;
-  // Each unit's weights from this source instead of the model's own tensors (model/parameter_source.h:
-  // FSDP's gathered shards); it must outlive the backward of this forward. Null: the model's own.
-  ParameterSource* parameters = nullptr;
-  // Context parallelism (training): input_ids are one slice of each sequence, its positions and the other
-  // slices' keys and values come from this hook (model/context_parallel.h). Not with a cache.
-  ContextParallel* context_parallel = nullptr;
-};
 
 class CausalLM {
  public:
@@ -81,8 +42,13 @@ class CausalLM {
   at::ScalarType dtype() const { return params_.front().second.scalar_type(); }
   at::Device device() const { return params_.front().second.device(); }
 
-  // input_ids [B, T] (int64) -> logits [B, T, vocab_size] in the model's dtype.
-  at::Tensor forward(const at::Tensor& input_ids, const ForwardOptions& options = {}) const;
+  // input_ids [B, T] (int64) -> logits [B, T, vocab_size] in the model's dtype. `mode`: decoding, whole
+  // sequences or analysis (model/forward_options.h; any of its options types converts).
+  at::Tensor forward(const at::Tensor& input_ids, const ForwardMode& mode = {}) const;
+  // The flat form (braced lists such as {AttentionImpl::kSdpa, &cache} build it), through ForwardMode's checks.
+  at::Tensor forward(const at::Tensor& input_ids, const ForwardOptions& options) const {
+    return forward(input_ids, ForwardMode(options));
+  }
   // The output head: final normalised hidden states [..., d] -> logits [..., vocab_size].
   at::Tensor head(const at::Tensor& final_hidden) const;
   // The head's weight [vocab_size, d]: what model/loss.h multiplies a chunk of rows at a time.
@@ -102,7 +68,7 @@ class CausalLM {
     int64_t window;  // sliding window, 0 for full attention
     const at::Tensor& cos;
     const at::Tensor& sin;
-    const ForwardOptions& options;
+    const ForwardMode& mode;
     DepthAttentionState* depth;  // null: no Depth-Attention
     const Documents* documents;  // null: attention across the whole row
     // Records `name` under this layer's prefix when the forward has a recorder.
@@ -115,9 +81,21 @@ class CausalLM {
     at::Tensor x, y, dual;
   };
 
+  // The rotary tables of one forward's positions, [T, h] or [B, 1, T, h] (a left-padded batch).
+  struct RopeTables {
+    at::Tensor sliding_cos, sliding_sin, full_cos, full_sin;
+  };
+  // The steps of forward(), in order.
+  int64_t first_position(const ForwardMode& mode, int64_t T) const;  // checked against max_position_embeddings
+  RopeTables rope_tables(const ForwardMode& mode, int64_t first, int64_t T) const;
+  at::Tensor embed(const at::Tensor& ids, const ForwardMode& mode) const;
+  void run_blocks(Streams& streams, const ForwardMode& mode, const RopeTables& rope,
+                  const std::shared_ptr<const Documents>& documents) const;
+  at::Tensor output(const Streams& streams, const ForwardMode& mode, int64_t T) const;
+
   at::Tensor attention(const BlockWeights& layer, const at::Tensor& x, const LayerContext& ctx) const;
   at::Tensor mlp(const LayerWeights& layer, const at::Tensor& x, const LayerContext& ctx) const;
-  // model/norm_topology.cpp: one block of the config's topology (SPEC.md section 7), updating the streams.
+  // model/block.cpp: one block of the config's topology (SPEC.md section 7), updating the streams.
   Streams initial_streams(const at::Tensor& embeddings) const;
   void block(const BlockWeights& layer, Streams& streams, const LayerContext& ctx) const;
   void record_streams(const Streams& streams, const LayerContext& ctx) const;

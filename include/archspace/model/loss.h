@@ -56,7 +56,7 @@ using LogprobChunkVisitor = std::function<void(int64_t first_row, const at::Tens
 // Without autograd: log p(labels[i] | row i) for each row of hidden [N, D] under the head, fp32 [N] (0 where
 // labels[i] < 0: rows without a label, e.g. a next-token row only a visitor reads), chunk_rows rows at a
 // time, each chunk's log-probabilities handed to `visit` when given. The logits are the model's head
-// (model/linear.h) in its dtype, then fp32, as CausalLM::head gives them. `pad_rows_to` as head_loss's: on
+// (kernels/linear.h) in its dtype, then fp32, as CausalLM::head gives them. `pad_rows_to` as head_loss's: on
 // CUDA the head's matmul runs on the weight padded with zero rows (one copy a call) and the logits are read
 // through their first V columns, so the visitor still sees [rows, V].
 at::Tensor label_logprobs(const at::Tensor& hidden, const at::Tensor& head_weight, const at::Tensor& labels,

@@ -18,7 +18,7 @@ struct LoadOptions {
   // unless a caller inspecting a broken checkpoint asks for them.
   bool allow_nonfinite = false;
   // kInt8: every matmul weight (attention, MLP, head) held as int8 with one scale per output row
-  // (model/int8_weights.h), quantized from the file's values; the rest in `dtype`. CPU only, inference only.
+  // (kernels/int8_weights.h), quantized from the file's values; the rest in `dtype`. CPU only, inference only.
   Quantization quantization = Quantization::kNone;
 };
 

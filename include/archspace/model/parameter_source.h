@@ -1,4 +1,4 @@
-// Where CausalLM::forward takes its weights from, unit by unit. By default (ForwardOptions::parameters null)
+// Where CausalLM::forward takes its weights from, unit by unit. By default (SequenceOptions::parameters null)
 // it reads its own tensors. A parallelism strategy may instead hand in each unit's weights just before the
 // unit runs and release them after, as FSDP does (train/fully_sharded.h gathers them from the shards the
 // ranks hold): the model stays written for one device, the strategy is applied around it.

@@ -33,8 +33,8 @@
 
 namespace archspace {
 
-// Set ForwardOptions::recorder to collect the activations above. Tensors are kept as the forward made
-// them (model dtype and device, autograd history if any); without a recorder the forward records nothing.
+// Set the recorder of AnalysisOptions (or DecodeOptions) to collect the activations above. Tensors are kept as the
+// forward made them (model dtype and device, autograd history if any); without a recorder the forward records nothing.
 struct ActivationRecorder {
   NamedTensors tensors;  // forward order
   void record(std::string name, const at::Tensor& t) { tensors.emplace_back(std::move(name), t); }

@@ -1,7 +1,7 @@
 // The embedding table's gradient in one process without a [V, d] zero fill per step. ATen's dense lookup
 // backward allocates a zeroed [V, d] gradient and adds the T looked-up rows into it: at V = 100,278 that fill
 // is the largest write of a small model's step. Here the gradient stays allocated from step to step; the
-// lookup (ForwardOptions::sparse_embedding_gradient) hands autograd its rows as a sparse gradient, which a
+// lookup (SequenceOptions::sparse_embedding_gradient) hands autograd its rows as a sparse gradient, which a
 // hook on the table sums per row in token order (what the dense backward does) before autograd adds it to the
 // dense gradient; after the optimizer step only the rows the step touched are zeroed.
 //
@@ -24,7 +24,7 @@ class EmbeddingGradient {
   // Zeroes the rows touched since the last call (the only nonzero ones), instead of dropping the gradient.
   void zero();
   // The rows touched since the last zero(), sorted and distinct (int64, CPU): every row of the gradient that
-  // may be nonzero, for clipping to read and scale only those (train/gradient_norm.h).
+  // may be nonzero, for clipping to read and scale only those (kernels/gradient_norm.h).
   at::Tensor touched_rows() const;
 
   // The hook: a sparse [V, d] gradient of looked-up rows (duplicates in token order) as one row sum per

@@ -15,7 +15,7 @@ namespace archspace {
 struct AdamWOptions {
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
   // One pass per parameter instead of five ops per tensor: on the CPU the engine's kernel
-  // (train/adamw_kernel.h: the loop's arithmetic, with the clip and the bf16 copies in the same pass), on CUDA
+  // (kernels/adamw.h: the loop's arithmetic, with the clip and the bf16 copies in the same pass), on CUDA
   // at::_fused_adamw_ (torch.optim.AdamW(fused=True)); equal to the loop up to fp32 rounding (test_train.cpp).
   bool fused = false;
 };
@@ -82,7 +82,7 @@ GradientClip clip_gradient_norm(const std::vector<at::Tensor>& params, double ma
 
 // The global L2 norm of the gradients of `params` (before clipping), and, when max_norm > 0, the
 // gradients scaled by min(1, max_norm / (norm + 1e-6)) in place: torch.nn.utils.clip_grad_norm_, with the
-// norm from fp64 sums of squares rounded once to fp32 (train/gradient_norm.h; clip_grad_norm_ rounds an fp32
+// norm from fp64 sums of squares rounded once to fp32 (kernels/gradient_norm.h; clip_grad_norm_ rounds an fp32
 // norm per parameter, off by up to ~1e-5 relative for a 100k-row embedding). `nonzero_rows`: empty, or one
 // entry per parameter, undefined or the sorted rows outside which its gradient is zero (not read or scaled).
 double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm,

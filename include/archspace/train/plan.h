@@ -7,7 +7,7 @@
 // unsharded buffers of one unit at a time (train/fully_sharded.h).
 //
 // Activations are what autograd keeps alive after one micro-batch's forward and loss, before its
-// backward: the tensors each op of THIS engine's forward saves (src/model/causal_lm.cpp, layers.cpp,
+// backward: the tensors each op of THIS engine's forward saves (src/model/causal_lm.cpp, block.cpp, attention.cpp,
 // depth_attention.cpp, rope.cpp, model/loss.cpp), counted once per storage; and for the chunked loss one
 // chunk's working set, the loss's transient peak (MemoryPlan::loss_chunk). The per-op account is in
 // src/train/plan.cpp; tests/unit/test_plan.cpp measures the real figure with a counting CPU allocator.
@@ -38,13 +38,13 @@ struct PlanOptions {
   bool reduce_each_micro_batch = true;
   bool activation_checkpointing = false;  // train.activation_checkpointing: blocks recomputed in backward
   // CUDA: bf16 attention runs the flash kernel, which takes the window itself, so sliding layers keep no
-  // masks (model/layers.h attention_path). CPU (and fp32 on CUDA): SDPA with masks, as counted below.
+  // masks (model/attention.h attention_path). CPU (and fp32 on CUDA): SDPA with masks, as counted below.
   bool cuda = false;
   // train.loss_chunk_tokens: the head and loss a chunk of this many tokens at a time when a micro-batch has
   // more (model/loss.h head_loss); 0: the whole micro-batch's logits at once.
   int64_t loss_chunk_tokens = kDefaultLossChunkTokens;
   // train.document_masking: attention within each document. Off the flash kernel each document runs alone
-  // (model/layers.h kSdpaDocuments), so the masks of sliding layers are per row and per document, counted at
+  // (model/attention.h kSdpaDocuments), so the masks of sliding layers are per row and per document, counted at
   // their worst case (the document lengths are the data's), and o_proj reads a concatenated copy of the
   // documents' outputs; the flash kernel takes the documents as offsets (one int32 per document boundary).
   bool document_masking = false;

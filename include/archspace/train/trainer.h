@@ -109,7 +109,7 @@ class Trainer {
   // context-parallel slice. `ids`: the whole sequences' input ids (for the batch hash).
   std::vector<Batch> assemble_micro_batches(int64_t step, std::vector<at::Tensor>& ids) const;
   // The forward's options for training (and validation, without checkpointing).
-  ForwardOptions forward_options(bool training) const;
+  SequenceOptions forward_options(bool training) const;
 
   // The step, in the order train_step runs them.
   StepStats train_step(int64_t step);
@@ -137,7 +137,7 @@ class Trainer {
   nlohmann::json mixture_fingerprint_;  // [[data.sources]]: checked against the checkpoint's on resume
   nlohmann::json mixture_record_;       // [[data.sources]]: RUN/data_mixture.json
   std::string tokenizer_file_;          // carried by checkpoints; "" for none
-  int64_t document_eos_ = -1;           // train.document_masking: the data's EOS id (ForwardOptions); -1: off
+  int64_t document_eos_ = -1;           // train.document_masking: the data's EOS id (SequenceOptions); -1: off
   // How the step computes and applies its gradients in this run's parallel mode (chosen once, at setup).
   std::unique_ptr<GradientStrategy> strategy_;
   TrainCallbacks callbacks_;

@@ -1,5 +1,5 @@
 // RMSNorm and rotary embedding as one pass each over the rows, for inference on the CPU. The ATen forms
-// (layers.cpp rms_norm: 8 ops; rope.cpp apply_rope: 9 ops) cost a dispatch and a temporary per op, which in
+// (model/rms_norm.cpp rms_norm: 8 ops; rope.cpp apply_rope: 9 ops) cost a dispatch and a temporary per op, which in
 // a decode step is most of the time outside the weight reads: 4 norms and 2 ropes per layer. These compute
 // the same values in the same precision (fp32 over fp32 or bf16 activations, one rounding back), without
 // autograd: anything autograd must see keeps the ATen forms. Two fuse further what a layer does next: the Q/K norm
@@ -9,7 +9,7 @@
 
 #include <ATen/ATen.h>
 
-#include "archspace/util/cpu_isa.h"
+#include "archspace/kernels/cpu_isa.h"
 
 namespace archspace {
 

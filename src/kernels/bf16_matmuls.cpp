@@ -1,4 +1,4 @@
-#include "archspace/model/bf16_matmuls.h"
+#include "archspace/kernels/bf16_matmuls.h"
 
 #include <ATen/autocast_mode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
@@ -8,7 +8,7 @@
 #include <cctype>
 #include <cstdlib>
 
-#include "archspace/util/cpu_isa.h"
+#include "archspace/kernels/cpu_isa.h"
 
 namespace archspace {
 namespace {

@@ -1,4 +1,4 @@
-#include "archspace/model/decode_attention.h"
+#include "archspace/kernels/decode_attention.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/core/grad_mode.h>
@@ -235,7 +235,7 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
     L.mask_t = mask.stride(3);
   }
   const bool* mp = mask.defined() ? mask.const_data_ptr<bool>() : nullptr;
-  const bool avx2 = std::min(isa, detected_cpu_isa()) >= CpuIsa::kAvx2 && L.D % 8 == 0;
+  const bool avx2 = kernel_isa(isa) >= CpuIsa::kAvx2 && L.D % 8 == 0;
   at::Tensor out = at::empty({L.B, L.H, 1, L.D}, q.options().memory_format(at::MemoryFormat::Contiguous));
   const float s = static_cast<float>(scale);
   if (q.scalar_type() == at::kFloat)
@@ -249,7 +249,7 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
 
 void decode_attention_exp(float* x, int64_t n, CpuIsa isa) {
 #if defined(__x86_64__)
-  if (std::min(isa, detected_cpu_isa()) >= CpuIsa::kAvx2) return exp_avx2(x, n);
+  if (kernel_isa(isa) >= CpuIsa::kAvx2) return exp_avx2(x, n);
 #endif
   (void)isa;
   exp_scalar(x, n);

@@ -1,7 +1,7 @@
 // Element access shared by the engine's CPU kernels over fp32 or bf16 rows (fused_norm_rope, decode_attention,
 // cross_entropy_rows): one value as fp32, one fp32 value stored back (bf16: rounded to nearest even), 8 values
 // widened to fp32 in an AVX2 register (a bf16 value is the high half of an fp32) and stored back, and an 8-wide
-// exp. Private to src: the model's kernels and train/adamw_kernel.
+// exp. Private to src: the model's kernels and kernels/adamw.
 #pragma once
 
 #include <ATen/ATen.h>

@@ -1,36 +1,14 @@
-#include "archspace/model/layers.h"
+#include "archspace/model/attention.h"
 
 #include <cmath>
 #include <mutex>
 
-#include "archspace/model/bf16_matmuls.h"
-#include "archspace/model/decode_attention.h"
-#include "archspace/model/fused_norm_rope.h"
-#include "archspace/model/linear.h"
+#include "archspace/kernels/bf16_matmuls.h"
+#include "archspace/kernels/decode_attention.h"
+#include "archspace/model/rms_norm.h"
 #include "archspace/util/error.h"
 
 namespace archspace {
-
-at::ScalarType compute_dtype(const at::Tensor& x) { return at::promote_types(x.scalar_type(), at::kFloat); }
-
-at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
-  if (uses_fused_rms_norm(x, weight)) return fused_rms_norm(x, weight, eps);  // inference on the CPU: one pass
-  at::Tensor xf = x.to(compute_dtype(x));
-  at::Tensor variance = xf.pow(2).mean(-1, /*keepdim=*/true);
-  at::Tensor normed = xf * at::rsqrt(variance + eps);
-  return (weight * normed).to(x.scalar_type());
-}
-
-at::Tensor add_rms_norm(const at::Tensor& residual, const at::Tensor& x, const at::Tensor& weight, double eps) {
-  if (uses_fused_add_rms_norm(residual, x, weight)) return fused_add_rms_norm(residual, x, weight, eps);
-  return residual + rms_norm(x, weight, eps);
-}
-
-at::Tensor swiglu_mlp(const at::Tensor& x, const at::Tensor& gate_proj, const at::Tensor& up_proj,
-                      const at::Tensor& down_proj) {
-  const std::vector<at::Tensor> gate_up = linear_many(x, {gate_proj, up_proj});
-  return archspace::linear(at::silu(gate_up[0]) * gate_up[1], down_proj);
-}
 
 at::Tensor causal_mask(int64_t tq, int64_t tk, int64_t window, int64_t q_offset, const at::Device& device) {
   auto opts = at::TensorOptions().dtype(at::kLong).device(device);

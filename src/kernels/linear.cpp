@@ -1,4 +1,4 @@
-#include "archspace/model/linear.h"
+#include "archspace/kernels/linear.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/core/grad_mode.h>
@@ -6,9 +6,9 @@
 
 #include <algorithm>
 
-#include "archspace/model/bf16_matmuls.h"
-#include "archspace/model/int8_weights.h"
-#include "archspace/util/cpu_isa.h"
+#include "archspace/kernels/bf16_matmuls.h"
+#include "archspace/kernels/cpu_isa.h"
+#include "archspace/kernels/int8_weights.h"
 #include "streaming_gemv.h"
 
 #if defined(__x86_64__)
@@ -251,7 +251,7 @@ ARCHSPACE_AVX512_BF16 void dot_rows_avx512(const float* W, const float* x, float
 }
 #pragma GCC diagnostic pop
 
-bool cpu_has_avx2_fma() { return max_cpu_isa() >= CpuIsa::kAvx2; }
+bool cpu_has_avx2_fma() { return kernel_isa() >= CpuIsa::kAvx2; }
 #endif
 
 }  // namespace
@@ -349,7 +349,7 @@ std::vector<at::Tensor> streaming_linear_many(const at::Tensor& x, const std::ve
     ys.push_back(at::empty(out_shape, x.options()));
   }
   const int64_t M = rows_of(x);
-  isa = std::min(isa, detected_cpu_isa());
+  isa = kernel_isa(isa);
   if (x.scalar_type() == at::kFloat) {
     streaming_linear_fp32(xc, M, K, ws, ys, isa);
   } else {
@@ -363,13 +363,13 @@ at::Tensor streaming_linear(const at::Tensor& x, const at::Tensor& weight, CpuIs
 }
 
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight) {
-  if (is_int8_weight(weight)) return int8_linear(x, weight);  // --quantization int8 (model/int8_weights.h)
+  if (is_int8_weight(weight)) return int8_linear(x, weight);  // --quantization int8 (kernels/int8_weights.h)
   if (uses_streaming_linear(x, weight)) {
     // Named in profiles (util/profiler.h): it is not an ATen op, and in decoding it is most of the time.
     RECORD_FUNCTION("archspace::streaming_linear", c10::ArrayRef<const c10::IValue>{});
     return streaming_linear(x, weight);
   }
-  return bf16_matmuls::linear(x, weight);  // widened to fp32 where bf16 GEMMs are slow (model/bf16_matmuls.h)
+  return bf16_matmuls::linear(x, weight);  // widened to fp32 where bf16 GEMMs are slow (kernels/bf16_matmuls.h)
 }
 
 std::vector<at::Tensor> linear_many(const at::Tensor& x, const std::vector<at::Tensor>& weights) {

@@ -1,11 +1,11 @@
-#include "archspace/train/adamw_kernel.h"
+#include "archspace/kernels/adamw.h"
 
 #include <ATen/Parallel.h>
 
 #include <cmath>
 
-#include "../model/cpu_elements.h"
 #include "archspace/util/error.h"
+#include "cpu_elements.h"
 
 namespace archspace {
 
@@ -60,7 +60,7 @@ using UpdateKernel = void (*)(float*, const float*, float*, float*, at::BFloat16
 
 UpdateKernel update_kernel(CpuIsa isa) {
 #if defined(__x86_64__)
-  if (isa >= CpuIsa::kAvx2 && detected_cpu_isa() >= CpuIsa::kAvx2) return update_avx2;
+  if (kernel_isa(isa) >= CpuIsa::kAvx2) return update_avx2;
 #endif
   return update_scalar;
 }

@@ -3,7 +3,7 @@
 // q = w / scale rounded half to even, zero point 0). Decoding is bound by reading the weights, and int8 reads
 // 1 byte a weight where fp32 reads 4 and bf16 2; the activations, the embedding, the norms and the KV cache
 // stay in the model's dtype. A weight is LibTorch's per-channel quantized tensor (kQInt8, axis 0), so it
-// travels through the model's weight structs like any other tensor and model/linear.h's linear() sends it here.
+// travels through the model's weight structs like any other tensor and kernels/linear.h's linear() sends it here.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "archspace/util/cpu_isa.h"
+#include "archspace/kernels/cpu_isa.h"
 
 namespace archspace {
 
@@ -36,7 +36,7 @@ bool uses_int8_streaming_linear(const at::Tensor& x, const at::Tensor& weight);
 // with fp32 sums (each int8 value is exact in fp32), x fp32 or bf16 (widened once). `isa` picks the path,
 // capped at what the CPU has: AVX512F 16-wide at kAvx512Bf16, AVX2 8-wide at kAvx2, scalar.
 at::Tensor int8_streaming_linear(const at::Tensor& x, const at::Tensor& weight, CpuIsa isa = max_cpu_isa());
-// Several int8 weights with x's feature count, one result each, in one parallel region (model/linear.h's
+// Several int8 weights with x's feature count, one result each, in one parallel region (kernels/linear.h's
 // linear_many).
 std::vector<at::Tensor> int8_streaming_linear_many(const at::Tensor& x, const std::vector<at::Tensor>& weights,
                                                    CpuIsa isa = max_cpu_isa());

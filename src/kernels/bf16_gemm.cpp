@@ -1,12 +1,12 @@
-#include "archspace/model/bf16_gemm.h"
+#include "archspace/kernels/bf16_gemm.h"
 
 #include <algorithm>
 #include <climits>
 #include <cstdint>
 #include <string>
 
-#include "archspace/model/bf16_matmuls.h"
-#include "archspace/util/cpu_isa.h"
+#include "archspace/kernels/bf16_matmuls.h"
+#include "archspace/kernels/cpu_isa.h"
 #include "archspace/util/error.h"
 
 // MKL's CBLAS (LP64: 32-bit MKL_INT), exported by libtorch_cpu.so on x86-64. Weak: a LibTorch without it
@@ -53,7 +53,7 @@ int choice_override = -1;  // -1: this CPU's answer; 0 or 1: a test's (ScopedFp3
 }  // namespace
 
 bool fp32_output_bf16_gemm_is_fast() {
-  static const bool fast = has_fp32_output_bf16_gemm() && cpu_has_amx_bf16() && max_cpu_isa() == CpuIsa::kAvx512Bf16;
+  static const bool fast = has_fp32_output_bf16_gemm() && cpu_has_amx_bf16() && kernel_isa() == CpuIsa::kAvx512Bf16;
   return choice_override < 0 ? fast : choice_override == 1 && has_fp32_output_bf16_gemm();
 }
 

@@ -3,14 +3,14 @@
 // 10 GB/s on our 2-core machine, against 17-22 GB/s for a plain streaming dot-product kernel. So a few
 // rows on CPU take our own kernel, in fp32 or in bf16 (bf16 weights and activations, fp32 sums: half the
 // bytes per token; LibTorch's bf16 GEMV reads 17 GB/s); everything else (prefill, training, autograd,
-// CUDA) is at::linear. An int8 weight (model/int8_weights.h) goes to its own kernel.
+// CUDA) is at::linear. An int8 weight (kernels/int8_weights.h) goes to its own kernel.
 #pragma once
 
 #include <ATen/ATen.h>
 
 #include <vector>
 
-#include "archspace/util/cpu_isa.h"
+#include "archspace/kernels/cpu_isa.h"
 
 namespace archspace {
 

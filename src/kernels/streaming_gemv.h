@@ -1,5 +1,5 @@
-// What the engine's streaming GEMV kernels share (model/linear.cpp's fp32 and bf16 kernels,
-// model/int8_weights.cpp's int8 kernel): the weight prefetch, the eight-way horizontal sum, the split of
+// What the engine's streaming GEMV kernels share (kernels/linear.cpp's fp32 and bf16 kernels,
+// kernels/int8_weights.cpp's int8 kernel): the weight prefetch, the eight-way horizontal sum, the split of
 // the output features over threads, and the scalar and AVX2 kernels, one template for the three weight types
 // (the AVX512 ones differ by type: bf16 multiplies in bf16, fp32 and int8 block x differently). Private to
 // src/model.

@@ -1,4 +1,4 @@
-#include "archspace/train/gradient_norm.h"
+#include "archspace/kernels/gradient_norm.h"
 
 #include <ATen/Parallel.h>
 #include <c10/core/GradMode.h>
@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "archspace/util/cpu_isa.h"
+#include "archspace/kernels/cpu_isa.h"
 #include "archspace/util/error.h"
 
 #if defined(__x86_64__)
@@ -63,7 +63,7 @@ using RowKernel = double (*)(const float*, int64_t);
 
 RowKernel row_kernel(CpuIsa isa) {
 #if defined(__x86_64__)
-  if (isa >= CpuIsa::kAvx2 && detected_cpu_isa() >= CpuIsa::kAvx2) return row_squares_avx2;
+  if (kernel_isa(isa) >= CpuIsa::kAvx2) return row_squares_avx2;
 #endif
   return row_squares_scalar;
 }

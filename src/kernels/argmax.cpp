@@ -1,11 +1,11 @@
-#include "archspace/infer/argmax.h"
+#include "archspace/kernels/argmax.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
 
-#include "archspace/util/cpu_isa.h"
+#include "archspace/kernels/cpu_isa.h"
 #include "archspace/util/error.h"
 
 #if defined(__x86_64__)
@@ -62,7 +62,7 @@ __attribute__((target("avx2,fma"))) int64_t argmax_avx2(const float* x, int64_t 
 int64_t argmax_first(const float* x, int64_t n) {
   if (n < 1) throw Error("argmax of an empty row");
 #if defined(__x86_64__)
-  if (max_cpu_isa() >= CpuIsa::kAvx2) return argmax_avx2(x, n);
+  if (kernel_isa() >= CpuIsa::kAvx2) return argmax_avx2(x, n);
 #endif
   return argmax_scalar(x, n);
 }

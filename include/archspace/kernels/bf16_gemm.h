@@ -18,7 +18,7 @@ namespace archspace {
 bool has_fp32_output_bf16_gemm();
 
 // Whether that GEMM is the faster way to a bf16 product's fp32 sum on this CPU: it has AMX-BF16 and the engine's
-// kernels are not capped below AVX512-BF16 (ARCHSPACE_MAX_CPU_ISA, util/cpu_isa.h: a capped run takes the path of
+// kernels are not capped below AVX512-BF16 (ARCHSPACE_MAX_CPU_ISA, kernels/cpu_isa.h: a capped run takes the path of
 // a CPU without AMX). Callers that only want speed ask this; the numerics of either path are stated where used.
 bool fp32_output_bf16_gemm_is_fast();
 

@@ -1,4 +1,4 @@
-#include "archspace/model/fused_norm_rope.h"
+#include "archspace/kernels/fused_norm_rope.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/core/grad_mode.h>
@@ -178,7 +178,7 @@ namespace {
 // fused_rms_norm, and fused_add_rms_norm when `residual` is defined.
 at::Tensor rms_norm_impl(const at::Tensor& x, const at::Tensor& weight, double eps, CpuIsa isa,
                          const at::Tensor& residual) {
-  isa = std::min(isa, detected_cpu_isa());
+  isa = kernel_isa(isa);
   const int64_t D = x.size(-1);
   // Rows of x: any leading layout whose rows are evenly spaced (a contiguous tensor, or a narrowed one).
   at::Tensor xr = x.dim() == 1 ? x.unsqueeze(0) : x.reshape({-1, D});
@@ -262,7 +262,7 @@ bool uses_fused_rms_norm_rope(const at::Tensor& x, const at::Tensor& weight, con
 at::Tensor fused_rms_norm_rope(const at::Tensor& x, const at::Tensor& weight, double eps, const at::Tensor& cos,
                                const at::Tensor& sin, int64_t head_dim, CpuIsa isa) {
   TORCH_CHECK(uses_fused_rms_norm_rope(x, weight, cos, sin, head_dim), "fused_rms_norm_rope: unsupported arguments");
-  isa = std::min(isa, detected_cpu_isa());
+  isa = kernel_isa(isa);
   const int64_t B = x.size(0), Tn = x.size(1), D = x.size(2);
   at::Tensor xr = x.reshape({-1, D});
   if (xr.stride(-1) != 1) xr = xr.contiguous();

@@ -1,4 +1,4 @@
-#include "archspace/util/cpu_isa.h"
+#include "archspace/kernels/cpu_isa.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -62,5 +62,7 @@ CpuIsa max_cpu_isa() {
   static const CpuIsa isa = capped_isa();
   return isa;
 }
+
+CpuIsa kernel_isa(CpuIsa requested) { return std::min(requested, detected_cpu_isa()); }
 
 }  // namespace archspace

@@ -1,4 +1,4 @@
-#include "archspace/model/int8_weights.h"
+#include "archspace/kernels/int8_weights.h"
 
 #include <ATen/core/grad_mode.h>
 #include <ATen/quantized/QTensorImpl.h>
@@ -8,8 +8,8 @@
 #include <algorithm>
 #include <vector>
 
-#include "archspace/model/bf16_matmuls.h"
-#include "archspace/model/linear.h"
+#include "archspace/kernels/bf16_matmuls.h"
+#include "archspace/kernels/linear.h"
 #include "archspace/util/error.h"
 #include "streaming_gemv.h"
 
@@ -209,7 +209,7 @@ std::vector<at::Tensor> int8_streaming_linear_many(const at::Tensor& x, const st
     N.push_back(weights[i].size(0));
   }
   const float* xp = xf.const_data_ptr<float>();
-  isa = std::min(isa, detected_cpu_isa());
+  isa = kernel_isa(isa);
   for_feature_blocks(N.data(), W.data(), N.size(), [&](size_t i, int64_t n0, int64_t n1, const char* then) {
 #if defined(__x86_64__)
     if (isa >= CpuIsa::kAvx512Bf16) return dot_rows_int8_avx512(W[i], sp[i], xp, yp[i], M, N[i], K, n0, n1, then);

@@ -21,7 +21,7 @@
 
 #include <cstdint>
 
-#include "archspace/util/cpu_isa.h"
+#include "archspace/kernels/cpu_isa.h"
 
 namespace archspace {
 

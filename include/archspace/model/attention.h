@@ -1,5 +1,6 @@
-// The small building blocks of the OLMo 3 decoder (SPEC.md section 1): RMSNorm, SwiGLU MLP and causal
-// (sliding-window or full) attention with GQA.
+// Causal (sliding-window or full) attention with GQA (SPEC.md section 1), and the rule that picks its kernel
+// from what a call looks like: flash (CUDA), SDPA in its causal, unmasked, blocked, masked and per-document
+// forms, or the explicit reference the tests compare against.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -9,20 +10,6 @@
 #include "archspace/model/documents.h"
 
 namespace archspace {
-
-// Norms, RoPE and softmax run in fp32, or wider when the activations are (fp64 gradient checks).
-at::ScalarType compute_dtype(const at::Tensor& x);
-
-// RMS_w(x) = w * (x * rsqrt(mean(x^2) + eps)), computed in fp32 and cast back to x's dtype.
-at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
-
-// residual + rms_norm(x, weight, eps): one pass on the CPU without gradients (fused_add_rms_norm, the same values as
-// the two ops on that path), else the two ops.
-at::Tensor add_rms_norm(const at::Tensor& residual, const at::Tensor& x, const at::Tensor& weight, double eps);
-
-// down(silu(gate(x)) * up(x)); weights in nn.Linear layout [out, in].
-at::Tensor swiglu_mlp(const at::Tensor& x, const at::Tensor& gate_proj, const at::Tensor& up_proj,
-                      const at::Tensor& down_proj);
 
 enum class AttentionImpl {
   kSdpa,       // LibTorch's fused scaled_dot_product_attention (flash/efficient kernels where available)

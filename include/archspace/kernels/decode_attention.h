@@ -6,7 +6,7 @@
 
 #include <ATen/ATen.h>
 
-#include "archspace/util/cpu_isa.h"
+#include "archspace/kernels/cpu_isa.h"
 
 namespace archspace {
 

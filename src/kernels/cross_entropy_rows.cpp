@@ -1,4 +1,4 @@
-#include "archspace/model/cross_entropy_rows.h"
+#include "archspace/kernels/cross_entropy_rows.h"
 
 #include <ATen/Parallel.h>
 
@@ -108,7 +108,7 @@ __attribute__((target("avx2,fma"))) void row_grad_avx2(T* x, int64_t V, float ls
 
 bool use_avx2(CpuIsa isa) {
 #if defined(__x86_64__)
-  return std::min(isa, detected_cpu_isa()) >= CpuIsa::kAvx2;
+  return kernel_isa(isa) >= CpuIsa::kAvx2;
 #else
   (void)isa;
   return false;

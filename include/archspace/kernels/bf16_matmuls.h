@@ -5,7 +5,7 @@
 // a bf16 GEMM (a bf16 x bf16 product is exact in fp32, the sums fp32, one rounding at the end), in other
 // summation orders. Autograd sees the casts, so each backward GEMM is widened and rounded the same way.
 //
-// The choice is made once per process from the CPU (util/cpu_isa.h: max_cpu_isa(), which ARCHSPACE_MAX_CPU_ISA
+// The choice is made once per process from the CPU (kernels/cpu_isa.h: max_cpu_isa(), which ARCHSPACE_MAX_CPU_ISA
 // caps) and from oneDNN's own cap (ONEDNN_MAX_CPU_ISA below AVX512_CORE_BF16 keeps its bf16 GEMM off), and
 // stated once on stderr by the CLI at start-up (tools/main.cpp). With AVX512-BF16 nothing changes: these functions
 // are the ATen ops. CUDA tensors always take the ATen ops.
