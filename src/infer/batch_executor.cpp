@@ -6,8 +6,8 @@
 #include <chrono>
 #include <limits>
 
-#include "archspace/kernels/argmax.h"
 #include "archspace/infer/score.h"
+#include "archspace/kernels/argmax.h"
 #include "archspace/util/error_message.h"
 
 namespace archspace {
