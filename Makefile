@@ -34,7 +34,8 @@ NATIVE_ONLY_SUITES := LongContext|CodeTasks|CodeSandbox|Safetensors|SafetensorsE
                       ParameterTables|TrainConfig|Config|ConfigErrors|Presets|Strings|JsonDepth|WeightsCheck|Tokenizer|\
                       Utf8|CompletionText|TaskGroups|DownstreamTasks|ShardErrors|ShardWriter|ShardVerification|\
                       TokenFormats|IndexPermutation|RunDirLock|VerifyCheckpoint|MetricsLog|Trackers|TensorBoardEvents|\
-                      RunTokenizer|Sweep|Schedule|Profiler|DepthSources|SuiteTable
+                      RunTokenizer|Sweep|Schedule|Profiler|DepthSources|SuiteTable|PythonText|GenerationTaskRegistry|\
+                      SchedulerPolicy
 kernel-paths: build
 	for p in avx2 baseline; do \
 	  bash scripts/kernel_paths.sh $$p sh -c 'cd $(BUILD) && ctest --output-on-failure -j $(JOBS) -E "^($(subst $(eval) ,,$(NATIVE_ONLY_SUITES)))[.]"' || exit 1; \
