@@ -33,7 +33,7 @@ def model_dir(preset, variant, cache):
     return d
 
 
-def engine(d, prompts, new, threads, repeat, tmp):
+def engine(d, prompts, new, threads, repeat, tmp, binary=BINARY):
     """Best prefill and decode tokens/s over `repeat` runs (decode: all rows' tokens per second)."""
     if len(prompts) == 1:
         source = ["--prompt-tokens", " ".join(map(str, prompts[0]))]
@@ -42,7 +42,7 @@ def engine(d, prompts, new, threads, repeat, tmp):
         source = ["--prompts-file", str(tmp)]
     best = (0.0, 0.0, 0)
     for _ in range(repeat):
-        r = subprocess.run([str(BINARY), "--threads", str(threads), "generate", "--model", str(d), "--tokenizer", "dolma2",
+        r = subprocess.run([str(binary), "--threads", str(threads), "generate", "--model", str(d), "--tokenizer", "dolma2",
                             *source, "--max-new-tokens", str(new)], capture_output=True, text=True, check=True)
         m = re.search(r"prefill (\d+) tokens in ([0-9.]+) s .*decode (\d+) tokens in ([0-9.]+) s", r.stderr)
         run = (int(m.group(1)) / float(m.group(2)), int(m.group(3)) / float(m.group(4)), int(m.group(3)))

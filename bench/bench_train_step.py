@@ -85,7 +85,7 @@ def step_flops(config, seq):
     return 6 * matmul_params * seq + 3 * attention
 
 
-def engine_step_seconds(tmp, model_dir, seq, steps, threads, dtype, tag, kernel_path="native"):
+def engine_step_seconds(tmp, model_dir, seq, steps, threads, dtype, tag, kernel_path="native", binary=BINARY):
     run = tmp / f"run-{dtype}-{tag}"
     toml = write_toml(tmp / f"{dtype}-{tag}.toml", {
         "model": {"init_from": str(model_dir)},
@@ -95,7 +95,7 @@ def engine_step_seconds(tmp, model_dir, seq, steps, threads, dtype, tag, kernel_
         "optim": {"lr": 1e-4, "warmup_steps": 0, "weight_decay": 0.1, "clip_grad_norm": 1.0, "z_loss": 1e-4,
                   "fused": True},
     })
-    subprocess.run(["bash", str(REPO / "scripts" / "kernel_paths.sh"), kernel_path, str(BINARY), "train", "--config",
+    subprocess.run(["bash", str(REPO / "scripts" / "kernel_paths.sh"), kernel_path, str(binary), "train", "--config",
                     str(toml)], check=True, capture_output=True)
     return [seq / m["tokens_per_s"] for m in metrics(run)[WARMUP:]]
 
