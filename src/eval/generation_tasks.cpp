@@ -65,14 +65,18 @@ std::vector<std::vector<GeneratedAnswer>> generate_answers(const CausalLM& model
   so.max_batch = options.max_batch;
   so.max_queue = total;  // one submission holds every sequence; the scheduler admits them as rows free up
   so.prefill_chunk = options.prefill_chunk;
+  so.caller_drives = true;  // the steps run on this thread (infer/scheduler.h)
   Scheduler scheduler(model, std::move(tokenizer), so);
   const std::shared_ptr<Ticket> ticket = scheduler.submit(std::move(sequences));
   if (!ticket) throw Error("the generation scheduler refused the requests");
   int64_t done = 0;
-  while (const auto event = ticket->next_event()) {
-    if (event->final && progress) progress(++done, total);
-  }
-  ticket->wait();
+  scheduler.drive([&] {
+    while (const auto event = ticket->poll_event()) {
+      if (event->final && progress) progress(++done, total);
+    }
+  });
+  if (!ticket->wait_for(std::chrono::milliseconds(0)))
+    throw Error("the generation scheduler stopped before the requests finished");
   if (const std::string error = ticket->error(); !error.empty()) throw Error("generation failed: " + error);
   for (size_t k = 0; k < where.size(); ++k) {
     const SequenceResult& r = ticket->results()[k];

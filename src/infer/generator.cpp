@@ -59,6 +59,7 @@ GenerateResult generate(const CausalLM& model, const Tokenizer& tokenizer,
   engine_options.max_batch = engine_options.max_queue = static_cast<int64_t>(B);
   engine_options.prefill_chunk = o.prefill_chunk;
   engine_options.decode_steps = o.decode_steps;
+  engine_options.caller_drives = true;  // the steps run on this thread (infer/scheduler.h)
   const auto stops = std::make_shared<const StopStrings>(o.stop_strings);
   const int64_t budget = std::min<int64_t>(o.max_new_tokens, c.max_position_embeddings - longest);
   std::vector<SequenceRequest> sequences(B);
@@ -76,11 +77,14 @@ GenerateResult generate(const CausalLM& model, const Tokenizer& tokenizer,
   Scheduler engine(model, borrowed, engine_options);
   const std::shared_ptr<Ticket> ticket = engine.submit(std::move(sequences));
   if (!ticket) throw Error("generate: the decoding engine refused the prompts");
-  while (const auto event = ticket->next_event()) {
-    if (!event->text.empty()) on_text(event->index, event->text);
-  }
-  ticket->wait();
+  engine.drive([&] {
+    while (const auto event = ticket->poll_event()) {
+      if (!event->text.empty()) on_text(event->index, event->text);
+    }
+  });
   engine.stop();
+  if (!ticket->wait_for(std::chrono::milliseconds(0)))
+    throw Error("generate: the decoding engine stopped before the prompts finished");
   if (const std::string error = ticket->error(); !error.empty()) throw Error("generate: " + error);
 
   GenerateResult r;

@@ -11,6 +11,14 @@ std::optional<Ticket::Event> Ticket::next_event() {
   return e;
 }
 
+std::optional<Ticket::Event> Ticket::poll_event() {
+  std::lock_guard lock(mutex_);
+  if (events_.empty()) return std::nullopt;
+  Event e = std::move(events_.front());
+  events_.pop_front();
+  return e;
+}
+
 void Ticket::wait() {
   std::unique_lock lock(mutex_);
   changed_.wait(lock, [&] { return finished_count_ == finished_.size(); });

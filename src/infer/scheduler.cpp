@@ -13,7 +13,7 @@ Scheduler::Scheduler(const CausalLM& model, std::shared_ptr<const Tokenizer> tok
       options_(options),
       executor_(model, std::move(tokenizer), options.prefill_chunk, options.decode_steps),
       policy_(options.max_batch, options.max_queue) {
-  thread_ = std::thread([this] { loop(); });
+  if (!options.caller_drives) thread_ = std::thread([this] { loop(); });
 }
 
 Scheduler::~Scheduler() { stop(); }
@@ -82,6 +82,19 @@ SchedulerStats Scheduler::stats() const {
 void Scheduler::loop() {
   c10::InferenceMode inference;
   while (step()) {
+  }
+}
+
+void Scheduler::drive(const std::function<void()>& after_step) {
+  if (!options_.caller_drives) throw Error("Scheduler::drive: this engine runs its steps on its own thread");
+  c10::InferenceMode inference;
+  while (true) {
+    {
+      std::lock_guard lock(mutex_);
+      if (policy_.idle() && executor_.running() == 0) return;
+    }
+    step();
+    if (after_step) after_step();
   }
 }
 

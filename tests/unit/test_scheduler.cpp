@@ -1,7 +1,8 @@
 // infer/scheduler: a request that fails (its sampling throws) fails alone, its batch neighbours' tokens
 // unchanged; sequences that would fail the shared decode step (positions past the model's, ids outside the
 // vocabulary, a length that overflows) are refused at submit; sampling is stable for tiny temperature/top_p;
-// a seeded request samples the same tokens alone, in a batch, and from `generate`.
+// a seeded request samples the same tokens alone, in a batch, and from `generate`; a caller-driven engine gives
+// the engine thread's tokens.
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 
@@ -191,6 +192,51 @@ TEST_F(SchedulerTest, FixedShapeStepsGiveTheEagerTokensWhileRowsJoinAndLeave) {
     EXPECT_EQ(eager[i].size(), static_cast<size_t>(requests[i].max_tokens)) << i;
     EXPECT_EQ(fixed[i], eager[i]) << "request " << i;
   }
+}
+
+// caller_drives (what `generate` and `eval downstream` use): the caller's thread runs the steps; the requests'
+// tokens and streamed text equal the engine thread's, more requests than max_batch included (they wait, then
+// join), and drive() on an engine with its own thread is refused.
+TEST_F(SchedulerTest, ACallerDrivenEngineGivesTheEngineThreadsTokensAndText) {
+  const std::vector<SequenceRequest> requests = {greedy({5, 17, 300, 42, 9}, 12), greedy({7, 8, 9}, 5),
+                                                 greedy({11, 12, 13, 14, 15, 16, 17}, 9)};
+  auto run = [&](bool caller_drives) {
+    SchedulerOptions o;
+    o.max_batch = 2;
+    o.caller_drives = caller_drives;
+    Scheduler s(model, tokenizer, o);
+    auto t = s.submit(requests);
+    std::vector<std::string> streamed(requests.size());
+    size_t finals = 0;
+    auto take = [&](const Ticket::Event& e) {
+      streamed[e.index] += e.text;
+      finals += e.final;
+    };
+    if (caller_drives) {
+      s.drive([&] {
+        while (const auto e = t->poll_event()) take(*e);
+      });
+      EXPECT_FALSE(t->poll_event());  // every event was taken after the step that made it
+    } else {
+      while (const auto e = t->next_event()) take(*e);
+    }
+    EXPECT_TRUE(t->wait_for(std::chrono::milliseconds(0)));
+    EXPECT_TRUE(t->error().empty()) << t->error();
+    EXPECT_EQ(finals, requests.size());
+    std::vector<std::pair<std::vector<uint32_t>, std::string>> out;
+    for (size_t i = 0; i < requests.size(); ++i) {
+      EXPECT_EQ(streamed[i], t->results()[i].text) << i;
+      out.emplace_back(ids_of(t->results()[i]), t->results()[i].text);
+    }
+    return out;
+  };
+  const auto threaded = run(false), driven = run(true);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    EXPECT_EQ(driven[i].first.size(), static_cast<size_t>(requests[i].max_tokens)) << i;
+    EXPECT_EQ(driven[i], threaded[i]) << "request " << i;
+  }
+  Scheduler threaded_engine(model, tokenizer, {});
+  expect_error([&] { threaded_engine.drive({}); }, {"own thread"});
 }
 
 TEST(Sampling, TinyTemperatureIsGreedyAndTinyTopPKeepsTheMostLikely) {

@@ -63,6 +63,8 @@ class Ticket {
   // Blocks until an event is available or everything is finished or the client check cancelled the request
   // (then nullopt); events of one sequence come in order.
   std::optional<Event> next_event();
+  // The next event if one is waiting, else nullopt at once (for a caller that drives the engine itself).
+  std::optional<Event> poll_event();
   // Blocks until every sequence finished (or failed).
   void wait();
   // wait() for at most `timeout`; true when everything finished.

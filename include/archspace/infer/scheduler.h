@@ -1,6 +1,7 @@
 // The decoding engine (continuous batching), shared by `generate`, `serve` and the generation tasks of `eval
 // downstream`. Callers (HTTP threads, the evaluator, `generate`) submit requests, each a group of sequences
-// (prompts x choices; infer/request.h); one engine thread owns the model. Each turn is vLLM's engine step:
+// (prompts x choices; infer/request.h); one thread owns the model: the engine's own, or the caller's
+// (caller_drives). Each turn is vLLM's engine step:
 // the policy (infer/schedule_policy.h) drops what was cancelled or expired and admits waiting sequences up to
 // max_batch; the execution (infer/batch_executor.h) prefills them alone and joins their KV caches to the
 // running batch's, the policy names the rows whose request ended, and the execution runs one decode step for
@@ -12,6 +13,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -35,6 +37,12 @@ struct SchedulerOptions {
   // How decode steps run (infer/decode_step.h). Other than eager, a batch's rows are fixed from its first step
   // until all have finished (`generate`'s static batch); waiting sequences start with the next batch.
   DecodeMode decode_steps = DecodeMode::kEager;
+  // No engine thread: the caller submits its work, then runs the steps itself (drive), as vLLM's LLMEngine
+  // serves offline `generate` where its AsyncLLMEngine serves HTTP. For a caller that waits anyway (`generate`,
+  // `eval downstream`): the decode steps then run on the thread whose OpenMP pool already exists. A second pool
+  // (the engine thread's) makes libgomp count more threads than cores and stop spinning between parallel
+  // regions: the 190M's batch-1 decode ran ~12% slower on 2 cores (bench/compare_builds.py).
+  bool caller_drives = false;
 };
 
 struct SchedulerStats {
@@ -58,7 +66,11 @@ class Scheduler {
   std::shared_ptr<Ticket> submit(
       std::vector<SequenceRequest> sequences,
       std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max());
-  // Finishes every submitted request, then ends the loop thread.
+  // caller_drives only: runs engine steps on this thread until every submitted request has finished, calling
+  // `after_step` after each (to take the tickets' events: Ticket::poll_event).
+  void drive(const std::function<void()>& after_step);
+  // Finishes every submitted request, then ends the loop thread (caller_drives: refuses later submissions; what
+  // drive did not run stays unfinished).
   void stop();
   SchedulerStats stats() const;
 
