@@ -7,6 +7,7 @@
 #include <optional>
 #include <regex>
 
+#include "archspace/kernels/bf16_matmuls.h"
 #include "archspace/model/depth_attention.h"
 #include "archspace/model/loss.h"
 #include "archspace/model/rms_norm.h"
@@ -50,11 +51,13 @@ double next_token_loss(const CausalLM& model, const at::Tensor& final_hidden, co
 }
 
 // The most likely token at every position of hidden states [N, T, d] (already through the final norms): [N*T].
-at::Tensor argmax_tokens(const CausalLM& model, const at::Tensor& final_hidden, int64_t chunk) {
+// `head` is the model's head weight, kept for every call (widened once where bf16 matmuls are: kernels/bf16_matmuls.h).
+at::Tensor argmax_tokens(const bf16_matmuls::Operand& head, const at::Tensor& final_hidden, int64_t chunk) {
   const at::Tensor h = final_hidden.reshape({-1, final_hidden.size(-1)});
   std::vector<at::Tensor> parts;
   for (int64_t start = 0; start < h.size(0); start += chunk) {
-    parts.push_back(model.head(h.narrow(0, start, std::min(chunk, h.size(0) - start))).argmax(-1).cpu());
+    parts.push_back(
+        bf16_matmuls::linear(h.narrow(0, start, std::min(chunk, h.size(0) - start)), head).argmax(-1).cpu());
   }
   return at::cat(parts);
 }
@@ -89,7 +92,8 @@ json analyze_model(const CausalLM& model, const at::Tensor& tokens, const Analyz
   fwd.final_hidden_only = true;
   const at::Tensor final_hidden = model.forward(input, fwd);
   const double loss = next_token_loss(model, final_hidden, tokens, options.head_chunk);
-  const at::Tensor output_argmax = argmax_tokens(model, final_hidden, options.head_chunk);
+  const bf16_matmuls::Operand head(model.head_weight());  // for every argmax_tokens below
+  const at::Tensor output_argmax = argmax_tokens(head, final_hidden, options.head_chunk);
   out["loss"] = loss;
   if (progress) progress(1, total_forwards);
 
@@ -117,7 +121,7 @@ json analyze_model(const CausalLM& model, const at::Tensor& tokens, const Analyz
       s["norm"].push_back(h.to(at::kFloat).norm(2, -1).mean().item<double>());
       s["rms"].push_back(rms(h));
       const at::Tensor lensed = through(h, norms, eps);
-      const at::Tensor top = argmax_tokens(model, lensed, options.head_chunk);
+      const at::Tensor top = argmax_tokens(head, lensed, options.head_chunk);
       lens_argmax[name].push_back(top);
       s["lens_agreement"].push_back(top.eq(output_argmax).to(at::kDouble).mean().item<double>());
       s["lens_loss"].push_back(next_token_loss(model, lensed, tokens, options.head_chunk));

@@ -98,6 +98,11 @@ void Scheduler::drive(const std::function<void()>& after_step) {
   }
 }
 
+void Scheduler::run() {
+  if (!options_.caller_drives) throw Error("Scheduler::run: this engine runs its steps on its own thread");
+  loop();
+}
+
 bool Scheduler::step() {
   std::vector<Admission> admitted;
   {

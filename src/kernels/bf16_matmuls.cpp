@@ -89,6 +89,23 @@ at::Tensor matmul(const at::Tensor& a, const at::Tensor& b) {
   return at::matmul(widened(a), widened(b)).to(at::kBFloat16);
 }
 
+const at::Tensor& Operand::wide() const {
+  if (!wide_.defined()) wide_ = widened(t_);
+  return wide_;
+}
+
+at::Tensor linear(const at::Tensor& x, const Operand& weight) {
+  if (!widen({&x, &weight.t_})) return at::linear(x, weight.t_);
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+  return at::linear(widened(x), weight.wide()).to(at::kBFloat16);
+}
+
+at::Tensor mm(const at::Tensor& a, const Operand& b) {
+  if (!widen({&a, &b.t_})) return at::mm(a, b.t_);
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+  return at::mm(widened(a), b.wide()).to(at::kBFloat16);
+}
+
 at::Tensor scaled_dot_product_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                         const std::optional<at::Tensor>& mask, double dropout, bool is_causal,
                                         std::optional<double> scale, bool enable_gqa) {

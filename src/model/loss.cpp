@@ -90,9 +90,10 @@ struct ChunkedHeadLoss : torch::autograd::Function<ChunkedHeadLoss> {
     // One chunk keeps its logits (in the matmul dtype) for backward instead of computing them again.
     const bool keep_logits = n <= chunk;
     at::Tensor kept;
+    const bf16_matmuls::Operand head(w);  // widened once for all chunks where bf16 matmuls are widened
     for (int64_t s = 0; s < n; s += chunk) {
       const int64_t c = std::min(chunk, n - s);
-      const at::Tensor padded_logits = bf16_matmuls::linear(hs.narrow(0, s, c), w);
+      const at::Tensor padded_logits = bf16_matmuls::linear(hs.narrow(0, s, c), head);
       const at::Tensor logits = padded ? padded_logits.narrow(1, 0, V) : padded_logits;
       const at::Tensor tc = ts.narrow(0, s, c);
       if (!padded && cross_entropy_rows_supported(logits)) {  // CPU: one pass over the logits as the matmul left them
@@ -147,12 +148,13 @@ struct ChunkedHeadLoss : torch::autograd::Function<ChunkedHeadLoss> {
     const at::Tensor g_ce = grads[0].to(acc), g_z2 = grads[1].to(acc) * (2 * z_loss_coeff);
     at::Tensor grad_hs = need_h ? at::empty({n, D}, hs.options()) : at::Tensor();
     at::Tensor grad_w;  // the first chunk's product, then the others added (no zero-filled [V, D] to start from)
+    const bf16_matmuls::Operand head(w);  // widened once for all chunks where bf16 matmuls are widened
     for (int64_t s = 0; s < n && (need_h || need_w); s += chunk) {
       const int64_t c = std::min(chunk, n - s);
       const at::Tensor hc = hs.narrow(0, s, c), lc = lse.narrow(0, s, c), tc = ts.narrow(0, s, c);
       // The forward's logits (kept, or again: the same kernel on the same operands), turned in place into their
       // gradient, in the matmul dtype as the unchunked linear's backward has it; products in that dtype.
-      at::Tensor dm = kept.defined() ? kept : bf16_matmuls::linear(hc, w);
+      at::Tensor dm = kept.defined() ? kept : bf16_matmuls::linear(hc, head);
       kept.reset();  // the one kept chunk is consumed here (the graph is not retained)
       if (!padded && cross_entropy_rows_supported(dm)) {
         cross_entropy_grad_rows_(dm, tc, lc.to(at::kFloat), g_ce.item<float>(), g_z2.item<float>());
@@ -168,7 +170,7 @@ struct ChunkedHeadLoss : torch::autograd::Function<ChunkedHeadLoss> {
           dm = d.to(mm);
         }
       }
-      if (need_h) grad_hs.narrow(0, s, c).copy_(bf16_matmuls::mm(dm, w));
+      if (need_h) grad_hs.narrow(0, s, c).copy_(bf16_matmuls::mm(dm, head));
       if (need_w && mm == at::kBFloat16 && acc == at::kFloat && hc.is_cpu() && fp32_output_bf16_gemm_is_fast()) {
         // bf16 x bf16 products summed in fp32 straight into the fp32 gradient, chunk after chunk: no bf16 [V, D]
         // product and no cast pass over it (autocast would round each chunk's product to bf16 first). Only where

@@ -5,6 +5,8 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <exception>
+#include <thread>
 
 #include "archspace/infer/prompts.h"
 #include "archspace/serve/http_guard.h"
@@ -53,6 +55,11 @@ json stream_event(const std::string& id, const char* object, int64_t created, co
   return json{
       {"id", id}, {"object", object}, {"created", created}, {"model", model_id}, {"choices", std::move(choices)}};
 }
+
+SchedulerOptions caller_driven(SchedulerOptions o) {
+  o.caller_drives = true;  // HttpServer::run drives the engine
+  return o;
+}
 }  // namespace
 
 struct HttpServer::Impl {
@@ -65,7 +72,7 @@ struct HttpServer::Impl {
               stop_token_ids(*tokenizer, m.config(), false),
               stop_token_ids(*tokenizer, m.config(), true),
               options.request},
-        scheduler(m, tokenizer, options.scheduler),
+        scheduler(m, tokenizer, caller_driven(options.scheduler)),
         server(HttpLimits{options.max_header_bytes, options.max_header_lines, options.max_body_bytes}) {
     // One handler thread per connection: enough for every sequence being decoded, every request queued,
     // and a few more so that a full queue is answered (429) rather than left waiting for a thread.
@@ -364,8 +371,20 @@ int HttpServer::bind() {
 
 void HttpServer::run() {
   ThroughputLog throughput([this] { return impl_->scheduler.stats(); }, impl_->options.stats_interval_s);
-  impl_->server.listen_after_bind();
-  impl_->scheduler.stop();  // the handlers have returned: nothing more will be submitted
+  // The engine's steps run on this thread, the one that loaded the model (infer/scheduler.h caller_drives: one
+  // OpenMP pool); the HTTP server listens on another and its handler threads submit.
+  std::exception_ptr failed;
+  std::thread http([this, &failed] {
+    try {
+      impl_->server.listen_after_bind();
+    } catch (...) {
+      failed = std::current_exception();
+    }
+    impl_->scheduler.stop();  // the handlers have returned: nothing more will be submitted
+  });
+  impl_->scheduler.run();
+  http.join();
+  if (failed) std::rethrow_exception(failed);
 }
 
 void HttpServer::stop() { impl_->server.stop(); }

@@ -77,6 +77,26 @@ TEST(Bf16Matmuls, BothPathsWithinTheBf16GemmBoundOfFp64) {
   }
 }
 
+// An Operand (a weight reused across chunks, widened once) gives the tensor's products bit for bit, on both paths
+// and for fp32 operands (not bf16 matmuls: the fp32 GEMM), and keeps its one widened copy across products.
+TEST(Bf16Matmuls, AnOperandGivesTheTensorsProducts) {
+  at::manual_seed(4);
+  for (bool widened : {false, true}) {
+    ScopedBf16MatmulPolicy policy(widened);
+    const at::Tensor w = at::randn({96, 64}), x = at::randn({37, 64});
+    for (at::ScalarType dtype : {at::kBFloat16, at::kFloat}) {
+      const bf16_matmuls::Operand head(w.to(dtype));
+      for (int64_t rows : {1, 16, 21}) {
+        const at::Tensor xc = x.narrow(0, 0, rows).to(dtype);
+        EXPECT_TRUE(at::equal(bf16_matmuls::linear(xc, head), bf16_matmuls::linear(xc, w.to(dtype))))
+            << widened << " " << dtype << " " << rows;
+        const at::Tensor g = at::randn({rows, 96}).to(dtype);
+        EXPECT_TRUE(at::equal(bf16_matmuls::mm(g, head), bf16_matmuls::mm(g, w.to(dtype)))) << widened << " " << dtype;
+      }
+    }
+  }
+}
+
 // Autograd through the widened linear under autocast: each backward GEMM is a bf16 GEMM's arithmetic too, so
 // both paths' gradients are within the bf16 bound of the fp64 gradients of the bf16-rounded operands.
 TEST(Bf16Matmuls, AutocastGradientsWithinTheBf16Bound) {

@@ -69,6 +69,9 @@ class Scheduler {
   // caller_drives only: runs engine steps on this thread until every submitted request has finished, calling
   // `after_step` after each (to take the tickets' events: Ticket::poll_event).
   void drive(const std::function<void()>& after_step);
+  // caller_drives only: runs the engine loop on this thread (waiting for work when there is none) until stop()
+  // was called and every submitted request has finished: `serve`'s main thread, while HTTP threads submit.
+  void run();
   // Finishes every submitted request, then ends the loop thread (caller_drives: refuses later submissions; what
   // drive did not run stays unfinished).
   void stop();
