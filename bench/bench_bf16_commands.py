@@ -54,7 +54,8 @@ def commands(tmp, model, threads):
         "ppl": [*common, "eval", "ppl", "--model", str(model), "--data", str(tmp / "shards"), "--context", "512",
                 "--max-tokens", "2048"],
         # 20 ARC-Easy documents, rc, 0 shots: batched log-likelihoods of short continuations.
-        "score": [*common, "eval", "downstream", "--model", str(model), "--tasks", "arc_easy", "--shots", "0",
+        "score": [*common, "eval", "downstream", "--model", str(model), "--tokenizer", "dolma2", "--tasks", "arc_easy",
+                  "--shots", "0",
                   "--limit", "20", "--out", str(tmp / "score.json")],
         "analyze": [*common, "analyze", "--model", str(model), "--data", str(tmp / "shards"), "--sequences", "4",
                     "--sequence-length", "256", "--out", str(tmp / "analysis"), "--no-plot"],
