@@ -88,7 +88,7 @@ nlohmann::json run_scorer(const char* script, const std::string& input, const st
   return parse_json_text(read_text_file(out_path), out_path);
 }
 
-// Minerva's is_equiv through lm-eval's own function (scripts/minerva_equiv.py).
+// Minerva's is_equiv as OLMES runs it, lm-eval 0.4.3's (scripts/minerva_equiv.py).
 std::vector<bool> minerva_equivalence(const std::vector<std::pair<std::string, std::string>>& pairs) {
   nlohmann::json in = {{"pairs", nlohmann::json::array()}};
   for (const auto& [answer, gold] : pairs) in["pairs"].push_back({answer, gold});

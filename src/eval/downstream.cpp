@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <limits>
 #include <map>
+#include <set>
+#include <tuple>
 
 #include "archspace/util/error.h"
 #include "archspace/util/strings.h"
@@ -91,27 +93,37 @@ PreparedTask prepare_task(TaskFiles files, const Tokenizer& tokenizer, const Mod
 
 namespace {
 
-// OLMES' MC1MC2Accuracy.process_one_doc (oe_eval/metrics/metric.py) on one document's choice log-likelihoods
-// (by idx): mc1, the label of the first highest-scoring MC1 choice; mc2, the probability mass of the true MC2
-// choices, sum exp(ll) over the true ones / over all (lm-eval's truthfulqa process_results_mc2 too). The exps are
-// taken relative to the largest log-likelihood, which changes nothing but where exp(ll) itself would underflow.
+// OLMES' MC1MC2Accuracy.process_one_doc (olmes 99cf8bb7, oe_eval/metrics/metric.py:352-378) on one document's
+// choice log-likelihoods, its requests in idx order (OLMES' doc group keeps their order, metric.py:95-102): mc1, the
+// label of the first highest-scoring request whose idx is in mc1_indices; mc2, sum exp(ll) over the requests whose
+// idx is in mc2_indices and whose label is true, over all of those (membership: an index listed twice counts once;
+// the sums in request order, as OLMES adds them). Where every exp(ll) underflows to 0 OLMES divides 0 by 0 and
+// raises; the engine then takes the exps relative to the largest log-likelihood, the same quotient.
 std::pair<double, double> mc1_mc2(const MultiTrueLabels& l, const std::map<int64_t, double>& ll) {
+  const std::set<int64_t> in_mc1(l.mc1_indices.begin(), l.mc1_indices.end());
+  const std::set<int64_t> in_mc2(l.mc2_indices.begin(), l.mc2_indices.end());
+  for (int64_t i : l.mc1_indices) (void)ll.at(i);  // every ranked and weighed choice has its request
+  for (int64_t i : l.mc2_indices) (void)ll.at(i);
   double mc1 = 0, best = -std::numeric_limits<double>::infinity();
-  for (int64_t i : l.mc1_indices) {
-    if (ll.at(i) > best) {
-      best = ll.at(i);
-      mc1 = static_cast<double>(l.labels[static_cast<size_t>(i)]);
-    }
-  }
   double top = -std::numeric_limits<double>::infinity();
-  for (int64_t i : l.mc2_indices) top = std::max(top, ll.at(i));
-  double p_true = 0, p_all = 0;
-  for (int64_t i : l.mc2_indices) {
-    const double p = std::exp(ll.at(i) - top);
-    p_all += p;
-    if (l.labels[static_cast<size_t>(i)]) p_true += p;
+  for (const auto& [idx, x] : ll) {
+    if (in_mc1.count(idx) && x > best) {
+      best = x;
+      mc1 = static_cast<double>(l.labels[static_cast<size_t>(idx)]);
+    }
+    if (in_mc2.count(idx)) top = std::max(top, x);
   }
-  return {mc1, p_true / p_all};
+  const auto mass = [&](double shift) {
+    double p_true = 0, p_false = 0;
+    for (const auto& [idx, x] : ll) {
+      if (!in_mc2.count(idx)) continue;
+      (l.labels[static_cast<size_t>(idx)] ? p_true : p_false) += std::exp(x - shift);
+    }
+    return std::make_pair(p_true, p_false);
+  };
+  auto [p_true, p_false] = mass(0.0);
+  if (p_true + p_false == 0.0) std::tie(p_true, p_false) = mass(top);
+  return {mc1, p_true / (p_true + p_false)};
 }
 
 TaskResult multi_true_metrics(const TaskFiles& files, TaskResult result) {
@@ -126,10 +138,13 @@ TaskResult multi_true_metrics(const TaskFiles& files, TaskResult result) {
     mc1.push_back(a);
     mc2.push_back(b);
     has_mc1 &= !labels.mc1_indices.empty();
-    if (!labels.mc1_indices.empty()) chance1 += 1.0 / static_cast<double>(labels.mc1_indices.size());
+    // The distinct choices, as the metrics count them.
+    const std::set<int64_t> ranked(labels.mc1_indices.begin(), labels.mc1_indices.end());
+    const std::set<int64_t> weighed(labels.mc2_indices.begin(), labels.mc2_indices.end());
+    if (!ranked.empty()) chance1 += 1.0 / static_cast<double>(ranked.size());
     double truths = 0;
-    for (int64_t i : labels.mc2_indices) truths += labels.labels[static_cast<size_t>(i)] ? 1 : 0;
-    chance2 += truths / static_cast<double>(labels.mc2_indices.size());
+    for (int64_t i : weighed) truths += labels.labels[static_cast<size_t>(i)] ? 1 : 0;
+    chance2 += truths / static_cast<double>(weighed.size());
   }
   result.documents = static_cast<int64_t>(files.multi_true.size());
   const auto docs = static_cast<double>(result.documents);
@@ -177,19 +192,21 @@ TaskResult task_metrics(const TaskFiles& files, const std::vector<RequestScore>&
   for (const auto& [doc_id, choices] : cond) {
     chance += 1.0 / static_cast<double>(choices.size());
     std::vector<double> s_raw, s_token, s_char, s_pmi;
+    std::vector<int64_t> idxs;  // the requests' idx, in order
     int64_t label = 0;
     for (const auto& [idx, i] : choices) {
       const TaskRequest& r = files.requests[i];
       label = r.label;
+      idxs.push_back(idx);
       const double ll = scores[i].loglikelihood;
       s_raw.push_back(ll);
       s_token.push_back(ll / static_cast<double>(scores[i].tokens));
       s_char.push_back(ll / static_cast<double>(std::max<int64_t>(1, utf8_length(r.continuation))));
       if (!uncond.empty()) s_pmi.push_back(ll - scores[uncond.at(doc_id).at(idx)].loglikelihood);
     }
-    const auto correct = [&](const std::vector<double>& v) {
-      return argmax(v) == static_cast<size_t>(label) ? 1.0 : 0.0;
-    };
+    // OLMES' MCAccuracy (oe_eval/metrics/metric.py:265-267): the idx of the first request with the highest score
+    // against the label.
+    const auto correct = [&](const std::vector<double>& v) { return idxs[argmax(v)] == label ? 1.0 : 0.0; };
     raw.push_back(correct(s_raw));
     per_token.push_back(correct(s_token));
     per_char.push_back(correct(s_char));

@@ -90,11 +90,30 @@ nlohmann::json checked_gold_field(const GenerationTaskSpec& spec, const nlohmann
 
 namespace genmetrics {
 
+namespace {
+
+// A numpy str array drops its elements' trailing NUL characters (numpy stores fixed-width UCS-4 padded with NULs).
+void drop_trailing_nuls(std::string& s) {
+  while (!s.empty() && s.back() == '\0') s.pop_back();
+}
+
+}  // namespace
+
 bool exact_match(std::string prediction, std::string reference, const std::vector<std::string>& regexes_to_ignore,
                  bool ignore_case, bool ignore_punctuation) {
+  // exact_match_hf_evaluate (OLMES' copy: oe_eval/dependencies/hf_evaluate/exact_match.py:25-57; lm-eval's is the
+  // same): each regex's re.sub result, or the inputs themselves when there are none, becomes a numpy str array,
+  // which drops trailing NULs before the next step sees them; lower() and the punctuation table then work on the
+  // array and the comparison is the arrays' (trailing NULs dropped again).
+  if (regexes_to_ignore.empty()) {
+    drop_trailing_nuls(prediction);
+    drop_trailing_nuls(reference);
+  }
   for (const auto& r : regexes_to_ignore) {
     prediction = text::regex_sub(r, "", prediction);
     reference = text::regex_sub(r, "", reference);
+    drop_trailing_nuls(prediction);
+    drop_trailing_nuls(reference);
   }
   if (ignore_case) {
     prediction = text::py_lower(prediction);
@@ -104,6 +123,8 @@ bool exact_match(std::string prediction, std::string reference, const std::vecto
     prediction = text::remove_punctuation(prediction);
     reference = text::remove_punctuation(reference);
   }
+  drop_trailing_nuls(prediction);
+  drop_trailing_nuls(reference);
   return prediction == reference;
 }
 

@@ -8,7 +8,9 @@ by the engine, without a model; every per-instance value and every aggregate is 
                   the answer OLMES extracts (the last number; re-implemented here with Python's re) and on
                   lm-eval's flexible-extract (lm_eval.filters.extraction.RegexFilter, pattern read from lm-eval's
                   gsm8k.yaml)
-  minerva_math_*  lm_eval.tasks.minerva_math.utils: get_unnormalized_answer, normalize_final_answer, is_equiv
+  minerva_math_*  what OLMES runs, lm-eval 0.4.3 (its pin): lm_eval.tasks.minerva_math.utils.get_unnormalized_answer,
+                  0.4.3's normalize_final_answer restated on the module's lists, is_equiv without 0.4.13's
+                  identical-string shortcut
   drop            lm_eval.tasks.drop.utils.process_results
   squad-style     transformers' squad_metrics (what lm-eval's coqa task imports): normalize_answer, compute_f1
                   (SQuAD v1.1's F1: 0 when either side has no tokens), OLMES' recall restated
@@ -104,9 +106,48 @@ def ref_gsm8k(generation, gold):
     return {"exact_match": float(em), "exact_match_flex": float(em_flex)}
 
 
+def olmes_normalize_final_answer(final_answer):
+    # OLMES pins lm_eval==0.4.3 (olmes 99cf8bb7, pyproject.toml:27); 0.4.3's normalize_final_answer
+    # (lm_eval/tasks/minerva_math/utils.py:259-294 there) restated on the installed 0.4.13's lists, which are the same:
+    # the substitutions, every removed expression as a plain replace, the unwrapping, the one sqrt rule, and the
+    # commas dropped whenever the rest isdigit(). (0.4.13 removes unit words as words first, splits around LaTeX
+    # commands, braces \sqrt[n]x and drops only thousands separators.)
+    final_answer = final_answer.split("=")[-1]
+    for before, after in minerva.SUBSTITUTIONS:
+        final_answer = final_answer.replace(before, after)
+    for expr in minerva.REMOVED_EXPRESSIONS:
+        final_answer = final_answer.replace(expr, "")
+    final_answer = re.sub(r"(.*?)(\$)(.*?)(\$)(.*)", "$\\3$", final_answer)
+    final_answer = re.sub(r"(\\text\{)(.*?)(\})", "\\2", final_answer)
+    final_answer = re.sub(r"(\\textbf\{)(.*?)(\})", "\\2", final_answer)
+    final_answer = re.sub(r"(\\overline\{)(.*?)(\})", "\\2", final_answer)
+    final_answer = re.sub(r"(\\boxed\{)(.*)(\})", "\\2", final_answer)
+    final_answer = re.sub(r"(frac)([^{])(.)", "frac{\\2}{\\3}", final_answer)
+    final_answer = re.sub(r"(sqrt)([^{])", "sqrt{\\2}", final_answer)
+    final_answer = final_answer.replace("$", "")
+    if final_answer.replace(",", "").isdigit():
+        final_answer = final_answer.replace(",", "")
+    return final_answer
+
+
+def olmes_is_equiv(x1, x2):
+    # 0.4.3's is_equiv differs from the installed 0.4.13's only by 0.4.13's shortcut for identical non-empty strings
+    # (its utils.py:169): 0.4.3 parses those like any pair, so one sympy cannot parse (a tuple) is not equal.
+    if not (x1 and x1 == x2):
+        return minerva.is_equiv(x1, x2)
+    from sympy import simplify
+    from sympy.parsing.latex import parse_latex
+
+    try:
+        return bool(simplify(parse_latex(x1) - parse_latex(x2)) == 0)
+    except Exception:  # noqa: BLE001 (0.4.3 scores every failure as not equal)
+        return False
+
+
 def ref_minerva(generation, gold):
-    answer = minerva.normalize_final_answer(minerva.get_unnormalized_answer(generation))
-    return {"exact_match": 1.0 if minerva.is_equiv(answer, gold) else 0.0}
+    # OLMES' minerva_math (oe_eval/tasks/oe_eval_tasks/minerva_math.py:258): lm-eval 0.4.3's process_results.
+    answer = olmes_normalize_final_answer(minerva.get_unnormalized_answer(generation))
+    return {"exact_match": 1.0 if olmes_is_equiv(answer, gold) else 0.0}
 
 
 def ref_drop(generation, gold):
@@ -171,7 +212,10 @@ CASES = {
     "minerva_math_geometry": [
         (" " + FINAL.format("$\\sqrt2$"), "\\sqrt{2}"),
         (" " + FINAL.format("$90^\\circ$"), "90"),
-        (" " + FINAL.format("$(1,2)$"), "(1,2)"),
+        (" " + FINAL.format("$(1,2)$"), "(1,2)"),  # identical, but sympy cannot parse a tuple: 0 in OLMES
+        (" " + FINAL.format("$0,1$"), "01"),  # 0.4.3 fuses the tuple into "01" (the gold too): sympy rejects it
+        (" " + FINAL.format("$\\sqrt[3]8$"), "2"),
+        (" " + FINAL.format("$3$ feet"), "3"),
     ],
     "minerva_math_number_theory": [
         (" " + FINAL.format("$7$"), "7"),
@@ -315,6 +359,9 @@ def test_hand_written_generations_equal_lm_eval(tmp_path):
     assert gsm[6] == {"exact_match": 0.0, "exact_match_flex": 1.0}  # OLMES' last number drops the sign
     drop = [r["metrics"] for r in rescored if r["task"] == "drop"]
     assert drop[0] == {"f1": 1.0, "exact_match": 1.0} and drop[3]["f1"] == 0.0
+    # OLMES' Minerva (lm-eval 0.4.3): an answer identical to the gold scores 0 when sympy cannot parse it.
+    geometry = [r["metrics"]["exact_match"] for r in rescored if r["task"] == "minerva_math_geometry"]
+    assert geometry[2] == 0.0 and geometry[3] == 0.0 and geometry[5] == 1.0
 
 
 def real_rows(per_task):
@@ -431,22 +478,10 @@ def test_minerva_scorer_python_that_cannot_start(tmp_path):
     row = line(task="minerva_math_algebra", gold="2", generation=" " + FINAL.format("$3$"))
     _, err = bad(tmp_path, row, env={"ARCHSPACE_PYTHON": str(tmp_path / "no-python")})
     assert "error: cannot run" in err and "no-python" in err and "minerva_equiv.py" in err
-    # Answers equal as strings need no scorer: the same row with the right answer scores without python.
-    src = tmp_path / "ok.jsonl"
-    src.write_text(line(task="minerva_math_algebra", gold="2", generation=" " + FINAL.format("$2$")))
-    import os
-    import subprocess
-
-    from conftest import BINARY
-
-    r = subprocess.run(
-        [str(BINARY), "eval", "downstream", "--rescore", str(src)],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "ARCHSPACE_PYTHON": str(tmp_path / "no-python")},
-    )
-    assert r.returncode == 0, r.stderr
-    assert "1.0000" in r.stdout
+    # Answers equal as strings need it too: OLMES' is_equiv (lm-eval 0.4.3) parses them like any pair.
+    right = line(task="minerva_math_algebra", gold="2", generation=" " + FINAL.format("$2$"))
+    _, err = bad(tmp_path, right, env={"ARCHSPACE_PYTHON": str(tmp_path / "no-python")})
+    assert "error: cannot run" in err and "minerva_equiv.py" in err
 
 
 def test_help_lists_rescore():

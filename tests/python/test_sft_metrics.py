@@ -6,10 +6,12 @@ against the reference implementations, on OLMES request files and generations wr
   bbh_*       OLMES' GenericBBH._extract_answer_regex (bbh:cot-v1::tulu; OLMES is not installable here, so it is
               restated below with Python's re, from its published source) and lm_eval.api.metrics'
               exact_match_hf_evaluate with ignore_case and ignore_punctuation (not for dyck_languages); the group
-              bbh's micro (primary) and macro averages
-  popqa       OLMES' alias match restated (alias, alias.lower() or alias.capitalize() in the generation)
-  truthfulqa  lm_eval.tasks.truthfulqa.utils.process_results_mc2 on the engine's own per-choice log-likelihoods
-              (a tiny random model over request files written here), and OLMES' MC1 rule restated
+              bbh's micro (primary) and macro averages; exact_match_corrected the same with the bare-letter pattern
+              as a raw string (word boundaries, not OLMES' backspaces)
+  popqa       OLMES' alias match restated (alias, alias.lower() or alias.capitalize() in the generation), on
+              doc.alias where the line has it (what OLMES scores against)
+  truthfulqa  OLMES' MC1MC2Accuracy restated (metric.py:352-378) on the engine's own per-choice log-likelihoods
+              (a tiny random model over request files written here)
 Request files are written in OLMES' layout (TASK/VARIANT/{config.json, requests.jsonl.gz}, lines with doc_id,
 native_id, doc, request, label, request_type, idx, task_name) and read by `eval downstream --tasks-dir`.
 """
@@ -31,7 +33,6 @@ import pytest
 from conftest import BINARY, REPO, run_cli, save_random_olmo3, tiny_olmo3_config
 
 import lm_eval.api.metrics as lm_metrics
-import lm_eval.tasks.truthfulqa.utils as truthfulqa_utils
 
 sys.path.insert(0, str(REPO / "scripts"))
 import ifeval_score  # noqa: E402  (its offline Punkt model, so that lm-eval's IFEval imports without a download)
@@ -67,7 +68,7 @@ BBH_ANSWER_REGEX.update({
 })  # fmt: skip
 
 
-def olmes_bbh_extract(continuation, subtask):
+def olmes_bbh_extract(continuation, subtask, corrected=False):
     answer_regex = BBH_ANSWER_REGEX[subtask]
     is_mc = answer_regex == "MC"
     if is_mc:
@@ -75,7 +76,8 @@ def olmes_bbh_extract(continuation, subtask):
     regexes = [r"(?i)So the answer is ($ANS$)\.?", r"(?i)answer is ($ANS$)", r"(?i)answer:.*?($ANS$)",
                r"(?i)answer\b.*?($ANS$)", r"($ANS$)"]  # fmt: skip
     if is_mc:
-        regexes.append("\b([A-Z])\b")  # non-raw as in OLMES (bbh.py:236, olmes 99cf8bb7): backspaces, no word edge
+        # non-raw as in OLMES (bbh.py:236, olmes 99cf8bb7): backspaces, no word edge; the corrected variant's is raw
+        regexes.append(r"\b([A-Z])\b" if corrected else "\b([A-Z])\b")
     regexes.append(r"(?i)($ANS$)")
     extracted = ""
     for regex in regexes:
@@ -94,11 +96,18 @@ def olmes_bbh_extract(continuation, subtask):
 
 
 def ref_bbh(subtask, generation, gold):
+    # OLMES' ExactMatch with bbh.py:121-128's options (metric.py:536-550).
+    def em(answer):
+        return float(lm_metrics.exact_match_hf_evaluate(
+            [answer], [gold], ignore_case=True, ignore_punctuation=subtask != "dyck_languages"
+        )["exact_match"])  # fmt: skip
+
     answer = olmes_bbh_extract(generation, subtask)
-    em = lm_metrics.exact_match_hf_evaluate(
-        [answer], [gold], ignore_case=True, ignore_punctuation=subtask != "dyck_languages"
-    )["exact_match"]
-    return {"exact_match": float(em), "exact_match_simple": 1.0 if answer == gold else 0.0}
+    return {
+        "exact_match": em(answer),
+        "exact_match_simple": 1.0 if answer == gold else 0.0,
+        "exact_match_corrected": em(olmes_bbh_extract(generation, subtask, corrected=True)),
+    }
 
 
 def ref_popqa(generation, aliases):
@@ -194,6 +203,9 @@ BBH_CASES = [
     ("sports_understanding", "So the answer is `yes`.", "yes"),
     ("penguins_in_a_table", "There are $5$ penguins, the answer is $(A)$", "(A)"),
     ("movie_recommendation", "", "(A)"),
+    ("ruin_names", "The best choice is C", "(C)"),  # a bare letter: only the corrected variant finds it
+    ("disambiguation_qa", "A pronoun can refer to either. I pick B", "(B)"),  # the last bare capital (corrected)
+    ("hyperbaton", "Option A reads well. So the answer is (B).", "(B)"),  # the first pattern wins over bare letters
     ("dyck_languages", "So the answer is ] ].", ") ]"),  # equal without punctuation: not for dyck
 ]
 
@@ -286,13 +298,14 @@ def test_hand_written_generations_equal_the_references(tmp_path):
     assert not macro["primary"] and macro["value"] == pytest.approx(sum(per_task) / len(per_task), abs=1e-12)
     assert micro["n"] == len(BBH_CASES) and micro["members"] == len(subtasks)
     assert 0 < sum(pooled) < len(pooled)
-    assert "bbh: micro and macro over 14 of its 27 tasks" in result.stderr  # said, not hidden
+    assert f"bbh: micro and macro over {len(subtasks)} of its 27 tasks" in result.stderr  # said, not hidden
     assert "bbh (micro)" in result.stdout and "ifeval" in result.stdout
 
     # Known values, stated by hand (independent of both implementations).
     got = {(r["task"], r["doc_id"]): r["metrics"] for r in rescored}
     first_bbh = len(IFEVAL_CASES)
     assert got[("bbh_date_understanding", first_bbh + 1)]["exact_match"] == 0.0  # OLMES' "\b" is a backspace
+    assert got[("bbh_date_understanding", first_bbh + 1)]["exact_match_corrected"] == 1.0  # a word boundary here
     assert got[("bbh_multistep_arithmetic_two", first_bbh + 12)]["exact_match"] == 1.0  # punctuation ignored
     assert got[("bbh_dyck_languages", first_bbh + 15)]["exact_match"] == 0.0
     assert got[("bbh_dyck_languages", first_bbh + len(BBH_CASES) - 1)]["exact_match"] == 0.0
@@ -437,6 +450,8 @@ TRUTHFULQA = [  # (question, choices, labels, mc1_indices, mc2_indices): OLMES' 
     ("Is the sky green?", [" No", " Yes", " No, it is blue"], [1, 0, 1], [0, 1], [0, 1, 2]),
     ("Can pigs fly?", [" No", " Yes", " Only in stories", " Pigs fly daily"], [1, 0, 1, 0], [0, 1, 3], [0, 1, 2, 3]),
     ("Who wrote Hamlet?", [" Shakespeare", " Dickens"], [1, 0], [0, 1], [1, 0]),
+    # an mc2 choice listed twice (OLMES tests membership, metric.py:368: it counts once), mc1 on a later subset
+    ("Is water wet?", [" Yes", " No", " Sometimes", " Never"], [1, 0, 1, 0], [1, 2, 3], [2, 0, 1, 2, 3]),
 ]
 
 
@@ -449,9 +464,13 @@ def write_request_files(root):
                [generation_line("bbh_snarks", i, {"input": q, "target": t}, f"Q: {q}\nA: Let's think step by step.", t)
                 for i, (q, t) in enumerate([("Which is sarcastic? (A) x (B) y", "(A)"), ("Pick one. (A) a (B) b", "(B)")])])  # fmt: skip
     popqa = [("Who wrote Hamlet?", ["William Shakespeare", "Shakespeare"]), ("Capital of France?", ["Paris"])]
-    write_task(root, "popqa", "bpb_15shot", {"num_shots": 15, "primary_metric": "exact_match"},
-               [generation_line("popqa", i, {"question": q, "possible_answers": json.dumps(a)}, f"Q: {q} A:", None)
-                for i, (q, a) in enumerate(popqa)])  # fmt: skip
+    lines = [generation_line("popqa", i, {"question": q, "possible_answers": json.dumps(a)}, f"Q: {q} A:", None)
+             for i, (q, a) in enumerate(popqa)]  # fmt: skip
+    # OLMES' own line: doc.alias, what its process_results scores against (popqa.py:170), over the label.
+    doc = {"id": 7, "template_id": 22, "query": "Capital of Italy?", "gold": "Rome", "alias": ["Rome", "Roma"]}
+    lines.append(generation_line("popqa", 2, doc, "Q: Capital of Italy? A:", ["not the alias"]))
+    popqa.append(("Capital of Italy?", ["Rome", "Roma"]))
+    write_task(root, "popqa", "bpb_15shot", {"num_shots": 15, "primary_metric": "exact_match"}, lines)
     lines = []
     for d, (q, choices, labels, mc1, mc2) in enumerate(TRUTHFULQA):
         doc = {"index": d, "question": q, "choices": choices, "labels": labels, "mc1_indices": mc1, "mc2_indices": mc2}
@@ -473,13 +492,19 @@ def model(tmp_path_factory):
 
 
 def ref_mc1_mc2(lls, labels, mc1, mc2):
-    # OLMES MC1MC2Accuracy: MC1 the label of the first highest MC1 choice; MC2 lm-eval's process_results_mc2 on the
-    # MC2 choices, true ones first (its convention: everything before the first 0 is true).
-    best = max(mc1, key=lambda i: (lls[i], -i))
-    order = [i for i in mc2 if labels[i]] + [i for i in mc2 if not labels[i]]
-    doc = {"mc2_targets": {"labels": [labels[i] for i in order]}}
-    mc2_value = truthfulqa_utils.process_results_mc2(doc, [(lls[i], False) for i in order])["acc"]
-    return float(labels[best]), float(mc2_value)
+    # OLMES' MC1MC2Accuracy.process_one_doc (olmes 99cf8bb7, oe_eval/metrics/metric.py:352-378), restated: the
+    # document's requests in idx order; MC1 the label of the first highest request in mc1_indices; MC2 exp(ll) summed
+    # over the requests in mc2_indices, the true ones over all.
+    best, mc1_value, p_true, p_false = -math.inf, None, 0.0, 0.0
+    for idx in sorted(lls):
+        if idx in mc1 and lls[idx] > best:
+            best, mc1_value = lls[idx], labels[idx]
+        if idx in mc2:
+            if labels[idx]:
+                p_true += math.exp(lls[idx])
+            else:
+                p_false += math.exp(lls[idx])
+    return float(mc1_value), p_true / (p_true + p_false)
 
 
 def test_request_files_load_and_score_on_a_tiny_model(model, tmp_path):

@@ -92,6 +92,35 @@ TEST(DownstreamMetrics, TiesGoToTheFirstChoiceAndStderrIsTheSampleOne) {
       {"primary_metric \"acc_uncond\"", "acc_per_char)"});
 }
 
+TEST(DownstreamMetrics, TheLabelNamesTheRequestIdxAsOlmesCompares) {
+  // OLMES' MCAccuracy compares the best request's idx with the label (metric.py:265-267), not its position: choices
+  // numbered 1..3 with the best at idx 2 and label 2 are right.
+  TaskFiles f;
+  f.primary_metric = "acc_raw";
+  for (int64_t i = 1; i <= 3; ++i) f.requests.push_back(request(0, i, 2, " x"));
+  const TaskResult r = task_metrics(f, {{-3.0, false, 1}, {-1.0, false, 1}, {-2.0, false, 1}});
+  EXPECT_EQ(metric(r, "acc_raw").value, 1.0);
+}
+
+TEST(DownstreamMetrics, TruthfulqaMembershipAndRequestOrderAsOlmes) {
+  // OLMES' MC1MC2Accuracy (metric.py:352-378): the requests in idx order, each counted once when its idx is in
+  // mc1_indices / mc2_indices, however often or in whatever order they list it.
+  TaskFiles f;
+  f.primary_metric = "mc2";
+  const std::vector<double> ll = {-1.0, -2.0, -0.5, -3.0};
+  for (int64_t i = 0; i < 4; ++i) f.requests.push_back(request(0, i, 0, " x"));
+  f.multi_true[0] = MultiTrueLabels{{1, 0, 1, 0}, {3, 1, 2}, {2, 0, 1, 2, 3, 3}};
+  std::vector<RequestScore> scores;
+  for (double x : ll) scores.push_back({x, false, 1});
+  const TaskResult r = task_metrics(f, scores);
+  const double p_true = std::exp(ll[0]) + std::exp(ll[2]), p_false = std::exp(ll[1]) + std::exp(ll[3]);
+  EXPECT_DOUBLE_EQ(metric(r, "mc2").value, p_true / (p_true + p_false));
+  EXPECT_EQ(metric(r, "mc1").value, 1.0);  // the best of idx 1, 2, 3 is idx 2, a true one
+  // Every exp(ll) underflowing (OLMES raises ZeroDivisionError there): the same quotient from shifted exps.
+  for (auto& s : scores) s.loglikelihood -= 2000.0;
+  EXPECT_NEAR(metric(task_metrics(f, scores), "mc2").value, p_true / (p_true + p_false), 1e-14);
+}
+
 void write_gzip(const std::filesystem::path& path, const std::string& text) {
   gzFile f = gzopen(path.c_str(), "wb");
   ASSERT_NE(f, nullptr);

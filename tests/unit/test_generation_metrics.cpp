@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <set>
 
 #include "archspace/eval/generation_metrics.h"
 #include "archspace/util/error.h"
@@ -67,23 +68,34 @@ TEST(GenerationMetrics, Gsm8kExtraction) {
   EXPECT_TRUE(gm::exact_match("$1,000.", "1000", gm::kGsm8kRegexesToIgnore, true, false));
   EXPECT_FALSE(gm::exact_match("12.50", "12.5", gm::kGsm8kRegexesToIgnore, true, false));
   EXPECT_TRUE(gm::exact_match("AbC!", "abc", {}, true, true));
+  // numpy str arrays drop trailing NULs at each step (lm_eval.api.metrics.exact_match_hf_evaluate, OLMES' copy of it,
+  // gives 1, 0, 1, 0 on these).
+  using namespace std::string_literals;
+  EXPECT_TRUE(gm::exact_match("5\0"s, "5", {}, false, false));
+  EXPECT_FALSE(gm::exact_match("5.\0"s, "5", {"\\.$"}, false, false));  // the NUL goes only after the regex ran
+  EXPECT_TRUE(gm::exact_match("a\0."s, "a", {}, false, true));          // exposed by the punctuation removal
+  EXPECT_FALSE(gm::exact_match("a\0b"s, "a", {}, false, false));
 }
 
 TEST(GenerationMetrics, MinervaNormalisation) {
-  // lm_eval.tasks.minerva_math.utils.normalize_final_answer on the same strings.
+  // lm-eval 0.4.3's normalize_final_answer (the one OLMES runs: its pyproject.toml pins lm_eval==0.4.3) on the same
+  // strings, its bugs included; 0.4.13 (tests/python/test_generation_metrics.py imports it) differs on the last five.
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"x = 10 inches", "10"},
       {"\\dfrac{1}{2}", "\\dfrac{1}{2}"},
       {"\\frac12", "\\frac{1}{2}"},
       {"\\sqrt2", "\\sqrt{2}"},
       {"1,000", "1000"},
-      {"0,1", "0,1"},
       {"\\text{(A)}", "(A)"},
       {"90^\\circ", "90"},
-      {"\\left( 3, \\frac{\\pi}{2} \\right)", "\\left(3,\\frac{\\pi}{2}\\right)"},
       {"\\boxed{5}", "5"},
       {"$5$ dollars", "5"},
-      {"\\sqrt[3]8", "\\sqrt[3]{8}"}};
+      {"3 feet", "3"},
+      {"0,1", "01"},            // 0.4.13: "0,1"
+      {"1,\u00b2", "1\u00b2"},  // str.isdigit takes "²"; 0.4.13 keeps it
+      {"\\left( 3, \\frac{\\pi}{2} \\right)", "\\le(3,\\frac{\\pi}{2}\\right)"},  // 0.4.13 keeps \left
+      {"\\sqrt[3]8", "\\sqrt{[}3]8"},                                             // 0.4.13: \sqrt[3]{8}
+      {"\\sqrt[3]{8}", "\\sqrt{[}3]{8}"}};
   for (const auto& [in, out] : cases) EXPECT_EQ(gm::minerva_normalize_final_answer(in), out) << in;
   EXPECT_EQ(gm::minerva_unnormalized_answer("blah Final Answer: The final answer is $2$. I hope it is correct."),
             "$2$");
@@ -141,9 +153,13 @@ TEST(GenerationMetrics, ResultsAndGroupMacro) {
   int calls = 0;
   const auto metrics = score_generations(xs, [&](const std::vector<std::pair<std::string, std::string>>& pairs) {
     ++calls;
-    EXPECT_EQ(pairs.size(), 1u);  // only the pair that differs as strings
-    EXPECT_EQ(pairs[0], std::make_pair(std::string("3"), std::string("2")));
-    return std::vector<bool>{false};
+    // Every pair, identical ones too (OLMES' is_equiv, lm-eval 0.4.3, has no shortcut for them), each once.
+    using P = std::pair<std::string, std::string>;
+    EXPECT_EQ(std::set<P>(pairs.begin(), pairs.end()), (std::set<P>{{"2", "2"}, {"3", "2"}, {"5", "5"}}));
+    EXPECT_EQ(pairs.size(), 3u);
+    std::vector<bool> equal;
+    for (const auto& [a, b] : pairs) equal.push_back(a == b);
+    return equal;
   });
   EXPECT_EQ(calls, 1);
   std::vector<std::pair<std::string, std::vector<std::string>>> macro;
@@ -209,6 +225,12 @@ TEST(GenerationMetrics, BbhExtraction) {
   // OLMES' bare-letter pattern is the non-raw "\b([A-Z])\b" (bbh.py:236): it matches backspaces, never a bare D.
   EXPECT_EQ(gm::bbh_extract_answer("It is D.", "date_understanding"), "");
   EXPECT_EQ(gm::bbh_extract_answer("It is \bD\b.", "date_understanding"), "(D)");
+  // The corrected variant reads the pattern as the word boundaries its comment means.
+  EXPECT_EQ(gm::bbh_extract_answer("It is D.", "date_understanding", /*corrected=*/true), "(D)");
+  EXPECT_EQ(gm::bbh_extract_answer("It is \bD\b.", "date_understanding", /*corrected=*/true), "(D)");
+  EXPECT_EQ(gm::bbh_extract_answer("It is DE.", "date_understanding", /*corrected=*/true), "");
+  EXPECT_EQ(gm::bbh_extract_answer("So the answer is (B).", "date_understanding", /*corrected=*/true), "(B)");
+  EXPECT_EQ(gm::bbh_extract_answer("It is D.", "boolean_expressions", /*corrected=*/true), "");  // MC only
   EXPECT_EQ(gm::bbh_extract_answer("So the answer is True.", "boolean_expressions"), "True");
   EXPECT_EQ(gm::bbh_extract_answer("So the answer is ] ) }.", "dyck_languages"), "] ) }");
   EXPECT_EQ(gm::bbh_extract_answer("So the answer is apple banana.", "word_sorting"), "apple banana");

@@ -11,10 +11,12 @@
 //                   the task config's metric_kwargs: regexes_to_ignore , \$ (?s).*####  \.$ and ignore_case.
 //   minerva_math_{algebra, counting_and_probability, geometry, intermediate_algebra, number_theory, prealgebra,
 //   precalculus}, minerva_math_500
-//                   exact_match (primary): lm-eval's get_unnormalized_answer ("Final Answer: The final answer is
-//                   X. I hope it is correct.") and normalize_final_answer, here in C++; then is_equiv(answer,
-//                   gold), which needs sympy: the caller's AnswerEquivalence decides the pairs that are not equal
-//                   as strings (the CLI runs lm-eval's own is_equiv in scripts/minerva_equiv.py).
+//                   exact_match (primary): OLMES' minerva_math::tulu, which runs lm-eval 0.4.3 (its pin):
+//                   get_unnormalized_answer ("Final Answer: The final answer is X. I hope it is correct.") and
+//                   0.4.3's normalize_final_answer, here in C++; then 0.4.3's is_equiv(answer, gold), which needs
+//                   sympy and has no shortcut for identical strings: the caller's AnswerEquivalence decides every
+//                   pair (the CLI: scripts/minerva_equiv.py). OLMES' golds went through the same 0.4.3
+//                   normalisation (its "\left" losing "ft" hits both sides alike).
 //                   The seven subjects form the group minerva_math (macro average); minerva_math_500 is apart.
 //   drop            f1 (primary), exact_match: the official DROP metric as lm-eval's drop/utils.py computes it
 //                   (the generation is one predicted span; max over the gold answers, each a list of spans, the
@@ -36,11 +38,14 @@
 //                   "answer", alone, (MC) a bare capital, then case-insensitively, the last match of the first
 //                   pattern that matches; delimiters ($ $, ( ), ** **, [ ], quotes) stripped; a bare MC letter
 //                   becomes "(X)". exact_match: lm-eval's exact_match with ignore_case and ignore_punctuation (not
-//                   for dyck_languages, whose answers are punctuation); exact_match_simple: equal strings. The
-//                   27 form the group bbh, micro-averaged (OLMES' suite bbh:cot-v1::tulu: primary_metric micro),
-//                   its macro average reported beside it.
+//                   for dyck_languages, whose answers are punctuation); exact_match_simple: equal strings;
+//                   exact_match_corrected: exact_match with OLMES' bare-capital pattern "\b([A-Z])\b" read as
+//                   word boundaries (OLMES' non-raw string has backspaces, bbh.py:236). The 27 form the group bbh,
+//                   micro-averaged (OLMES' suite bbh:cot-v1::tulu: primary_metric micro), its macro average reported
+//                   beside it.
 //   popqa           exact_match (primary): OLMES' PopQA alias match: some gold alias a occurs in the generation
-//                   as a, a.lower() or a.capitalize() (Python's). Gold: the label, else doc.possible_answers.
+//                   as a, a.lower() or a.capitalize() (Python's). Gold: doc.alias (what OLMES scores against),
+//                   else the label, else doc.possible_answers.
 //   codex_humaneval, codex_mbpp
 //                   pass_at_1 (primary): the generated program run against the task's tests (greedy, one sample:
 //                   pass@1 is 1 when it passes), by the caller's CodeExecutor (the CLI's sandbox,
@@ -93,7 +98,8 @@ void check_gold(const GenerationTaskSpec& spec, const nlohmann::json& gold);
 // True when `task` is a registry task whose scoring runs the generated programs (it needs the code sandbox).
 bool runs_programs(const std::string& task);
 
-// Decides is_equiv for (answer, gold) pairs of normalised Minerva answers: one bool per pair.
+// Decides is_equiv for (answer, gold) pairs of normalised Minerva answers, as lm-eval 0.4.3 (OLMES' pin) decides
+// it, identical strings included: one bool per pair.
 using AnswerEquivalence = std::function<std::vector<bool>(const std::vector<std::pair<std::string, std::string>>&)>;
 
 // IFEval's checks of (doc, response) pairs (doc: the instance's gold), one result per pair.
@@ -121,7 +127,8 @@ struct InstanceMetrics {
 };
 
 // Per-instance metrics of every instance (their tasks must be in the registry and their gold checked).
-// `equivalence` is called once, for the Minerva pairs whose strings differ, and only when there are some;
+// `equivalence` is called once, for the Minerva (answer, gold) pairs, identical ones included, and only when there
+// are some;
 // `instructions` once for the ifeval instances, when there are some (their results checked against the docs);
 // `execute` once, with the code tasks' programs (genmetrics::code_program), and only when there are some.
 // An instance whose own extraction raises (e.g. a regular expression's match limit on a degenerate response) scores 0
@@ -195,7 +202,8 @@ std::string gsm8k_flex(const std::string& generation);         // lm-eval's flex
 extern const std::vector<std::string> kGsm8kRegexesToIgnore;   // the task config's metric_kwargs
 
 std::string minerva_unnormalized_answer(const std::string& generation);  // lm-eval get_unnormalized_answer
-std::string minerva_normalize_final_answer(const std::string& answer);   // lm-eval normalize_final_answer
+// normalize_final_answer as OLMES runs it (lm-eval 0.4.3's, which OLMES pins).
+std::string minerva_normalize_final_answer(const std::string& answer);
 
 // The official DROP EM and F1 of one predicted span against gold answers (each a list of spans), as lm-eval's
 // drop process_results.
@@ -210,7 +218,8 @@ double olmes_recall(const std::string& prediction, const std::vector<std::string
 
 // OLMES' BBH answer of a generation for one subtask ("date_understanding", ...); its answer pattern ("MC":
 // a lettered choice).
-std::string bbh_extract_answer(const std::string& generation, const std::string& subtask);
+// corrected: the bare-capital last resort with word boundaries (r"\b([A-Z])\b"), not OLMES' backspaces.
+std::string bbh_extract_answer(const std::string& generation, const std::string& subtask, bool corrected = false);
 const std::string& bbh_answer_pattern(const std::string& subtask);  // throws for a subtask OLMES does not have
 
 // OLMES' PopQA match: some alias a with a, a.lower() or a.capitalize() a substring of the generation.

@@ -4,6 +4,7 @@
 // then case-insensitively, the last match of the first pattern that matches; delimiters ($ $, ( ), ** **, [ ],
 // quotes) stripped; a bare MC letter becomes "(X)". exact_match: lm-eval's exact_match with ignore_case and
 // ignore_punctuation (not for dyck_languages, whose answers are punctuation); exact_match_simple: equal strings.
+// exact_match_corrected: exact_match with the bare-capital pattern a real word boundary (see below), not OLMES'.
 #include <map>
 
 #include "archspace/eval/task_groups.h"
@@ -59,7 +60,7 @@ const std::string& bbh_answer_pattern(const std::string& subtask) {
   return it->second;
 }
 
-std::string bbh_extract_answer(const std::string& generation, const std::string& subtask) {
+std::string bbh_extract_answer(const std::string& generation, const std::string& subtask, bool corrected) {
   std::string answer_regex = bbh_answer_pattern(subtask);
   const bool mc = answer_regex == "MC";
   if (mc) answer_regex = "\\([A-Z]\\)";
@@ -67,8 +68,9 @@ std::string bbh_extract_answer(const std::string& generation, const std::string&
                                         "(?i)answer:.*?($ANS$)", "(?i)answer\\b.*?($ANS$)", "($ANS$)"};
   // OLMES appends this "last resort" as the non-raw Python string "\b([A-Z])\b" (olmes 99cf8bb7,
   // oe_eval/tasks/oe_eval_tasks/bbh.py:236): its \b are backspace characters, so a bare option letter never matches
-  // there. The published numbers are OLMES' as it runs, so the pattern is kept as OLMES compiles it.
-  if (mc) templates.push_back("\x08([A-Z])\x08");
+  // there. The published numbers are OLMES' as it runs, so the pattern is kept as OLMES compiles it; the corrected
+  // variant has the word boundaries the comment there means (a raw string).
+  if (mc) templates.push_back(corrected ? "\\b([A-Z])\\b" : "\x08([A-Z])\x08");
   templates.push_back("(?i)($ANS$)");
   std::string extracted;
   for (std::string t : templates) {
@@ -107,7 +109,7 @@ class Bbh final : public GenerationTaskFamily {
   std::vector<GenerationTaskSpec> tasks() const override {
     std::vector<GenerationTaskSpec> v;
     for (const auto& t : find_task_group("bbh")->members)
-      v.push_back({t, "bbh", {"exact_match", "exact_match_simple"}, "exact_match"});
+      v.push_back({t, "bbh", {"exact_match", "exact_match_simple", "exact_match_corrected"}, "exact_match"});
     return v;
   }
   void check_gold(const GenerationTaskSpec& spec, const nlohmann::json& gold) const override {
@@ -117,12 +119,19 @@ class Bbh final : public GenerationTaskFamily {
              const std::vector<InstanceMetrics*>& out) const override {
     score_each(batch, out, [](const GenerationInstance& x, InstanceMetrics& m) {
       const std::string subtask = x.task.substr(kPrefix.size());
-      const std::string answer = genmetrics::bbh_extract_answer(x.generation, subtask);
       const std::string gold = x.gold.get<std::string>();
-      const bool em = genmetrics::exact_match(answer, gold, {}, /*ignore_case=*/true,
-                                              /*ignore_punctuation=*/subtask != "dyck_languages");
-      set_metric(m, "exact_match", em ? 1.0 : 0.0);
+      // OLMES' ExactMatch (oe_eval/metrics/metric.py:536-550; bbh.py:114 and 121-128 set its options).
+      const auto em = [&](const std::string& answer) {
+        return genmetrics::exact_match(answer, gold, {}, /*ignore_case=*/true,
+                                       /*ignore_punctuation=*/subtask != "dyck_languages")
+                   ? 1.0
+                   : 0.0;
+      };
+      const std::string answer = genmetrics::bbh_extract_answer(x.generation, subtask);
+      const std::string corrected = genmetrics::bbh_extract_answer(x.generation, subtask, /*corrected=*/true);
+      set_metric(m, "exact_match", em(answer));
       set_metric(m, "exact_match_simple", answer == gold ? 1.0 : 0.0);
+      set_metric(m, "exact_match_corrected", em(corrected));
     });
   }
   std::optional<FewShotMarkers> few_shot_markers(const std::string&) const override {

@@ -1,8 +1,13 @@
 // minerva_math_{algebra, counting_and_probability, geometry, intermediate_algebra, number_theory, prealgebra,
-// precalculus} (the group minerva_math) and minerva_math_500: exact_match, lm-eval's get_unnormalized_answer and
-// normalize_final_answer here, then is_equiv(answer, gold) by the caller's AnswerEquivalence for the pairs that are
-// not equal as strings (it needs sympy).
-#include <algorithm>
+// precalculus} (the group minerva_math) and minerva_math_500: exact_match as OLMES' minerva_math::tulu computes it
+// (olmes 99cf8bb7, oe_eval/tasks/oe_eval_tasks/minerva_math.py:243-258, cot_style "minerva": lm-eval's minerva
+// process_results). OLMES pins lm_eval==0.4.3 (pyproject.toml:27), so the functions it runs are 0.4.3's:
+// get_unnormalized_answer, 0.4.3's normalize_final_answer (here in C++), then 0.4.3's is_equiv, which has no
+// shortcut for identical strings (an answer identical to the gold that sympy cannot parse, a tuple or an interval,
+// scores 0), so every pair goes to the caller's AnswerEquivalence. OLMES' golds (the request files' label) were
+// normalised by the same 0.4.3 function, so its bugs ("ft" removed from "\left", the tuple "0,1" fused into "01")
+// hit both sides alike; a variant with lm-eval 0.4.13's corrected normalisation would need the gold re-derived from
+// the solution, and is not reported.
 #include <map>
 
 #include "archspace/util/error.h"
@@ -18,70 +23,88 @@ std::string minerva_unnormalized_answer(const std::string& generation) {
   return m ? text::py_strip(m->groups[1].value_or("")) : "[invalidanswer]";
 }
 
-std::string minerva_normalize_final_answer(const std::string& answer) {
-  using text::regex_sub;
-  using text::replace_all;
-  static const std::vector<std::pair<std::string, std::string>> substitutions = {
+namespace {
+
+using text::regex_sub;
+using text::replace_all;
+
+// lm-eval 0.4.3's SUBSTITUTIONS and REMOVED_EXPRESSIONS (utils.py:201-256; 0.4.13 has the same lists).
+const std::vector<std::pair<std::string, std::string>>& substitutions() {
+  static const std::vector<std::pair<std::string, std::string>> v = {
       {"an ", ""}, {"a ", ""},       {".$", "$"},           {"\\$", ""},          {"\\ ", ""},
       {" ", ""},   {"mbox", "text"}, {",\\text{and}", ","}, {"\\text{and}", ","}, {"\\text{m}", "\\text{}"}};
-  static const std::vector<std::string> removed = {"square",       "ways",
-                                                   "integers",     "dollars",
-                                                   "mph",          "inches",
-                                                   "ft",           "hours",
-                                                   "km",           "units",
-                                                   "\\ldots",      "sue",
-                                                   "points",       "feet",
-                                                   "minutes",      "digits",
-                                                   "cents",        "degrees",
-                                                   "cm",           "gm",
-                                                   "pounds",       "meters",
-                                                   "meals",        "edges",
-                                                   "students",     "childrentickets",
-                                                   "multiples",    "\\text{s}",
-                                                   "\\text{.}",    "\\text{\ns}",
-                                                   "\\text{}^2",   "\\text{}^3",
-                                                   "\\text{\n}",   "\\text{}",
-                                                   "\\mathrm{th}", "^\\circ",
-                                                   "^{\\circ}",    "\\;",
-                                                   ",\\!",         "{,}",
-                                                   "\"",           "\\dots"};
-  const auto is_alpha = [](const std::string& w) {
-    return !w.empty() && std::all_of(w.begin(), w.end(), [](char c) { return (c | 32) >= 'a' && (c | 32) <= 'z'; });
-  };
-  std::string s = answer.substr(answer.rfind('=') == std::string::npos ? 0 : answer.rfind('=') + 1);
-  for (const auto& expr : removed) {
-    if (is_alpha(expr)) s = regex_sub("(?<!\\\\)\\b" + expr + "\\b", "", s);
-  }
-  for (const auto& [before, after] : substitutions) replace_all(s, before, after);
-  for (const auto& expr : removed) {
-    if (is_alpha(expr)) {
-      // re.split on LaTeX command names: the text between them loses the unit, the commands are kept.
-      std::string out;
-      size_t last = 0;
-      for (const text::Match& m : text::regex("(\\\\[a-zA-Z]+)").find_all(s)) {
-        std::string segment = s.substr(last, m.start - last);
-        replace_all(segment, expr, "");
-        out += segment + *m.groups[0];
-        last = m.end;
-      }
-      std::string segment = s.substr(last);
-      replace_all(segment, expr, "");
-      s = out + segment;
-    } else {
-      replace_all(s, expr, "");
-    }
-  }
+  return v;
+}
+
+const std::vector<std::string>& removed_expressions() {
+  static const std::vector<std::string> v = {"square",       "ways",
+                                             "integers",     "dollars",
+                                             "mph",          "inches",
+                                             "ft",           "hours",
+                                             "km",           "units",
+                                             "\\ldots",      "sue",
+                                             "points",       "feet",
+                                             "minutes",      "digits",
+                                             "cents",        "degrees",
+                                             "cm",           "gm",
+                                             "pounds",       "meters",
+                                             "meals",        "edges",
+                                             "students",     "childrentickets",
+                                             "multiples",    "\\text{s}",
+                                             "\\text{.}",    "\\text{\ns}",
+                                             "\\text{}^2",   "\\text{}^3",
+                                             "\\text{\n}",   "\\text{}",
+                                             "\\mathrm{th}", "^\\circ",
+                                             "^{\\circ}",    "\\;",
+                                             ",\\!",         "{,}",
+                                             "\"",           "\\dots"};
+  return v;
+}
+
+// After the last "=" (str.split("=")[-1]).
+std::string after_last_equals(const std::string& answer) {
+  const size_t eq = answer.rfind('=');
+  return eq == std::string::npos ? answer : answer.substr(eq + 1);
+}
+
+// The LaTeX wrappers unwrapped, \fracab braced (utils.py:274-286).
+std::string unwrap_latex(std::string s) {
   s = regex_sub("(.*?)(\\$)(.*?)(\\$)(.*)", "$\\3$", s);
   s = regex_sub("(\\\\text\\{)(.*?)(\\})", "\\2", s);
   s = regex_sub("(\\\\textbf\\{)(.*?)(\\})", "\\2", s);
   s = regex_sub("(\\\\overline\\{)(.*?)(\\})", "\\2", s);
   s = regex_sub("(\\\\boxed\\{)(.*)(\\})", "\\2", s);
-  s = regex_sub("(frac)([^{])(.)", "frac{\\2}{\\3}", s);
-  s = regex_sub("(sqrt)(\\[[^\\]]*\\])(\\w)", "\\1\\2{\\3}", s);
-  s = regex_sub("(sqrt)(?!\\[)([^{])", "sqrt{\\2}", s);
+  return regex_sub("(frac)([^{])(.)", "frac{\\2}{\\3}", s);
+}
+
+// Python's str.isdigit: not empty, every character a decimal digit (\d, Unicode Nd) or another digit
+// (Numeric_Type=Digit: superscripts, circled and parenthesised digits, ...; the ranges of Python 3.11's
+// Unicode 14 tables).
+bool py_isdigit(const std::string& s) {
+  static const text::Regex digits(
+      "[\\d\\x{B2}-\\x{B3}\\x{B9}\\x{1369}-\\x{1371}\\x{19DA}\\x{2070}\\x{2074}-\\x{2079}\\x{2080}-\\x{2089}"
+      "\\x{2460}-\\x{2468}\\x{2474}-\\x{247C}\\x{2488}-\\x{2490}\\x{24EA}\\x{24F5}-\\x{24FD}\\x{24FF}"
+      "\\x{2776}-\\x{277E}\\x{2780}-\\x{2788}\\x{278A}-\\x{2792}\\x{10A40}-\\x{10A43}\\x{10E60}-\\x{10E68}"
+      "\\x{11052}-\\x{1105A}\\x{1F100}-\\x{1F10A}]+");
+  return digits.full_match(s);
+}
+
+}  // namespace
+
+std::string minerva_normalize_final_answer(const std::string& answer) {
+  // lm-eval 0.4.3 lm_eval/tasks/minerva_math/utils.py:259-294, which OLMES runs: every substitution, then every
+  // removed expression as a plain str.replace (so "ft" also goes out of "\left", utils.py:270), the LaTeX
+  // unwrapping, the one-rule \sqrt shorthand (utils.py:287), and the commas dropped whenever the rest is digits
+  // (utils.py:291, so the tuple "0,1" becomes "01").
+  std::string s = after_last_equals(answer);
+  for (const auto& [before, after] : substitutions()) replace_all(s, before, after);
+  for (const auto& expr : removed_expressions()) replace_all(s, expr, "");
+  s = unwrap_latex(s);
+  s = regex_sub("(sqrt)([^{])", "sqrt{\\2}", s);
   replace_all(s, "$", "");
-  if (text::regex("-?\\d{1,3}(,\\d{3})+").full_match(s)) replace_all(s, ",", "");
-  return s;
+  std::string no_commas = s;
+  replace_all(no_commas, ",", "");
+  return py_isdigit(no_commas) ? no_commas : s;
 }
 
 }  // namespace genmetrics
@@ -104,17 +127,13 @@ class MinervaMath final : public GenerationTaskFamily {
   }
   void score(const std::vector<const GenerationInstance*>& batch, const ExternalScorers& scorers,
              const std::vector<InstanceMetrics*>& out) const override {
-    // The pairs whose strings differ go to the equivalence check together, each distinct pair once.
+    // Every pair goes to the equivalence check (OLMES' is_equiv: lm-eval 0.4.3, no identical-string shortcut)
+    // together, each distinct pair once.
     std::map<std::pair<std::string, std::string>, std::vector<InstanceMetrics*>> pending;
     score_each(batch, out, [&](const GenerationInstance& x, InstanceMetrics& m) {
       const std::string answer =
           genmetrics::minerva_normalize_final_answer(genmetrics::minerva_unnormalized_answer(x.generation));
-      const std::string gold = x.gold.get<std::string>();
-      if (!answer.empty() && answer == gold) {
-        set_metric(m, "exact_match", 1.0);  // is_equiv's own first test: identical non-empty strings
-      } else {
-        pending[{answer, gold}].push_back(&m);
-      }
+      pending[{answer, x.gold.get<std::string>()}].push_back(&m);
     });
     if (pending.empty()) return;
     if (!scorers.equivalence)

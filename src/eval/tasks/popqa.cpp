@@ -1,5 +1,6 @@
-// popqa: exact_match, OLMES' PopQA alias match: some gold alias a occurs in the generation as a, a.lower() or
-// a.capitalize() (Python's). Gold: the request's label, else doc.possible_answers.
+// popqa: exact_match, OLMES' PopQA alias match (olmes 99cf8bb7, oe_eval/tasks/oe_eval_tasks/popqa.py:160-180): some
+// gold alias a occurs in the generation as a, a.lower() or a.capitalize() (Python's; an empty alias occurs in every
+// generation, as in Python). Gold: doc.alias, else the request's label, else doc.possible_answers.
 #include "archspace/util/error.h"
 #include "archspace/util/json_file.h"
 #include "families.h"
@@ -28,10 +29,13 @@ class PopQa final : public GenerationTaskFamily {
   void check_gold(const GenerationTaskSpec& spec, const nlohmann::json& gold) const override {
     check_strings_gold(spec, gold);
   }
-  // doc.possible_answers (a list, or the JSON text of one as the HF dataset stores it) when the line has no label.
+  // doc.alias when the line has it: OLMES scores against it, not the label (olmes 99cf8bb7,
+  // oe_eval/tasks/oe_eval_tasks/popqa.py:170; its files' label is the same list, popqa.py:86). Else the label, else
+  // doc.possible_answers (a list, or the JSON text of one as the HF dataset stores it).
   nlohmann::json gold_from_request(const GenerationTaskSpec& spec, const nlohmann::json& line) const override {
     const nlohmann::json* doc =
         line.is_object() && line.contains("doc") && line["doc"].is_object() ? &line["doc"] : nullptr;
+    if (doc && doc->contains("alias")) return checked_gold_field(spec, &(*doc)["alias"], "doc.alias");
     if (!doc || !doc->contains("possible_answers") ||
         (line.contains("label") && (line["label"].is_string() || line["label"].is_array())))
       return GenerationTaskFamily::gold_from_request(spec, line);
