@@ -4,6 +4,7 @@
 
 #include "archspace/chat/chat.h"
 #include "archspace/eval/generation_task_family.h"
+#include "archspace/text/python_str.h"
 #include "archspace/util/error.h"
 
 namespace archspace {
@@ -19,6 +20,25 @@ std::string escaped_newlines(const std::string& s) {
 }
 
 nlohmann::json turn(const char* role, std::string content) { return {{"role", role}, {"content", std::move(content)}}; }
+
+// OLMES' re.sub("\\s*" + re.escape(prefix) + "\\s*$", "", msg) for a non-empty prefix (olmes
+// oe_eval/tasks/base_task.py:536, 544, 557): the prefix followed by nothing but whitespace, and the whitespace before
+// it, cut from the end; msg unchanged when it does not end so.
+std::string without_prefix_at_end(const std::string& msg, const std::string& prefix) {
+  const size_t tail = text::py_rstrip(msg).size();  // msg[tail:] is whitespace
+  const size_t first = tail > prefix.size() ? tail - prefix.size() : 0;
+  for (size_t p = first; p + prefix.size() <= msg.size(); ++p) {
+    if (msg.compare(p, prefix.size(), prefix) != 0 || !text::py_rstrip(msg.substr(p + prefix.size())).empty()) continue;
+    return text::py_rstrip(msg.substr(0, p));  // the leftmost match starts at the whitespace before p
+  }
+  return msg;
+}
+
+// OLMES' concat_with_space (olmes oe_eval/utils.py:371): both stripped, joined by a space when both are non-empty.
+std::string concat_with_space(const std::string& a, const std::string& b) {
+  const std::string x = text::py_strip(a), y = text::py_strip(b);
+  return !x.empty() && !y.empty() ? x + " " + y : x.empty() ? y : x;
+}
 
 // OLMES' chat-format context: {"messages": [...], "assistant_prefix": "..."}; the roles and contents are checked
 // where the template renders them (chat_prompt_text).
@@ -42,12 +62,24 @@ ChatPrompt chat_format_context(const nlohmann::json& context, const std::string&
   return p;
 }
 
-// A plain few-shot context as lm-eval's fewshot_as_multiturn turns (see the header).
+// A plain context as OLMES' Task.fewshot_context turns it into messages under use_chat_format (olmes
+// oe_eval/tasks/base_task.py:517-559; see the header) with the task's chat settings.
 ChatPrompt split_few_shot(const std::string& context, const std::string& task, int64_t shots,
                           const std::string& where) {
   ChatPrompt p;
-  if (shots == 0) {
+  const ChatSettings settings = chat_settings(task);
+  p.assistant_prefix = settings.assistant_prefix;
+  // base_task.py:536, 544 and 557: each user turn of a few-shot prompt loses the prefix at its end.
+  const auto user = [&](const std::string& content) {
+    return turn("user",
+                settings.assistant_prefix.empty() ? content : without_prefix_at_end(content, p.assistant_prefix));
+  };
+  if (shots == 0) {  // base_task.py:521-527: the 0-shot user turn as it is
     p.messages.push_back(turn("user", context));
+    return p;
+  }
+  if (!settings.fewshot_as_multiturn) {  // base_task.py:548-558: the shots and the question in one user turn
+    p.messages.push_back(user(context));
     return p;
   }
   const FewShotMarkers m = few_shot_markers(task);
@@ -70,11 +102,13 @@ ChatPrompt split_few_shot(const std::string& context, const std::string& task, i
     throw Error(where + ": --chat cannot split the few-shot context: it has " + std::to_string(starts.size()) +
                 " blocks starting with \"" + m.question + "\" after a blank line, expected " +
                 std::to_string(shots + 1) + " (" + std::to_string(shots) + " shots and the question)" + advice);
+  // base_task.py:529-547: per shot the user turn doc_to_text(shot) (the description before the first) and the
+  // assistant turn concat_with_space(assistant_prefix, doc_to_target(shot)); then the question's user turn.
   for (size_t k = 0; k < starts.size(); ++k) {
     const size_t end = k + 1 < starts.size() ? starts[k + 1] - 2 : context.size();
     const std::string block = context.substr(starts[k], end - starts[k]);
     if (k + 1 == starts.size()) {
-      p.messages.push_back(turn("user", (k == 0 ? description : "") + block));
+      p.messages.push_back(user((k == 0 ? description : "") + block));
       break;
     }
     const size_t marker = block.rfind(m.answer);
@@ -82,8 +116,8 @@ ChatPrompt split_few_shot(const std::string& context, const std::string& task, i
     if (marker == std::string::npos || block.compare(answer_at, 1, " ") != 0 || block.size() <= answer_at + 1)
       throw Error(where + ": --chat cannot split the few-shot context: shot " + std::to_string(k + 1) +
                   " has no answer after \"" + escaped_newlines(m.answer) + " \"" + advice);
-    p.messages.push_back(turn("user", (k == 0 ? description : "") + block.substr(0, answer_at)));
-    p.messages.push_back(turn("assistant", block.substr(answer_at + 1)));
+    p.messages.push_back(user((k == 0 ? description : "") + block.substr(0, answer_at)));
+    p.messages.push_back(turn("assistant", concat_with_space(p.assistant_prefix, block.substr(answer_at + 1))));
   }
   return p;
 }
@@ -99,6 +133,16 @@ FewShotMarkers few_shot_markers(const std::string& task) {
   return {"Question:", "\nAnswer:"};
 }
 
+ChatSettings chat_settings(const std::string& task) {
+  if (const GenerationTaskSpec* spec = find_generation_task(task)) {
+    if (const auto settings = spec->family->chat_settings(task)) return *settings;
+  }
+  // truthfulqa::tulu (olmes oe_eval/configs/tasks.py:5578): use_chat_format without fewshot_as_multiturn, so its
+  // six shots and the question are one user turn. mmlu:mc::tulu (tasks.py:4999): fewshot_as_multiturn, no prefix.
+  if (task.starts_with("truthfulqa")) return {false, ""};
+  return {};
+}
+
 ChatPrompt chat_prompt(const nlohmann::json& context, const std::string& task, int64_t shots,
                        const std::string& where) {
   if (shots < 0) throw Error(where + ": the number of shots must be at least 0");
@@ -109,16 +153,29 @@ ChatPrompt chat_prompt(const nlohmann::json& context, const std::string& task, i
 }
 
 void to_chat_format(TaskFiles& files) {
-  std::unordered_map<std::string, std::string> rendered;  // a document's choices share one context
+  struct Rendered {
+    std::string text;
+    bool prefix = false;  // the prompt ends with an assistant prefix
+  };
+  std::unordered_map<std::string, Rendered> rendered;  // a document's choices share one context
   for (TaskRequest& r : files.requests) {
-    auto [it, added] = rendered.try_emplace(r.context);
+    const bool unconditional = files.uncond_offset > 0 && r.doc_id >= files.uncond_offset;
+    const bool object = !r.chat_context.is_null();
+    // olmes oe_eval/run_eval.py:214: only chat-format contexts are converted; OLMES' unconditional requests carry
+    // the plain string "Answer:" (base_task.py:698-705) and keep it, and their continuation's space.
+    if (unconditional && !object) continue;
+    auto [it, added] = rendered.try_emplace((object ? "object " : "string ") + r.context);  // (an object's dump)
     if (added) {
-      const bool unconditional = files.uncond_offset > 0 && r.doc_id >= files.uncond_offset;
       const std::string where =
           files.dir + "/requests.jsonl.gz (task " + files.task + ", document " + std::to_string(r.doc_id) + ")";
-      it->second = chat_prompt_text(chat_prompt(r.context, files.task, unconditional ? 0 : files.shots, where), where);
+      const ChatPrompt prompt = chat_prompt(object ? r.chat_context : nlohmann::json(r.context), files.task,
+                                            unconditional ? 0 : files.shots, where);
+      it->second = {chat_prompt_text(prompt, where), !prompt.assistant_prefix.empty()};
     }
-    r.context = it->second;
+    r.context = it->second.text;
+    r.chat_context = nullptr;
+    // run_eval.py:229-231: without an assistant prefix the continuation loses its leading whitespace.
+    if (!it->second.prefix) r.continuation = text::py_lstrip(r.continuation);
   }
 }
 

@@ -63,6 +63,7 @@ std::pair<std::vector<uint32_t>, std::vector<uint32_t>> encode_request(const Tok
 PreparedTask prepare_task(TaskFiles files, const Tokenizer& tokenizer, const ModelConfig& config, int64_t max_length) {
   if (max_length <= 0) max_length = config.max_position_embeddings;
   const auto prefix = static_cast<uint32_t>(config.bos_token_id.value_or(config.eos_token_id.value_or(0)));
+  require_plain_contexts(files);
   PreparedTask p;
   p.requests.reserve(files.requests.size());
   for (const TaskRequest& r : files.requests) {

@@ -101,7 +101,11 @@ DownstreamPipeline::DownstreamPipeline(const DownstreamSelection& selection, Dow
     : plan_(std::move(plan)) {
   for (const auto& v : plan_.variants) {
     files_.push_back(load_task(v.dir, v.task, v.format, v.shots, selection.limit));
-    if (plan_.chat) to_chat_format(files_.back());
+    if (plan_.chat) {
+      to_chat_format(files_.back());
+    } else {
+      require_plain_contexts(files_.back());
+    }
   }
   for (const auto& task : plan_.generation_tasks) {
     generation_files_.push_back(

@@ -22,6 +22,8 @@ MetricValue GenerationTaskFamily::aggregate(const std::string& metric, const std
 
 std::optional<FewShotMarkers> GenerationTaskFamily::few_shot_markers(const std::string&) const { return std::nullopt; }
 
+std::optional<ChatSettings> GenerationTaskFamily::chat_settings(const std::string&) const { return std::nullopt; }
+
 namespace {
 
 std::pair<std::string, double>* find_metric(InstanceMetrics& metrics, const std::string& name) {

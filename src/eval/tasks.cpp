@@ -224,7 +224,17 @@ TaskFiles load_task(const std::string& variant_dir, const std::string& task, con
     }
     r.native_id = j->contains("native_id") ? (*j)["native_id"] : nlohmann::json();
     const auto& request = json_field(*j, "request", where);
-    r.context = json_string_field(request, "context", where + " request");
+    const nlohmann::json& context = json_field(request, "context", where + " request");
+    if (context.is_object()) {
+      r.chat_context = context;  // OLMES' chat format: rendered by to_chat_format (--chat)
+      r.context = context.dump();
+    } else if (!context.is_string()) {
+      throw Error(where +
+                  " request: field \"context\" must be a string or OLMES' chat-format {\"messages\": [...], "
+                  "\"assistant_prefix\": \"...\"} object");
+    } else {
+      r.context = context.get<std::string>();
+    }
     r.continuation = json_string_field(request, "continuation", where + " request");
     const bool uncond = t.uncond_offset > 0 && r.doc_id >= t.uncond_offset;
     if (uncond) {
@@ -299,6 +309,14 @@ TaskFiles load_task(const std::string& variant_dir, const std::string& task, con
     }
   }
   return t;
+}
+
+void require_plain_contexts(const TaskFiles& files) {
+  for (const TaskRequest& r : files.requests) {
+    if (!r.chat_context.is_null())
+      throw Error(files.dir + "/requests.jsonl.gz: document " + std::to_string(r.doc_id) +
+                  ": request.context is a chat-format conversation (OLMES' use_chat_format): add --chat");
+  }
 }
 
 }  // namespace archspace

@@ -71,6 +71,31 @@ std::string py_strip(const std::string& s) {
   return out;
 }
 
+namespace {
+
+// Whether the character of s at byte i (utf8_char_length(s, i) bytes) is whitespace.
+bool space_at(const std::string& s, size_t i) {
+  const std::vector<char32_t> c = decode_utf8(s.substr(i, utf8_char_length(s, i)));
+  return c.size() == 1 && py_isspace(c[0]);
+}
+
+}  // namespace
+
+// The two keep the bytes of s that remain (a byte that starts no UTF-8 character is not whitespace).
+std::string py_lstrip(const std::string& s) {
+  size_t b = 0;
+  while (b < s.size() && space_at(s, b)) b += utf8_char_length(s, b);
+  return s.substr(b);
+}
+
+std::string py_rstrip(const std::string& s) {
+  size_t end = 0;  // the end of the last character that is not whitespace
+  for (size_t i = 0; i < s.size(); i += utf8_char_length(s, i)) {
+    if (!space_at(s, i)) end = i + utf8_char_length(s, i);
+  }
+  return s.substr(0, end);
+}
+
 std::vector<std::string> py_split(const std::string& s) {
   std::vector<std::string> out;
   std::string word;

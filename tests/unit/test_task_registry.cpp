@@ -3,8 +3,10 @@
 // (text/utf8.h, text/python_str.h, text/python_re.h).
 #include <gtest/gtest.h>
 
+#include <initializer_list>
 #include <map>
 
+#include "archspace/chat/chat.h"
 #include "archspace/eval/chat_format.h"
 #include "archspace/eval/generation_task_family.h"
 #include "archspace/text/python_re.h"
@@ -90,6 +92,88 @@ TEST(GenerationTaskRegistry, FamiliesGiveTheirPromptMarkersAndNeeds) {
   EXPECT_FALSE(find_generation_task("drop")->family->needs_external_scorer());
 }
 
+// OLMES' instruct (::tulu) chat settings per task (eval/chat_format.h), from olmes oe_eval/configs/tasks.py and the
+// task files' chat_overrides: what the conversations below are built with.
+TEST(GenerationTaskRegistry, FamiliesGiveOlmesChatSettings) {
+  EXPECT_EQ(chat_settings("gsm8k").assistant_prefix, "Answer:");
+  EXPECT_TRUE(chat_settings("gsm8k").fewshot_as_multiturn);
+  EXPECT_FALSE(chat_settings("drop").fewshot_as_multiturn);
+  EXPECT_FALSE(chat_settings("truthfulqa").fewshot_as_multiturn);
+  for (const char* task : {"minerva_math_algebra", "mmlu_anatomy", "bbh_navigate", "popqa", "ifeval"}) {
+    EXPECT_TRUE(chat_settings(task).fewshot_as_multiturn) << task;
+    EXPECT_EQ(chat_settings(task).assistant_prefix, "") << task;
+  }
+  EXPECT_EQ(few_shot_markers("bbh_navigate").answer, "\nA: Let's think step by step.");
+  EXPECT_EQ(few_shot_markers("popqa").question, "Q:");
+  EXPECT_EQ(few_shot_markers("popqa").answer, " A:");
+}
+
+nlohmann::json turns(std::initializer_list<std::pair<const char*, const char*>> list) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& [role, content] : list) out.push_back({{"role", role}, {"content", content}});
+  return out;
+}
+
+TEST(GenerationTaskRegistry, PlainContextsBecomeOlmesConversations) {
+  // gsm8k::tulu: the prefix "Answer:" (and the whitespace before it) leaves the user turns, opens the assistant
+  // turns (concat_with_space strips the answer) and ends the prompt.
+  const std::string gsm8k =
+      "Question: 1+1?\nAnswer: 1+1=2. #### 2 \n\nQuestion: 2+2?\nAnswer: 4. #### 4\n\n"
+      "Question: 3+3?\nAnswer:";
+  ChatPrompt p = chat_prompt(gsm8k, "gsm8k", 2, "t");
+  EXPECT_EQ(p.messages, turns({{"user", "Question: 1+1?"},
+                               {"assistant", "Answer: 1+1=2. #### 2"},
+                               {"user", "Question: 2+2?"},
+                               {"assistant", "Answer: 4. #### 4"},
+                               {"user", "Question: 3+3?"}}));
+  EXPECT_EQ(p.assistant_prefix, "Answer:");
+  // 0 shots: the user turn as it is (OLMES strips the prefix only from few-shot turns).
+  EXPECT_EQ(chat_prompt("Question: 3+3?\nAnswer:", "gsm8k", 0, "t").messages,
+            turns({{"user", "Question: 3+3?\nAnswer:"}}));
+  // drop::llama3 and truthfulqa::tulu: the shots and the question in one user turn, no prefix.
+  const std::string tqa = "Q: a?\nA: b.\n\nQ: c?\nA:";
+  p = chat_prompt(tqa, "truthfulqa", 1, "t");
+  EXPECT_EQ(p.messages, turns({{"user", "Q: a?\nA: b.\n\nQ: c?\nA:"}}));
+  EXPECT_EQ(p.assistant_prefix, "");
+  EXPECT_EQ(chat_prompt("Passage: p\nQuestion: q\nAnswer: 1\n\nPassage: p\nQuestion: r\nAnswer:", "drop", 1, "t")
+                .messages.size(),
+            1u);
+  // popqa::tulu: multiturn at its own markers "Q:" / " A:".
+  EXPECT_EQ(chat_prompt("Q: x? A: y\n\nQ: z? A:", "popqa", 1, "t").messages,
+            turns({{"user", "Q: x? A:"}, {"assistant", "y"}, {"user", "Q: z? A:"}}));
+}
+
+TEST(GenerationTaskRegistry, MultipleChoiceRequestsInTheChatFormat) {
+  // A chat-format object (truthfulqa::tulu's) and a plain context: rendered through the template, the continuation
+  // without its leading space (no assistant prefix); the unconditional request keeps "Answer:" and its space, as
+  // OLMES converts only chat-format contexts.
+  TaskFiles f;
+  f.task = "mmlu_anatomy";
+  f.dir = "d";
+  f.shots = 0;
+  f.uncond_offset = 100;
+  const nlohmann::json object = {{"messages", turns({{"user", "Q: a?\nA:"}})}, {"assistant_prefix", ""}};
+  TaskRequest a{0, 0, 0, nullptr, object.dump(), " yes", object};
+  TaskRequest b{1, 0, 0, nullptr, "Question: b?\nAnswer:", " \tno", nullptr};
+  TaskRequest u{100, 0, 0, nullptr, "Answer:", " yes", nullptr};
+  f.requests = {a, b, u};
+  EXPECT_THROW(require_plain_contexts(f), Error);
+  to_chat_format(f);
+  require_plain_contexts(f);
+  EXPECT_EQ(f.requests[0].context, archspace::chat_prompt_text(object["messages"], "t"));
+  EXPECT_EQ(f.requests[0].continuation, "yes");
+  EXPECT_EQ(f.requests[1].context, archspace::chat_prompt_text(turns({{"user", "Question: b?\nAnswer:"}}), "t"));
+  EXPECT_EQ(f.requests[1].continuation, "no");
+  EXPECT_EQ(f.requests[2].context, "Answer:");
+  EXPECT_EQ(f.requests[2].continuation, " yes");
+  // With an assistant prefix the continuation keeps its space.
+  const nlohmann::json prefixed = {{"messages", turns({{"user", "Q"}})}, {"assistant_prefix", "A:"}};
+  f.requests = {TaskRequest{0, 0, 0, nullptr, prefixed.dump(), " yes", prefixed}};
+  to_chat_format(f);
+  EXPECT_EQ(f.requests[0].context, archspace::chat_prompt_text(prefixed["messages"], "t") + "A:");
+  EXPECT_EQ(f.requests[0].continuation, " yes");
+}
+
 TEST(PythonText, Utf8DecodesAndEncodesBack) {
   const std::string s = "h\xc3\xa9llo \xe2\x82\xac \xf0\x9d\x84\x9e";  // héllo € 𝄞
   const std::vector<char32_t> cps = text::decode_utf8(s);
@@ -118,7 +202,10 @@ TEST(PythonText, RegexSearchMatchAndFullMatchAsPython) {
 TEST(PythonText, StrSemantics) {
   EXPECT_EQ(text::py_lower("\xc4\xb0Stanbul"), "i\xcc\x87stanbul");  // 'İStanbul'.lower()
   EXPECT_EQ(text::py_capitalize("hELLO"), "Hello");
-  EXPECT_EQ(text::py_strip("\xc2\xa0 a b \x1f"), "a b");  // NBSP and \x1f are whitespace to Python
+  EXPECT_EQ(text::py_strip("\xc2\xa0 a b \x1f"), "a b");      // NBSP and \x1f are whitespace to Python
+  EXPECT_EQ(text::py_lstrip("\xe3\x80\x80\n a b "), "a b ");  // U+3000 too
+  EXPECT_EQ(text::py_rstrip(" a b\xe2\x80\xa8\t"), " a b");   // U+2028
+  EXPECT_EQ(text::py_rstrip("a\xff "), "a\xff");  // a byte that starts no character stays, as it is not whitespace
   EXPECT_EQ(text::py_split(" a  b\tc "), (std::vector<std::string>{"a", "b", "c"}));
   EXPECT_EQ(text::join_words({"a", "b"}), "a b");
   EXPECT_EQ(text::remove_punctuation("a.b,c!"), "abc");

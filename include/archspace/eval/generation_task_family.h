@@ -54,6 +54,10 @@ class GenerationTaskFamily {
   // How the task's few-shot prompts split into chat turns (eval/chat_format.h); nullopt: the default markers.
   virtual std::optional<FewShotMarkers> few_shot_markers(const std::string& task) const;
 
+  // How OLMES' instruct config renders the task's few-shot prompt in the chat format (eval/chat_format.h:
+  // chat_settings); nullopt: the default (fewshot_as_multiturn, no assistant prefix).
+  virtual std::optional<ChatSettings> chat_settings(const std::string& task) const;
+
   // True when scoring runs generated programs (the code sandbox must be available before generating).
   virtual bool runs_programs() const { return false; }
 

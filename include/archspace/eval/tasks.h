@@ -3,7 +3,8 @@
 // (basic_arithmetic). Each request line is one log-likelihood request: the document, the context and
 // one choice's continuation, `idx` (the choice), `label` (the gold choice) and `doc_id`; requests with
 // doc_id >= config metric_kwargs.uncond_docid_offset are the unconditional ones (doc_id - offset's choice
-// scored after "Answer:" alone) behind acc_uncond.
+// scored after "Answer:" alone) behind acc_uncond. request.context is a string, or OLMES' chat-format object
+// {"messages", "assistant_prefix"} (TaskRequest::chat_context, rendered under --chat by to_chat_format).
 //
 // TruthfulQA (several true choices per document) as OLMES' truthfulqa writes it: each line's doc carries the
 // document's choices' 0/1 `labels`, `mc1_indices` and `mc2_indices` (OLMES' TruthfulQA._process_doc merges the
@@ -29,6 +30,10 @@ struct TaskRequest {
   int64_t label = 0;  // the gold choice of the document
   nlohmann::json native_id;
   std::string context, continuation;
+  // OLMES' chat-format context ({"messages", "assistant_prefix"}, written under use_chat_format) until
+  // to_chat_format (eval/chat_format.h) renders it into `context`; null for a string context. A request still
+  // holding one is refused by prepare_task (it needs --chat).
+  nlohmann::json chat_context;
 };
 
 // One TruthfulQA document's labels (see the top of this file).
@@ -95,5 +100,8 @@ std::string json_string_field(const nlohmann::json& j, const std::string& key, c
 // whose choices are not 0..k-1 with the gold among them (TruthfulQA's: labels per choice, indices among them).
 TaskFiles load_task(const std::string& variant_dir, const std::string& task, const std::string& format, int64_t shots,
                     int64_t limit = 0);
+
+// Throws naming the file and document when a request still has OLMES' chat-format context (it needs --chat).
+void require_plain_contexts(const TaskFiles& files);
 
 }  // namespace archspace

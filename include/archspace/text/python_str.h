@@ -12,6 +12,8 @@ bool py_isspace(char32_t c);                                    // str.isspace o
 std::string py_lower(const std::string& s);                     // str.lower
 std::string py_capitalize(const std::string& s);                // str.capitalize (simple case mappings)
 std::string py_strip(const std::string& s);                     // str.strip()
+std::string py_lstrip(const std::string& s);                    // str.lstrip()
+std::string py_rstrip(const std::string& s);                    // str.rstrip()
 std::vector<std::string> py_split(const std::string& s);        // str.split()
 std::string join_words(const std::vector<std::string>& words);  // " ".join(words)
 

@@ -134,8 +134,11 @@ class Bbh final : public GenerationTaskFamily {
       set_metric(m, "exact_match_corrected", em(corrected));
     });
   }
+  // OLMES' bbh CoT query "Q: <input>\nA: Let's think step by step." and target " <solution>" (olmes
+  // oe_eval/tasks/oe_eval_tasks/bbh.py:156-170, 192-194): under fewshot_as_multiturn (bbh.py:100-107) the user turn
+  // ends with "Let's think step by step." and the assistant turn is the solution.
   std::optional<FewShotMarkers> few_shot_markers(const std::string&) const override {
-    return FewShotMarkers{"Q:", "\nA:"};
+    return FewShotMarkers{"Q:", "\nA: Let's think step by step."};
   }
 };
 

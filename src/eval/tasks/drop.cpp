@@ -160,6 +160,11 @@ class Drop final : public GenerationTaskFamily {
   std::optional<FewShotMarkers> few_shot_markers(const std::string&) const override {
     return FewShotMarkers{"Passage:", "\nAnswer:"};
   }
+  // drop::llama3 (olmes oe_eval/configs/tasks.py:491) sets neither use_chat_format nor fewshot_as_multiturn; run
+  // for a chat model (run_eval.py:327-329: chat_model makes use_chat_format the default) DROP's chat_overrides
+  // (olmes oe_eval/tasks/oe_eval_tasks/drop.py:54-58) change only the stop sequences, so the shots and the
+  // question are one user turn (base_task.py:548-558), no assistant prefix.
+  std::optional<ChatSettings> chat_settings(const std::string&) const override { return ChatSettings{false, ""}; }
 };
 
 }  // namespace

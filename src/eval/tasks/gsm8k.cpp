@@ -46,6 +46,11 @@ class Gsm8k final : public GenerationTaskFamily {
       set_metric(m, "exact_match_flex", em(genmetrics::gsm8k_flex(x.generation)));
     });
   }
+  // gsm8k::tulu (olmes oe_eval/configs/tasks.py:5678) is use_chat_format with fewshot_as_multiturn, and GSM8K's
+  // chat_overrides (olmes oe_eval/tasks/oe_eval_tasks/gsm8k.py:75-79) set assistant_prefix "Answer:": each user turn
+  // "Question: ..." without its "\nAnswer:", each assistant turn "Answer: <solution>", the prompt ending in
+  // "Answer:" after the generation prompt.
+  std::optional<ChatSettings> chat_settings(const std::string&) const override { return ChatSettings{true, "Answer:"}; }
 };
 
 }  // namespace

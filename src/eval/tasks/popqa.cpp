@@ -58,6 +58,11 @@ class PopQa final : public GenerationTaskFamily {
       set_metric(m, "exact_match", genmetrics::popqa_match(x.generation, strings_gold(x.gold)) ? 1.0 : 0.0);
     });
   }
+  // OLMES' PopQA.doc_to_text "Q: <query> A:" and doc_to_target " <gold>" (olmes
+  // oe_eval/tasks/oe_eval_tasks/popqa.py:110-116); popqa::tulu (tasks.py:7105) is fewshot_as_multiturn, no prefix.
+  std::optional<FewShotMarkers> few_shot_markers(const std::string&) const override {
+    return FewShotMarkers{"Q:", " A:"};
+  }
 };
 
 }  // namespace
