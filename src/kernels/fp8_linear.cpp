@@ -7,7 +7,9 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <exception>
 #include <optional>
 #include <vector>
 
@@ -70,6 +72,25 @@ E4m3Cast aten_cast(const at::Tensor& t) {
   return {values, scale.reciprocal()};
 }
 
+// at::_scaled_mm on the CPU is a oneDNN fp8 matmul, which needs AVX512 for some shapes and output types (with
+// ONEDNN_MAX_CPU_ISA=AVX2 it cannot create the primitive): once it has refused, the CPU takes the same arithmetic
+// in ATen's ops for the rest of the process: the e4m3 values widened to fp32 (exactly), their fp32 GEMM (exact
+// products, fp32 sums), the two inverse scales, one rounding to out_dtype.
+std::atomic<bool> cpu_scaled_mm_refused{false};
+
+at::Tensor scaled_mm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& inverse_a, const at::Tensor& inverse_b,
+                     at::ScalarType out_dtype) {
+  if (!a.device().is_cpu()) return at::_scaled_mm(a, b, inverse_a, inverse_b, std::nullopt, std::nullopt, out_dtype);
+  if (!cpu_scaled_mm_refused.load()) {
+    try {
+      return at::_scaled_mm(a, b, inverse_a, inverse_b, std::nullopt, std::nullopt, out_dtype);
+    } catch (const std::exception&) {  // c10::Error, or oneDNN's own dnnl::error
+      cpu_scaled_mm_refused.store(true);
+    }
+  }
+  return (at::mm(a.to(at::kFloat), b.to(at::kFloat)) * (inverse_a * inverse_b)).to(out_dtype);
+}
+
 // A row-major [r, c] e4m3 matrix as the column-major operand _scaled_mm wants second: the same matrix, stored
 // transposed.
 at::Tensor column_major(const at::Tensor& m) { return m.t().contiguous().t(); }
@@ -84,8 +105,7 @@ struct Fp8Linear : public torch::autograd::Function<Fp8Linear> {
     const int64_t N = weight.size(0);
     const E4m3Cast xq{x_values, x_inverse_scale}, wq = cast_to_e4m3(weight);
     // y = x W^T: W [N, K] row-major is W^T [K, N] column-major.
-    const at::Tensor y = at::_scaled_mm(xq.values, wq.values.t(), xq.inverse_scale, wq.inverse_scale, std::nullopt,
-                                        std::nullopt, at::kBFloat16);
+    const at::Tensor y = scaled_mm(xq.values, wq.values.t(), xq.inverse_scale, wq.inverse_scale, at::kBFloat16);
     ctx->save_for_backward({xq.values, xq.inverse_scale, wq.values, wq.inverse_scale});
     ctx->saved_data["x_dtype"] = x.scalar_type();
     ctx->saved_data["w_dtype"] = weight.scalar_type();
@@ -104,16 +124,14 @@ struct Fp8Linear : public torch::autograd::Function<Fp8Linear> {
     at::Tensor dx, dw;
     if (ctx->needs_input_grad(0)) {
       // dx = g W: g [M, N] row-major, W [N, K] column-major.
-      dx = at::_scaled_mm(gq.values, column_major(w8), gq.inverse_scale, w_inv, std::nullopt, std::nullopt,
-                          at::kBFloat16)
+      dx = scaled_mm(gq.values, column_major(w8), gq.inverse_scale, w_inv, at::kBFloat16)
                .to(ctx->saved_data["x_dtype"].toScalarType())
                .view(ctx->saved_data["x_shape"].toIntVector());
     }
     if (ctx->needs_input_grad(1)) {
       // dW = g^T x: g^T [N, M] row-major, x [M, K] column-major.
       const at::ScalarType w_dtype = ctx->saved_data["w_dtype"].toScalarType();
-      dw = at::_scaled_mm(gq.values.t().contiguous(), column_major(x8), gq.inverse_scale, x_inv, std::nullopt,
-                          std::nullopt, gradient_dtype(w_dtype))
+      dw = scaled_mm(gq.values.t().contiguous(), column_major(x8), gq.inverse_scale, x_inv, gradient_dtype(w_dtype))
                .to(w_dtype);
     }
     return {dx, dw, at::Tensor(), at::Tensor()};
