@@ -250,6 +250,7 @@ ChoiceTexts read_keys(const toml::table& root, TrainConfig& c, const std::string
   train.get("seed", c.seed);
   train.get("device", choices.device);
   train.get("dtype", choices.dtype);
+  train.get("fp8", c.fp8);
   train.get("threads", c.threads);
   train.get("dist_timeout_s", c.dist_timeout_s);
   train.get("sharding", choices.sharding);
@@ -549,6 +550,10 @@ void validate(TrainConfig& c, const ChoiceTexts& choices, const std::string& pat
   c.format = parse_data_format(choices.format, key("data.format"));
   c.device = parse_device(choices.device, key("train.device"));
   c.dtype = parse_dtype(choices.dtype, key("train.dtype"));
+  if (c.fp8 && c.dtype != DType::kBf16) {
+    throw Error(key("train.fp8") + " = true needs train.dtype = \"bf16\" (FP8 block matmuls, bf16 autocast around " +
+                "them), it is \"" + choices.dtype + "\"");
+  }
   if (choices.nonfinite != "stop" && choices.nonfinite != "skip") {
     throw Error(key("train.nonfinite") + ": unknown policy '" + choices.nonfinite + "' (valid: stop, skip)");
   }

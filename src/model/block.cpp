@@ -3,6 +3,7 @@
 // independent reference in tests/python/topology_reference.py is written from the same papers, not from this file.
 #include <cmath>
 
+#include "archspace/kernels/fp8_linear.h"
 #include "archspace/kernels/linear.h"
 #include "archspace/model/activation_checkpoint.h"
 #include "archspace/model/causal_lm.h"
@@ -22,7 +23,8 @@ at::Tensor CausalLM::attention(const BlockWeights& layer, const at::Tensor& x, c
   const int64_t B = x.size(0), T = x.size(1), h = config_.head_dim;
   const double eps = config_.rms_norm_eps;
   // Q/K RMSNorm over the whole projection width, before splitting into heads.
-  std::vector<at::Tensor> qkv = linear_many(x, {layer.q_proj, layer.k_proj, layer.v_proj});
+  const bool fp8 = ctx.mode.fp8();  // training's FP8 matmuls (kernels/fp8_linear.h)
+  std::vector<at::Tensor> qkv = (fp8 ? fp8_linear_many : linear_many)(x, {layer.q_proj, layer.k_proj, layer.v_proj});
   at::Tensor q_BHTD = rms_norm_rope(qkv[0], layer.q_norm, eps, ctx.cos, ctx.sin, h);
   at::Tensor k_BGTD = rms_norm_rope(qkv[1], layer.k_norm, eps, ctx.cos, ctx.sin, h);
   at::Tensor v = std::move(qkv[2]);
@@ -55,13 +57,14 @@ at::Tensor CausalLM::attention(const BlockWeights& layer, const at::Tensor& x, c
   }
   at::Tensor o =
       causal_attention(q_BHTD, k_BGTD, v_BGTD, ctx.window, q_offset, ctx.mode.attention(), padding_mask, ctx.documents);
-  at::Tensor out = archspace::linear(o.transpose(1, 2).reshape({B, T, -1}), layer.o_proj);
+  const at::Tensor heads = o.transpose(1, 2).reshape({B, T, -1});
+  at::Tensor out = fp8 ? fp8_linear(heads, layer.o_proj) : archspace::linear(heads, layer.o_proj);
   ctx.record("attn_output", out);
   return out;
 }
 
 at::Tensor CausalLM::mlp(const LayerWeights& layer, const at::Tensor& x, const LayerContext& ctx) const {
-  at::Tensor out = swiglu_mlp(x, layer.gate_proj, layer.up_proj, layer.down_proj);
+  at::Tensor out = swiglu_mlp(x, layer.gate_proj, layer.up_proj, layer.down_proj, ctx.mode.fp8());
   ctx.record("mlp_output", out);
   return out;
 }
@@ -100,6 +103,7 @@ CausalLM::Streams CausalLM::checkpointed_block(const LayerContext& ctx, const St
   SequenceOptions recomputation;
   recomputation.attention = ctx.mode.attention();
   recomputation.context_parallel = ctx.mode.context_parallel();  // the recomputation exchanges keys and values again
+  recomputation.fp8 = ctx.mode.fp8();                            // and casts to e4m3 as the forward did
   const ForwardMode mode = recomputation;
   const int64_t window = ctx.window;
   const at::Tensor cos = ctx.cos, sin = ctx.sin;

@@ -29,6 +29,7 @@ std::string training_fields_set(const ForwardOptions& o, bool positions) {
   add(o.activation_checkpointing, "activation_checkpointing");
   add(o.sparse_embedding_gradient, "sparse_embedding_gradient");
   add(o.parameters != nullptr, "parameters");
+  add(o.fp8, "fp8");
   if (positions) {
     add(o.context_parallel != nullptr, "context_parallel");
     add(o.first_position != 0, "first_position");
@@ -82,6 +83,7 @@ ForwardMode::ForwardMode(const ForwardOptions& o) {
   s.sparse_embedding_gradient = o.sparse_embedding_gradient;
   s.parameters = o.parameters;
   s.context_parallel = o.context_parallel;
+  s.fp8 = o.fp8;
   check_sequences(s);
   mode_ = s;
 }
@@ -108,5 +110,7 @@ ActivationRecorder* ForwardMode::recorder() const {
 ContextParallel* ForwardMode::context_parallel() const { return sequences() ? sequences()->context_parallel : nullptr; }
 
 ParameterSource* ForwardMode::parameters() const { return sequences() ? sequences()->parameters : nullptr; }
+
+bool ForwardMode::fp8() const { return sequences() && sequences()->fp8; }
 
 }  // namespace archspace

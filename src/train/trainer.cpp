@@ -504,6 +504,7 @@ SequenceOptions Trainer::forward_options(bool training) const {
   forward.final_hidden_only = true;  // the head runs in the loss (model/loss.h), chunk by chunk
   forward.context_parallel = cp_.get();
   forward.document_eos_id = document_eos_;  // validation sees the instances as training does
+  forward.fp8 = cfg_.fp8;                   // and runs the block's matmuls in FP8 as training does
   // FSDP: each unit's weights gathered as it runs; bf16 training: the step's casts.
   forward.parameters = strategy_->parameter_source(training);
   forward.sparse_embedding_gradient = strategy_->sparse_embedding_gradient(training);

@@ -25,6 +25,7 @@ def test_dry_run_passes_every_check_and_measures_every_figure(tmp_path):
     assert {c["window"] for c in checks["flash_attention"]["cases"]} >= {0, 8}
     assert len([c for c in checks["flash_attention"]["cases"] if "documents" in c]) == 2  # variable-length form
     assert len(checks["train_bf16"]["losses"]["bf16"]) == 3
+    assert len(checks["train_bf16"]["losses"]["fp8"]) == 3 and checks["train_bf16"]["last_step_fp8_vs_bf16_relative"] > 0
     assert checks["train_bf16"]["first_step_fp32_engine_vs_transformers"] <= 2e-4  # the loss itself, not only bf16's drift
     # 2 Gloo ranks, "full" against "none": not skipped on the CPU, every dtype's losses of every step compared.
     sharded = checks["sharded_training"]
@@ -34,6 +35,7 @@ def test_dry_run_passes_every_check_and_measures_every_figure(tmp_path):
     m = summary["measurements"]
     assert m["training_1b"]["tokens_per_s_median"] > 0 and m["training_1b"]["model_flops_per_token"] > 0
     assert m["training_1b"]["mfu"] is None  # no GPU peak to divide by on the CPU
+    assert m["training_1b_fp8"]["tokens_per_s_median"] > 0 and m["training_1b_fp8"]["last_loss_vs_bf16_relative"] > 0
     assert m["decode"]["engine_decode_tok_s"] > 0 and m["decode"]["transformers_decode_tok_s"] > 0
     # Every way of running decoding steps the CPU has, checked and timed (CUDA graphs: on a GPU only).
     assert checks["cache_decode"]["mismatches"] == {"eager": 0, "fixed-shapes": 0}

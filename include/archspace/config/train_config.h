@@ -80,6 +80,9 @@ struct TrainConfig {
   uint64_t seed = 0;
   DeviceSpec device;
   DType dtype = DType::kFp32;  // bf16: autocast (weights and optimizer stay fp32)
+  // The block's linear layers' matmuls in FP8 (e4m3, tensorwise dynamic scaling; kernels/fp8_linear.h), the rest
+  // as train.dtype = "bf16" has it, which it requires.
+  bool fp8 = false;
   int threads = 0;
   // Keep only each block's inputs in forward and recompute the block in backward (model/activation_checkpoint.h).
   bool activation_checkpointing = false;

@@ -66,6 +66,9 @@ struct SequenceOptions {
   // Context parallelism: input_ids are one slice of each sequence, its positions and the other slices' keys and
   // values come from this hook (model/context_parallel.h). Not with first_position or document masking.
   ContextParallel* context_parallel = nullptr;
+  // The block's linear layers (q/k/v/o, gate/up/down) through FP8 matmuls (train.fp8; kernels/fp8_linear.h): e4m3
+  // operands with tensorwise dynamic scaling, bf16 results. The embedding and the LM head stay as they are.
+  bool fp8 = false;
 };
 
 // Whole sequences from position 0 with the analyses' probes; no gradients are kept for them.
@@ -99,6 +102,7 @@ struct ForwardOptions {
   bool sparse_embedding_gradient = false;
   ParameterSource* parameters = nullptr;
   ContextParallel* context_parallel = nullptr;
+  bool fp8 = false;
 };
 
 // One forward's mode, checked at construction (archspace::Error naming the fields of a combination no mode has).
@@ -124,6 +128,7 @@ class ForwardMode {
   ActivationRecorder* recorder() const;
   ContextParallel* context_parallel() const;
   ParameterSource* parameters() const;
+  bool fp8() const;  // SequenceOptions::fp8 (false in the other modes)
 
  private:
   std::variant<SequenceOptions, DecodeOptions, AnalysisOptions> mode_;

@@ -1,0 +1,176 @@
+#include "archspace/kernels/fp8_linear.h"
+
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <c10/core/GradMode.h>
+#include <c10/util/Float8_e4m3fn.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <exception>
+#include <optional>
+#include <vector>
+
+#include "archspace/kernels/linear.h"
+
+namespace archspace {
+
+namespace {
+
+constexpr int64_t kGrain = 1 << 15;  // entries a task: a cast is one pass over memory
+
+// The largest |t| of a contiguous CPU tensor in fp32 (NaN if any entry is NaN, as at::amax).
+template <typename T>
+float cpu_amax(const T* p, int64_t n) {
+  return at::parallel_reduce(
+      0, n, kGrain, 0.0f,
+      [p](int64_t begin, int64_t end, float m) {
+        for (int64_t i = begin; i < end; ++i) {
+          const float a = std::fabs(static_cast<float>(p[i]));
+          m = (a > m || std::isnan(a)) ? a : m;
+        }
+        return m;
+      },
+      [](float a, float b) { return (a > b || std::isnan(a)) ? a : b; });
+}
+
+// q_i = e4m3(clamp(fp32(t_i) * scale, -448, 448)): the scale, clamp and cast of each entry in one pass. The
+// product is rounded to fp32 first and the clamp keeps NaN (std::max/std::min return their first argument when
+// it is NaN), as ATen's mul, clamp and to() would do it.
+template <typename T>
+void cpu_scale_cast(const T* p, c10::Float8_e4m3fn* q, int64_t n, float scale) {
+  at::parallel_for(0, n, kGrain, [=](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const float v = static_cast<float>(p[i]) * scale;
+      q[i] = c10::Float8_e4m3fn(std::min(std::max(v, -kE4m3Max), kE4m3Max));
+    }
+  });
+}
+
+E4m3Cast cpu_cast(const at::Tensor& t) {
+  const at::Tensor c = t.contiguous();
+  at::Tensor values = at::empty(c.sizes(), c.options().dtype(at::kFloat8_e4m3fn));
+  float scale = 0;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, c.scalar_type(), "cast_to_e4m3", [&] {
+    const auto* p = c.const_data_ptr<scalar_t>();
+    const float amax = cpu_amax(p, c.numel());
+    scale = kE4m3Max / std::max(amax, kFp8AmaxFloor);  // NaN stays NaN (std::max(NaN, floor) is NaN)
+    cpu_scale_cast(p, static_cast<c10::Float8_e4m3fn*>(values.mutable_data_ptr()), c.numel(), scale);
+  });
+  return {values, at::scalar_tensor(1.0f / scale, c.options().dtype(at::kFloat))};
+}
+
+// The same arithmetic in ATen's ops (any device): the scale stays on the device, no host synchronisation.
+E4m3Cast aten_cast(const at::Tensor& t) {
+  const at::Tensor f = t.to(at::kFloat);
+  const at::Tensor amax = f.abs().amax();
+  // 448 / amax as one fp32 division (at::operator/(Scalar, Tensor) would multiply by a rounded reciprocal).
+  const at::Tensor scale = at::div(at::scalar_tensor(kE4m3Max, amax.options()), amax.clamp_min(kFp8AmaxFloor));
+  at::Tensor values = (f * scale).clamp(-kE4m3Max, kE4m3Max).to(at::kFloat8_e4m3fn).contiguous();
+  return {values, scale.reciprocal()};
+}
+
+// at::_scaled_mm on the CPU is a oneDNN fp8 matmul, which needs AVX512 for some shapes and output types (with
+// ONEDNN_MAX_CPU_ISA=AVX2 it cannot create the primitive): once it has refused, the CPU takes the same arithmetic
+// in ATen's ops for the rest of the process: the e4m3 values widened to fp32 (exactly), their fp32 GEMM (exact
+// products, fp32 sums), the two inverse scales, one rounding to out_dtype.
+std::atomic<bool> cpu_scaled_mm_refused{false};
+
+at::Tensor scaled_mm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& inverse_a, const at::Tensor& inverse_b,
+                     at::ScalarType out_dtype) {
+  if (!a.device().is_cpu()) return at::_scaled_mm(a, b, inverse_a, inverse_b, std::nullopt, std::nullopt, out_dtype);
+  if (!cpu_scaled_mm_refused.load()) {
+    try {
+      return at::_scaled_mm(a, b, inverse_a, inverse_b, std::nullopt, std::nullopt, out_dtype);
+    } catch (const std::exception&) {  // c10::Error, or oneDNN's own dnnl::error
+      cpu_scaled_mm_refused.store(true);
+    }
+  }
+  return (at::mm(a.to(at::kFloat), b.to(at::kFloat)) * (inverse_a * inverse_b)).to(out_dtype);
+}
+
+// A row-major [r, c] e4m3 matrix as the column-major operand _scaled_mm wants second: the same matrix, stored
+// transposed.
+at::Tensor column_major(const at::Tensor& m) { return m.t().contiguous().t(); }
+
+at::ScalarType gradient_dtype(at::ScalarType t) { return t == at::kFloat ? at::kFloat : at::kBFloat16; }
+
+// x_values and x_inverse_scale: x's cast, made once by the caller for all the weights that read x (not
+// differentiated through: the gradient goes to x).
+struct Fp8Linear : public torch::autograd::Function<Fp8Linear> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
+                            const at::Tensor& x_values, const at::Tensor& x_inverse_scale) {
+    const int64_t N = weight.size(0);
+    const E4m3Cast xq{x_values, x_inverse_scale}, wq = cast_to_e4m3(weight);
+    // y = x W^T: W [N, K] row-major is W^T [K, N] column-major.
+    const at::Tensor y = scaled_mm(xq.values, wq.values.t(), xq.inverse_scale, wq.inverse_scale, at::kBFloat16);
+    ctx->save_for_backward({xq.values, xq.inverse_scale, wq.values, wq.inverse_scale});
+    ctx->saved_data["x_dtype"] = x.scalar_type();
+    ctx->saved_data["w_dtype"] = weight.scalar_type();
+    ctx->saved_data["x_shape"] = x.sizes().vec();
+    std::vector<int64_t> shape = x.sizes().vec();
+    shape.back() = N;
+    return y.view(shape);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &x8 = saved[0], &x_inv = saved[1], &w8 = saved[2], &w_inv = saved[3];
+    const int64_t N = w8.size(0);
+    const E4m3Cast gq = cast_to_e4m3(grads[0].reshape({-1, N}));
+    at::Tensor dx, dw;
+    if (ctx->needs_input_grad(0)) {
+      // dx = g W: g [M, N] row-major, W [N, K] column-major.
+      dx = scaled_mm(gq.values, column_major(w8), gq.inverse_scale, w_inv, at::kBFloat16)
+               .to(ctx->saved_data["x_dtype"].toScalarType())
+               .view(ctx->saved_data["x_shape"].toIntVector());
+    }
+    if (ctx->needs_input_grad(1)) {
+      // dW = g^T x: g^T [N, M] row-major, x [M, K] column-major.
+      const at::ScalarType w_dtype = ctx->saved_data["w_dtype"].toScalarType();
+      dw = scaled_mm(gq.values.t().contiguous(), column_major(x8), gq.inverse_scale, x_inv, gradient_dtype(w_dtype))
+               .to(w_dtype);
+    }
+    return {dx, dw, at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+E4m3Cast cast_to_e4m3(const at::Tensor& t) {
+  TORCH_CHECK(at::isFloatingType(t.scalar_type()) && t.scalar_type() != at::kDouble,
+              "cast_to_e4m3: needs an fp32, bf16 or fp16 tensor, got ", t.scalar_type());
+  return t.device().is_cpu() ? cpu_cast(t) : aten_cast(t);
+}
+
+bool fp8_linear_applies(const at::Tensor& x, const at::Tensor& weight) {
+  if (!x.is_cuda()) return true;
+  const int64_t K = weight.size(1), N = weight.size(0), M = x.numel() / std::max<int64_t>(K, 1);
+  return M % 16 == 0 && K % 16 == 0 && N % 16 == 0;
+}
+
+std::vector<at::Tensor> fp8_linear_many(const at::Tensor& x, const std::vector<at::Tensor>& weights) {
+  std::optional<E4m3Cast> xq;  // made at the first weight that takes _scaled_mm
+  std::vector<at::Tensor> ys;
+  for (const at::Tensor& w : weights) {
+    TORCH_CHECK(w.dim() == 2 && x.dim() >= 1 && x.size(-1) == w.size(1), "fp8_linear: x ", x.sizes(),
+                " against a weight ", w.sizes());
+    if (!fp8_linear_applies(x, w)) {
+      ys.push_back(archspace::linear(x, w));
+      continue;
+    }
+    if (!xq) {
+      c10::NoGradGuard no_grad;
+      xq = cast_to_e4m3(x.detach().reshape({-1, x.size(-1)}));
+    }
+    ys.push_back(Fp8Linear::apply(x, w, xq->values, xq->inverse_scale));
+  }
+  return ys;
+}
+
+at::Tensor fp8_linear(const at::Tensor& x, const at::Tensor& weight) { return fp8_linear_many(x, {weight}).front(); }
+
+}  // namespace archspace

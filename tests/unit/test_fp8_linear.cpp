@@ -1,0 +1,243 @@
+// kernels/fp8_linear: the fused CPU cast equals the unfused ATen arithmetic bit for bit; fp8_linear's forward and
+// both gradients are within bounds derived from e4m3's precision of the fp64 products of the unrounded operands,
+// and within the fp32-sum and output-rounding bound of the fp64 products of the e4m3 operands; scaling by a power
+// of two commutes with the whole computation (huge and tiny amax); a zero tensor gives zeros; and in a model
+// (SequenceOptions::fp8) the block's matmuls change, activation checkpointing recomputes them identically, and the
+// modes without training refuse the option.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "archspace/kernels/fp8_linear.h"
+#include "archspace/model/causal_lm.h"
+#include "archspace/model/loss.h"
+#include "archspace/train/autocast.h"
+#include "test_support.h"
+
+namespace archspace {
+namespace {
+
+constexpr double kE4m3Unit = 0x1p-4;            // e4m3: 4 significant bits, unit roundoff 2^-4
+constexpr double kE4m3SubnormalHalf = 0x1p-10;  // half of e4m3's subnormal spacing 2^-9, in scaled units
+constexpr double kFp32Unit = 0x1p-24;
+constexpr double kBf16Unit = 0x1p-8;
+
+// The cast as ATen's separate ops compute it (the documented arithmetic, independent of the fused kernel).
+E4m3Cast reference_cast(const at::Tensor& t) {
+  const at::Tensor f = t.to(at::kFloat);
+  const at::Tensor amax = f.abs().max();
+  const at::Tensor scale = at::div(at::scalar_tensor(kE4m3Max, amax.options()), amax.clamp_min(kFp8AmaxFloor));
+  return {(f * scale).clamp(-kE4m3Max, kE4m3Max).to(at::kFloat8_e4m3fn), scale.reciprocal()};
+}
+
+at::Tensor dequantized(const E4m3Cast& c) { return c.values.to(at::kDouble) * c.inverse_scale.to(at::kDouble); }
+
+// A bound on |computed - a b^T| elementwise, a [M, K] and b [N, K] in fp64, when the computation rounds each operand
+// to e4m3 with its tensorwise scale s (an entry off by at most ua |a| + eta_a, ua = 2^-4 plus the fp32 rounding of
+// a s, eta_a = 2^-10 / s for entries in e4m3's subnormal range), sums the exact e4m3 products in fp32 (gamma_{K+4}
+// of the sum of magnitudes: K additions, the two inverse scales, 1/s itself) and rounds the result once to the
+// output's unit u_out. With a' = a + da, b' = b + db: |a'b' - ab| <= |da| |b'| + |a| |db| summed over k.
+at::Tensor e4m3_product_bound(const at::Tensor& a, const at::Tensor& b, double inverse_a, double inverse_b,
+                              double u_out) {
+  const double u = kE4m3Unit + 2 * kFp32Unit;
+  const double eta_a = kE4m3SubnormalHalf * inverse_a, eta_b = kE4m3SubnormalHalf * inverse_b;
+  const at::Tensor aa = a.abs(), ab = b.abs();
+  const at::Tensor da = aa * u + eta_a, db = ab * u + eta_b;
+  const at::Tensor a1 = aa * (1 + u) + eta_a, b1 = ab * (1 + u) + eta_b;
+  const at::Tensor rounding = at::matmul(da, b1.t()) + at::matmul(aa, db.t());
+  const int64_t K = a.size(1);
+  const double gamma = (K + 4) * kFp32Unit / (1 - (K + 4) * kFp32Unit);
+  const at::Tensor sums = at::matmul(a1, b1.t()) * gamma;
+  const at::Tensor exact = at::matmul(a, b.t());
+  return rounding + sums + (exact.abs() + rounding + sums) * u_out + 1e-300;
+}
+
+// The fp32 sums and the output rounding alone: against the fp64 product of the e4m3 operands themselves.
+at::Tensor sums_bound(const at::Tensor& a8, const at::Tensor& b8, double u_out) {
+  const int64_t K = a8.size(1);
+  const double gamma = (K + 4) * kFp32Unit / (1 - (K + 4) * kFp32Unit);
+  const at::Tensor sums = at::matmul(a8.abs(), b8.abs().t()) * gamma;
+  return sums + (at::matmul(a8, b8.t()).abs() + sums) * u_out + 1e-300;
+}
+
+double worst_ratio(const at::Tensor& got, const at::Tensor& expected, const at::Tensor& bound) {
+  return ((got.to(at::kDouble) - expected).abs() / bound).max().item<double>();
+}
+
+TEST(Fp8Linear, FusedCastIsTheAtenArithmeticBitForBit) {
+  at::manual_seed(1);
+  for (at::ScalarType dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
+    for (int64_t n : {1, 17, 1000, 100003}) {  // one task and several (the grain is 32,768 entries)
+      at::Tensor t = at::randn({n}) * 3;
+      if (n > 1) t[n / 2] = 1e4;  // an outlier: most entries fall into e4m3's subnormal range
+      if (dtype == at::kHalf) t = t.clamp(-6e4, 6e4);
+      t = t.to(dtype);
+      const E4m3Cast got = cast_to_e4m3(t), want = reference_cast(t);
+      ASSERT_EQ(got.values.scalar_type(), at::kFloat8_e4m3fn);
+      EXPECT_TRUE(at::equal(got.values.view(at::kByte), want.values.view(at::kByte))) << dtype << " n=" << n;
+      EXPECT_EQ(got.inverse_scale.item<float>(), want.inverse_scale.item<float>()) << dtype << " n=" << n;
+      // amax lands on 448 (the clamp keeps a product rounded just above it finite): no NaN, all of the range used.
+      EXPECT_EQ(got.values.to(at::kFloat).abs().max().item<float>(), kE4m3Max);
+      EXPECT_FALSE(got.values.to(at::kFloat).isnan().any().item<bool>());
+      // Each entry back within u |t| + 2^-10 / scale (+ the fp32 roundings of t s and 1/s) of t.
+      const at::Tensor td = t.to(at::kDouble);
+      const double inverse = got.inverse_scale.item<double>();
+      const at::Tensor bound = td.abs() * (kE4m3Unit + 3 * kFp32Unit) + kE4m3SubnormalHalf * inverse * (1 + kE4m3Unit);
+      EXPECT_TRUE(((dequantized(got) - td).abs() <= bound).all().item<bool>()) << dtype << " n=" << n;
+    }
+  }
+  // Not contiguous: cast as the values it holds.
+  const at::Tensor m = at::randn({8, 6}).t();
+  EXPECT_TRUE(at::equal(cast_to_e4m3(m).values.view(at::kByte), reference_cast(m.contiguous()).values.view(at::kByte)));
+}
+
+TEST(Fp8Linear, ForwardAndGradientsWithinTheE4m3BoundOfFp64) {
+  struct Shape {
+    int64_t M, K, N;
+  };
+  // Single rows, odd sizes (the CPU has no multiple-of-16 rule), the tiny preset's projections.
+  const std::vector<Shape> shapes = {{1, 16, 16}, {7, 33, 5}, {64, 64, 160}, {24, 160, 64}, {3, 1, 2}};
+  for (const Shape& s : shapes) {
+    for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+      at::manual_seed(s.M * 1000 + s.K + s.N);
+      const at::Tensor x = (at::randn({2, s.M, s.K}) * 2).to(dtype).requires_grad_(true);
+      const at::Tensor w = (at::randn({s.N, s.K}) * 0.1).to(dtype).requires_grad_(true);
+      const at::Tensor y = fp8_linear(x, w);
+      ASSERT_EQ(y.scalar_type(), at::kBFloat16);
+      ASSERT_EQ(y.sizes(), (std::vector<int64_t>{2, s.M, s.N}));
+      const at::Tensor g = at::randn({2, s.M, s.N}).to(at::kBFloat16);
+      y.backward(g);
+      ASSERT_EQ(x.grad().scalar_type(), dtype);
+      ASSERT_EQ(w.grad().scalar_type(), dtype);
+      const std::string what = std::to_string(s.M) + "x" + std::to_string(s.K) + "x" + std::to_string(s.N) + " " +
+                               std::string(c10::toString(dtype));
+
+      const at::Tensor xd = x.detach().reshape({-1, s.K}).to(at::kDouble), wd = w.detach().to(at::kDouble);
+      const at::Tensor gd = g.reshape({-1, s.N}).to(at::kDouble);
+      const E4m3Cast xq = reference_cast(xd.to(at::kFloat)), wq = reference_cast(wd.to(at::kFloat)),
+                     gq = reference_cast(gd.to(at::kFloat));
+      const double ix = xq.inverse_scale.item<double>(), iw = wq.inverse_scale.item<double>(),
+                   ig = gq.inverse_scale.item<double>();
+      // dW comes back in fp32 for an fp32 weight, bf16 otherwise; y and dx are rounded to bf16.
+      const double u_dw = dtype == at::kFloat ? kFp32Unit : kBf16Unit;
+      struct Check {
+        const char* name;
+        at::Tensor got, a, b;  // got ~ a b^T
+        double ia, ib, u_out;
+        at::Tensor a8, b8;
+      };
+      const std::vector<Check> checks = {
+          {"y", y.detach().reshape({-1, s.N}), xd, wd, ix, iw, kBf16Unit, dequantized(xq), dequantized(wq)},
+          {"dx", x.grad().reshape({-1, s.K}), gd, wd.t(), ig, iw, kBf16Unit, dequantized(gq), dequantized(wq).t()},
+          {"dW", w.grad(), gd.t(), xd.t(), ig, ix, u_dw, dequantized(gq).t(), dequantized(xq).t()},
+      };
+      for (const Check& c : checks) {
+        const double e4m3 =
+            worst_ratio(c.got, at::matmul(c.a, c.b.t()), e4m3_product_bound(c.a, c.b, c.ia, c.ib, c.u_out));
+        const double sums = worst_ratio(c.got, at::matmul(c.a8, c.b8.t()), sums_bound(c.a8, c.b8, c.u_out));
+        std::printf("%s %s: max error / e4m3 bound %.3g, against the e4m3 operands / sums bound %.3g\n", what.c_str(),
+                    c.name, e4m3, sums);
+        EXPECT_LE(e4m3, 1.0) << what << " " << c.name;
+        EXPECT_LE(sums, 1.0) << what << " " << c.name;
+      }
+    }
+  }
+}
+
+// A power of two moves amax, the scale and the inverse scale exactly, and the e4m3 values not at all: the result is
+// the unscaled one times that power bit for bit, for huge and tiny tensors alike (amax 1e31 and 1e-9 here), in the
+// forward and in both gradients.
+TEST(Fp8Linear, PowerOfTwoScalingCommutesExactly) {
+  at::manual_seed(7);
+  const at::Tensor x = at::randn({5, 32}), w = at::randn({48, 32}) * 0.05, g = at::randn({5, 48}).to(at::kBFloat16);
+  auto run = [&](double sx, double sw) {
+    const at::Tensor xs = (x * sx).requires_grad_(true), ws = (w * sw).requires_grad_(true);
+    const at::Tensor y = fp8_linear(xs, ws);
+    y.backward(g);
+    return std::vector<at::Tensor>{y.detach(), xs.grad(), ws.grad()};
+  };
+  const std::vector<at::Tensor> base = run(1, 1);
+  for (double p : {0x1p100, 0x1p-30}) {
+    const std::vector<at::Tensor> scaled = run(p, 1);
+    EXPECT_TRUE(at::equal(scaled[0], base[0] * p)) << p;  // y scales with x
+    EXPECT_TRUE(at::equal(scaled[1], base[1])) << p;      // dx = g W does not depend on x
+    EXPECT_TRUE(at::equal(scaled[2], base[2] * p)) << p;  // dW = g^T x scales with x
+  }
+  const std::vector<at::Tensor> w_scaled = run(1, 0x1p-20);
+  EXPECT_TRUE(at::equal(w_scaled[0], base[0] * 0x1p-20));
+  EXPECT_TRUE(at::equal(w_scaled[1], base[1] * 0x1p-20));
+  EXPECT_TRUE(at::equal(w_scaled[2], base[2]));
+}
+
+TEST(Fp8Linear, ZeroTensorsGiveZerosAndNonFiniteInputsStayNonFinite) {
+  const at::Tensor x = at::zeros({4, 16}).requires_grad_(true), w = at::randn({16, 16}).requires_grad_(true);
+  const E4m3Cast zero = cast_to_e4m3(x.detach());
+  EXPECT_TRUE(std::isfinite(zero.inverse_scale.item<float>()));
+  EXPECT_EQ(zero.values.to(at::kFloat).abs().max().item<float>(), 0.0f);
+  const at::Tensor y = fp8_linear(x, w);
+  y.backward(at::ones({4, 16}, at::kBFloat16));
+  EXPECT_EQ(y.abs().max().item<float>(), 0.0f);
+  EXPECT_EQ(w.grad().abs().max().item<float>(), 0.0f);  // dW = g^T 0
+  EXPECT_GT(x.grad().abs().max().item<float>(), 0.0f);  // dx = g W is not
+  EXPECT_TRUE(x.grad().isfinite().all().item<bool>());
+  for (float bad : {INFINITY, NAN}) {
+    at::Tensor xb = at::randn({4, 16});
+    xb[1][3] = bad;
+    EXPECT_TRUE(fp8_linear(xb, w.detach()).isnan().any().item<bool>()) << bad;
+  }
+}
+
+// In a model: SequenceOptions::fp8 changes the logits (the block's matmuls really run in FP8), activation
+// checkpointing recomputes the same casts (the same logits, the same gradients up to fp32 summation order, as
+// tests/unit/test_checkpointing.cpp bounds it: 1e-6 relative), and decoding and the analyses refuse it.
+TEST(Fp8Linear, ModelForwardWithCheckpointingAndModes) {
+  CausalLM model = CausalLM::random_init(preset("tiny", Variant::kBase), 3);
+  for (const auto& [name, p] : model.parameters()) p.requires_grad_(true);
+  at::manual_seed(5);
+  const at::Tensor ids = at::randint(512, {2, 16}, at::kLong), labels = at::randint(512, {2, 16}, at::kLong);
+  auto pass = [&](bool fp8, bool checkpointing, std::vector<at::Tensor>* grads) {
+    SequenceOptions options;
+    options.fp8 = fp8;
+    options.activation_checkpointing = checkpointing;
+    at::Tensor logits;
+    {
+      AutocastGuard autocast(true, at::kCPU);
+      logits = model.forward(ids, options);
+    }
+    if (grads) {
+      next_token_loss(logits, labels, 0).ce_sum.backward();
+      for (const auto& [name, p] : model.parameters()) {
+        grads->push_back(p.grad().clone());
+        p.mutable_grad().reset();
+      }
+    }
+    return logits.detach();
+  };
+  std::vector<at::Tensor> full, ckpt;
+  const at::Tensor bf16 = pass(false, false, nullptr);
+  const at::Tensor fp8 = pass(true, false, &full);
+  const at::Tensor fp8_ckpt = pass(true, true, &ckpt);
+  EXPECT_FALSE(at::equal(bf16, fp8));
+  EXPECT_TRUE(at::equal(fp8, fp8_ckpt));
+  double worst = 0, scale = 0;
+  for (size_t i = 0; i < full.size(); ++i) {
+    scale = std::max(scale, full[i].abs().max().item<double>());
+    worst = std::max(worst, (full[i] - ckpt[i]).abs().max().item<double>());
+  }
+  std::printf("fp8 with checkpointing: max gradient difference %.3g relative\n", worst / scale);
+  EXPECT_LE(worst, 1e-6 * scale);
+
+  ForwardOptions analysis;
+  analysis.skip_layer = 0;
+  analysis.fp8 = true;
+  testing::expect_error([&] { (void)ForwardMode(analysis); }, {"fp8"});
+  ForwardOptions sequences;
+  sequences.fp8 = true;
+  EXPECT_TRUE(ForwardMode(sequences).fp8());
+}
+
+}  // namespace
+}  // namespace archspace
