@@ -1,13 +1,11 @@
 #include "archspace/text/python_str.h"
 
-#include <locale.h>
-#include <wctype.h>
-
 #include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
 #include <optional>
+#include <unordered_map>
 
 #include "archspace/text/utf8.h"
 #include "archspace/util/error.h"
@@ -16,9 +14,76 @@ namespace archspace::text {
 
 namespace {
 
-locale_t utf8_locale() {
-  static const locale_t utf8 = newlocale(LC_CTYPE_MASK, "C.UTF-8", static_cast<locale_t>(nullptr));
-  return utf8;
+// The case data Python's str.lower and str.capitalize apply (scripts/python_case_tables.py).
+struct CaseRun {
+  char32_t first, last;
+  int stride;
+  int32_t delta;
+};
+struct CaseMapping {
+  char32_t c;
+  const char* utf8;
+};
+struct CodePointRange {
+  char32_t first, last;
+};
+#include "python_case_tables.inc"
+
+using CaseMap = std::unordered_map<char32_t, std::string>;
+
+template <size_t R, size_t L>
+CaseMap case_map(const CaseRun (&runs)[R], const CaseMapping (&long_mappings)[L]) {
+  CaseMap map;
+  for (const CaseRun& r : runs) {
+    for (char32_t c = r.first; c <= r.last; c += static_cast<char32_t>(r.stride)) {
+      std::string s;
+      append_utf8(s, static_cast<char32_t>(static_cast<int64_t>(c) + r.delta));
+      map[c] = s;
+    }
+  }
+  for (const CaseMapping& m : long_mappings) map[m.c] = m.utf8;
+  return map;
+}
+
+const CaseMap& lower_map() {
+  static const CaseMap map = case_map(kPyLowerRuns, kPyLowerLong);
+  return map;
+}
+
+const CaseMap& title_map() {
+  static const CaseMap map = case_map(kPyTitleRuns, kPyTitleLong);
+  return map;
+}
+
+template <size_t N>
+bool in_ranges(const CodePointRange (&ranges)[N], char32_t c) {
+  const auto* it = std::upper_bound(std::begin(ranges), std::end(ranges), c,
+                                    [](char32_t x, const CodePointRange& r) { return x < r.first; });
+  return it != std::begin(ranges) && c <= (it - 1)->last;
+}
+
+// CPython's handle_capital_sigma (Unicode's Final_Sigma): the capital sigma at `i` lowers to the final form when a
+// cased letter precedes it and none follows, case-ignorable characters skipped both ways.
+bool final_sigma(const std::vector<char32_t>& cps, size_t i) {
+  size_t j = i;
+  while (j > 0 && in_ranges(kPyCaseIgnorable, cps[j - 1])) --j;
+  if (j == 0 || !in_ranges(kPyCased, cps[j - 1])) return false;
+  size_t k = i + 1;
+  while (k < cps.size() && in_ranges(kPyCaseIgnorable, cps[k])) ++k;
+  return k == cps.size() || !in_ranges(kPyCased, cps[k]);
+}
+
+void append_lower(std::string& out, const std::vector<char32_t>& cps, size_t i) {
+  const char32_t c = cps[i];
+  if (c < 0x80) {
+    out += static_cast<char>(c >= 'A' && c <= 'Z' ? c + 32 : c);
+  } else if (c == 0x3A3) {
+    append_utf8(out, final_sigma(cps, i) ? 0x3C2 : 0x3C3);
+  } else if (const auto it = lower_map().find(c); it != lower_map().end()) {
+    out += it->second;
+  } else {
+    append_utf8(out, c);
+  }
 }
 
 }  // namespace
@@ -30,35 +95,25 @@ bool py_isspace(char32_t c) {
 }
 
 std::string py_lower(const std::string& s) {
-  const locale_t utf8 = utf8_locale();
+  const std::vector<char32_t> cps = decode_utf8(s);
   std::string out;
   out.reserve(s.size());
-  for (char32_t c : decode_utf8(s)) {
-    if (c < 0x80) {
-      out += static_cast<char>(c >= 'A' && c <= 'Z' ? c + 32 : c);
-    } else if (c == 0x130) {  // LATIN CAPITAL LETTER I WITH DOT ABOVE: Python's full mapping, two characters
-      out += "i\xcc\x87";
-    } else {
-      append_utf8(out, utf8 ? static_cast<char32_t>(towlower_l(static_cast<wint_t>(c), utf8)) : c);
-    }
-  }
+  for (size_t i = 0; i < cps.size(); ++i) append_lower(out, cps, i);
   return out;
 }
 
 std::string py_capitalize(const std::string& s) {
-  const locale_t utf8 = utf8_locale();
   const std::vector<char32_t> cps = decode_utf8(s);
   if (cps.empty()) return s;
   std::string out;
-  const char32_t first = cps[0];
-  if (first < 0x80) {
-    out += static_cast<char>(first >= 'a' && first <= 'z' ? first - 32 : first);
+  out.reserve(s.size());
+  if (const auto it = title_map().find(cps[0]); it != title_map().end()) {
+    out += it->second;  // the full titlecase mapping: "ß" -> "Ss", "ǆ" -> "ǅ"
   } else {
-    append_utf8(out, utf8 ? static_cast<char32_t>(towupper_l(static_cast<wint_t>(first), utf8)) : first);
+    append_utf8(out, cps[0]);
   }
-  std::string rest;
-  for (size_t i = 1; i < cps.size(); ++i) append_utf8(rest, cps[i]);
-  return out + py_lower(rest);
+  for (size_t i = 1; i < cps.size(); ++i) append_lower(out, cps, i);  // the sigma rule sees the whole string
+  return out;
 }
 
 std::string py_strip(const std::string& s) {

@@ -1,6 +1,7 @@
 // Python's str semantics where evaluation metrics depend on them (lm-eval and OLMES compute in Python):
-// str.lower (simple case mapping; U+0130 as Python lowers it; the final-sigma context rule is not reproduced),
-// str.capitalize, str.isspace/strip/split, string.punctuation, float() and repr(float).
+// str.lower and str.capitalize (Python's full case mappings and its final-sigma rule, from the tables
+// scripts/python_case_tables.py reads from Python), str.isspace/strip/split, string.punctuation, float() and
+// repr(float).
 #pragma once
 
 #include <string>
@@ -10,7 +11,7 @@ namespace archspace::text {
 
 bool py_isspace(char32_t c);                                    // str.isspace of one character
 std::string py_lower(const std::string& s);                     // str.lower
-std::string py_capitalize(const std::string& s);                // str.capitalize (simple case mappings)
+std::string py_capitalize(const std::string& s);                // str.capitalize
 std::string py_strip(const std::string& s);                     // str.strip()
 std::string py_lstrip(const std::string& s);                    // str.lstrip()
 std::string py_rstrip(const std::string& s);                    // str.rstrip()
