@@ -69,6 +69,7 @@ bench: build
 	$(PY) bench/bench_train_step.py
 	$(PY) bench/bench_generate.py
 	$(PY) bench/bench_decode_dtype.py
+	$(PY) bench/bench_bf16_commands.py
 	$(PY) bench/bench_threads.py
 	$(PY) bench/bench_downstream.py
 	$(PY) bench/bench_generation_eval.py
