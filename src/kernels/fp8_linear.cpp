@@ -13,6 +13,7 @@
 #include <optional>
 #include <vector>
 
+#include "archspace/kernels/bf16_matmuls.h"
 #include "archspace/kernels/linear.h"
 
 namespace archspace {
@@ -81,7 +82,9 @@ std::atomic<bool> cpu_scaled_mm_refused{false};
 at::Tensor scaled_mm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& inverse_a, const at::Tensor& inverse_b,
                      at::ScalarType out_dtype) {
   if (!a.device().is_cpu()) return at::_scaled_mm(a, b, inverse_a, inverse_b, std::nullopt, std::nullopt, out_dtype);
-  if (!cpu_scaled_mm_refused.load()) {
+  // Where oneDNN has no AVX512 bf16 path (the rule of kernels/bf16_matmuls.h), the fallback from the start: under
+  // ONEDNN_MAX_CPU_ISA=AVX2 some shapes ran through _scaled_mm and others refused, so a forward mixed the two.
+  if (!bf16_matmuls_widened() && !cpu_scaled_mm_refused.load()) {
     try {
       return at::_scaled_mm(a, b, inverse_a, inverse_b, std::nullopt, std::nullopt, out_dtype);
     } catch (const std::exception&) {  // c10::Error, or oneDNN's own dnnl::error
