@@ -29,17 +29,11 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "python"))
 sys.path.insert(0, str(REPO / "bench"))
 from bench_threads import cpu_flags  # noqa: E402
+from bench_downstream import loadavg  # noqa: E402
+from bench_train_step import spread  # noqa: E402
 from test_train import write_shards  # noqa: E402
 
 BINARY = REPO / "build" / "archspace"
-
-
-def loadavg():
-    return pathlib.Path("/proc/loadavg").read_text().strip()
-
-
-def spread(values):
-    return {"median": statistics.median(values), "min": min(values), "max": max(values), "values": values}
 
 
 def commands(tmp, model, threads):

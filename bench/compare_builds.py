@@ -34,18 +34,11 @@ sys.path.insert(0, str(REPO / "tests" / "python"))
 sys.path.insert(0, str(REPO / "bench"))
 import bench_generate  # noqa: E402
 import bench_train_step  # noqa: E402
-from bench_downstream import exported_random_model  # noqa: E402
+from bench_downstream import exported_random_model, loadavg  # noqa: E402
 from bench_generation_eval import request_lines  # noqa: E402
 from bench_threads import cpu_flags  # noqa: E402
+from bench_train_step import spread  # noqa: E402
 from test_train import write_shards  # noqa: E402
-
-
-def loadavg():
-    return pathlib.Path("/proc/loadavg").read_text().strip()
-
-
-def spread(values):
-    return {"median": statistics.median(values), "min": min(values), "max": max(values), "values": values}
 
 
 class TrainStep:
