@@ -74,16 +74,15 @@ E4m3Cast aten_cast(const at::Tensor& t) {
 }
 
 // at::_scaled_mm on the CPU is a oneDNN fp8 matmul, which needs AVX512 for some shapes and output types (with
-// ONEDNN_MAX_CPU_ISA=AVX2 it cannot create the primitive): once it has refused, the CPU takes the same arithmetic
-// in ATen's ops for the rest of the process: the e4m3 values widened to fp32 (exactly), their fp32 GEMM (exact
+// ONEDNN_MAX_CPU_ISA=AVX2 it cannot create the primitive for some and runs others). So it is used only where bf16
+// matmuls are native (kernels/bf16_matmuls.h's rule, chosen once per process) and until it first refuses; otherwise
+// the CPU takes the same arithmetic in ATen's ops: the e4m3 values widened to fp32 (exactly), their fp32 GEMM (exact
 // products, fp32 sums), the two inverse scales, one rounding to out_dtype.
 std::atomic<bool> cpu_scaled_mm_refused{false};
 
 at::Tensor scaled_mm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& inverse_a, const at::Tensor& inverse_b,
                      at::ScalarType out_dtype) {
   if (!a.device().is_cpu()) return at::_scaled_mm(a, b, inverse_a, inverse_b, std::nullopt, std::nullopt, out_dtype);
-  // Where oneDNN has no AVX512 bf16 path (the rule of kernels/bf16_matmuls.h), the fallback from the start: under
-  // ONEDNN_MAX_CPU_ISA=AVX2 some shapes ran through _scaled_mm and others refused, so a forward mixed the two.
   if (!bf16_matmuls_widened() && !cpu_scaled_mm_refused.load()) {
     try {
       return at::_scaled_mm(a, b, inverse_a, inverse_b, std::nullopt, std::nullopt, out_dtype);

@@ -21,9 +21,10 @@
 // Where the scale and cast run: on the CPU one pass for amax and one that scales, clamps and casts each entry
 // (no fp32 or scaled temporary); elsewhere ATen's ops (amax, then the scale, clamp and cast as separate kernels:
 // a fused CUDA cast is not written yet). On CUDA, _scaled_mm needs every dimension (rows of x, in and out features)
-// a multiple of 16: other shapes run archspace::linear instead (fp8_linear_applies says which). On a CPU where
-// oneDNN refuses the fp8 matmul (below AVX512, e.g. ONEDNN_MAX_CPU_ISA=AVX2) the same arithmetic runs as an fp32
-// GEMM of the exactly widened e4m3 values (scripts/kernel_paths.sh checks both).
+// a multiple of 16: other shapes run archspace::linear instead (fp8_linear_applies says which). On a CPU without
+// native bf16 matmuls (kernels/bf16_matmuls.h's rule: below AVX512-BF16, or ONEDNN_MAX_CPU_ISA=AVX2), or once oneDNN
+// has refused the fp8 matmul, the same arithmetic runs as an fp32 GEMM of the exactly widened e4m3 values
+// (scripts/kernel_paths.sh checks both).
 #pragma once
 
 #include <ATen/ATen.h>
