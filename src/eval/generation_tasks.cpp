@@ -70,14 +70,10 @@ std::vector<std::vector<GeneratedAnswer>> generate_answers(const CausalLM& model
   const std::shared_ptr<Ticket> ticket = scheduler.submit(std::move(sequences));
   if (!ticket) throw Error("the generation scheduler refused the requests");
   int64_t done = 0;
-  scheduler.drive([&] {
-    while (const auto event = ticket->poll_event()) {
-      if (event->final && progress) progress(++done, total);
-    }
+  const std::string error = scheduler.drive(*ticket, [&](const Ticket::Event& event) {
+    if (event.final && progress) progress(++done, total);
   });
-  if (!ticket->wait_for(std::chrono::milliseconds(0)))
-    throw Error("the generation scheduler stopped before the requests finished");
-  if (const std::string error = ticket->error(); !error.empty()) throw Error("generation failed: " + error);
+  if (!error.empty()) throw Error("generation failed: " + error);
   for (size_t k = 0; k < where.size(); ++k) {
     const SequenceResult& r = ticket->results()[k];
     GeneratedAnswer& a = answers[where[k].first][where[k].second];

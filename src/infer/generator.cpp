@@ -77,15 +77,11 @@ GenerateResult generate(const CausalLM& model, const Tokenizer& tokenizer,
   Scheduler engine(model, borrowed, engine_options);
   const std::shared_ptr<Ticket> ticket = engine.submit(std::move(sequences));
   if (!ticket) throw Error("generate: the decoding engine refused the prompts");
-  engine.drive([&] {
-    while (const auto event = ticket->poll_event()) {
-      if (!event->text.empty()) on_text(event->index, event->text);
-    }
+  const std::string error = engine.drive(*ticket, [&](const Ticket::Event& event) {
+    if (!event.text.empty()) on_text(event.index, event.text);
   });
   engine.stop();
-  if (!ticket->wait_for(std::chrono::milliseconds(0)))
-    throw Error("generate: the decoding engine stopped before the prompts finished");
-  if (const std::string error = ticket->error(); !error.empty()) throw Error("generate: " + error);
+  if (!error.empty()) throw Error("generate: " + error);
 
   GenerateResult r;
   for (size_t b = 0; b < B; ++b) {

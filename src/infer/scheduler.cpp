@@ -98,6 +98,16 @@ void Scheduler::drive(const std::function<void()>& after_step) {
   }
 }
 
+std::string Scheduler::drive(Ticket& ticket, const std::function<void(const Ticket::Event&)>& on_event) {
+  drive([&] {
+    while (const auto event = ticket.poll_event()) on_event(*event);
+  });
+  // drive() returns once every submitted request finished: an unfinished one is the engine's bug, not the caller's.
+  if (!ticket.wait_for(std::chrono::milliseconds(0)))
+    throw Error("the decoding engine stopped before the request finished");
+  return ticket.error();
+}
+
 void Scheduler::run() {
   if (!options_.caller_drives) throw Error("Scheduler::run: this engine runs its steps on its own thread");
   loop();

@@ -69,6 +69,10 @@ class Scheduler {
   // caller_drives only: runs engine steps on this thread until every submitted request has finished, calling
   // `after_step` after each (to take the tickets' events: Ticket::poll_event).
   void drive(const std::function<void()>& after_step);
+  // caller_drives only, for a caller with one request (generate, eval's generation tasks): drive() until it has
+  // finished, handing each of `ticket`'s events to `on_event` as the steps make them. Returns the request's error
+  // ("" when it completed; the failure a model error leaves in Ticket::error()).
+  std::string drive(Ticket& ticket, const std::function<void(const Ticket::Event&)>& on_event);
   // caller_drives only: runs the engine loop on this thread (waiting for work when there is none) until stop()
   // was called and every submitted request has finished: `serve`'s main thread, while HTTP threads submit.
   void run();
