@@ -45,6 +45,19 @@ namespace archspace {
 //   layers (the whole gathered buffer, of which it reads all), halo + S at sliding ones (the window - 1
 //   positions before the slice); its own are freed (the exchanges keep nothing). Its queries sit at an offset
 //   into those keys, so SDPA takes a [S, keys] mask (the flash kernel only serves whole sequences).
+// - FP8 (PlanOptions::fp8, with bf16 autocast; kernels/fp8_linear.cpp): the block's linears are autograd functions
+//   outside autocast that keep, for backward, the e4m3 copy of their input (1 byte an entry, made once for all
+//   the linears that read it: q/k/v one, gate/up one) and the e4m3 copy of their weight (1 byte an entry, made
+//   each micro-batch, so an activation), each with an fp32 scalar inverse scale; not the input itself. So the
+//   three bf16 copies q/k/v keep become one e4m3 copy, gate/up's two one; o_proj and down_proj keep an e4m3
+//   copy of their input where autocast kept the tensor itself: the SwiGLU product is then freed, and so is the
+//   blocked path's (or the documents') concatenated output; autocast caches no bf16 block weight (the LM head
+//   still runs under autocast). Outputs are bf16, as under autocast. What is saved does not depend on the
+//   matmul's path: the GPU's _scaled_mm and the CPU's (oneDNN's _scaled_mm, or the widened fp32 fallback where
+//   bf16 matmuls are widened or oneDNN refused) keep the same four tensors, so the CPU measurement
+//   (tests/unit/test_plan.cpp) checks the GPU's account. On CUDA _scaled_mm needs the rows and both feature
+//   counts multiples of 16 (fp8_linear_applies); the plan counts FP8 only where every block linear qualifies,
+//   else the bf16 account (exact when the rows do not qualify, as then no linear does).
 namespace {
 
 struct Widths {
@@ -72,9 +85,12 @@ struct Bytes {
   bool bf16;
   bool flash = false;                           // CUDA bf16: the flash kernel keeps what SDPA's does, without masks
   bool documents = false;                       // document masking (see above)
+  bool fp8 = false;                             // the block's linears through FP8 (see above)
   int64_t act() const { return bf16 ? 2 : 4; }  // a linear's output, SDPA's tensors
   // An fp32 tensor read by `readers` linears: itself in fp32, a bf16 copy per reader under autocast.
   int64_t linear_input(int64_t readers) const { return bf16 ? 2 * readers : 4; }
+  // The same for the block's linears: under FP8 one e4m3 copy for all the readers.
+  int64_t block_input(int64_t readers) const { return fp8 ? 1 : linear_input(readers); }
 };
 
 // rms_norm of a [N, w] input: its fp32 input (the input itself, or an fp32 copy of a bf16 one), the
@@ -93,11 +109,35 @@ int64_t attention_core(const Widths& w, const Bytes& b) {
   // SDPA's output is laid out [B, T, H, h], so o_proj reads it through a view (the blocked path's cat
   // is the exception: see blocked_copy_bytes).
   const int64_t sdpa = b.act() * w.qw /*output*/ + 4 * w.heads /*logsumexp*/;
-  return q + k + v + sdpa;
+  const int64_t o_input = b.fp8 ? w.qw : 0;  // FP8: o_proj's e4m3 copy of that output
+  return q + k + v + sdpa + o_input;
 }
 
-// SwiGLU from its input (counted apart): gate output (silu keeps it), silu output, up output, product.
-int64_t mlp_core(const Widths& w, const Bytes& b) { return 4 * b.act() * w.inter; }
+// SwiGLU from its input (counted apart): gate output (silu keeps it), silu output, up output, product
+// (FP8: down_proj keeps the product's e4m3 copy instead).
+int64_t mlp_core(const Widths& w, const Bytes& b) { return 3 * b.act() * w.inter + (b.fp8 ? 1 : b.act()) * w.inter; }
+
+// FP8: whether every block linear takes _scaled_mm (fp8_linear_applies) for N rows.
+bool fp8_applies(const Widths& w, const PlanOptions& o, int64_t N) {
+  if (!o.fp8) return false;
+  if (!o.cuda) return true;
+  for (int64_t n : {N, w.d, w.qw, w.kw, w.inter})
+    if (n % 16 != 0) return false;
+  return true;
+}
+
+// FP8: what one layer's linears keep besides the per-token inputs: each weight's e4m3 copy, and the fp32 inverse
+// scales of the seven weights and the four inputs (q/k/v's, o's, gate/up's, down's).
+int64_t fp8_layer_bytes(const Widths& w) {
+  const int64_t weights = w.d * (2 * w.qw + 2 * w.kw) + 3 * w.d * w.inter;
+  return weights + 4 * (7 + 4);
+}
+
+Bytes bytes_of(const ModelConfig& c, const PlanOptions& o) {
+  const bool bf16 = o.dtype == DType::kBf16;
+  const int64_t N = o.micro_batch * (o.sequence_length / o.context_parallel);
+  return {bf16, o.cuda && bf16, o.document_masking, fp8_applies(widths(c), o, N)};
+}
 
 // Depth-Attention at a layer with `sources` earlier sources: the mean query, the stacked keys and values
 // [.., S + 1, h], the fp32 softmax (and its bf16 copy under autocast). Per token.
@@ -148,7 +188,9 @@ int64_t mask_bytes(const AttentionShape& a, int64_t window, AttentionPath path, 
 
 // Sliding layers attended block by block concatenate the blocks' outputs in [B, H, T, h] order, so o_proj's
 // input is a copy of its own; so do the documents of document masking on any layer (off the flash kernel).
+// Under FP8 o_proj keeps its e4m3 copy (attention_core), and the concatenation is freed.
 int64_t blocked_copy_bytes(AttentionPath path, int64_t N, const Widths& w, const Bytes& b) {
+  if (b.fp8) return 0;
   if (b.documents) return b.flash ? 0 : b.act() * w.qw * N;
   return path == AttentionPath::kSdpaBlocked ? b.act() * w.qw * N : 0;
 }
@@ -170,12 +212,12 @@ int64_t layer_per_token(const ModelConfig& c, const Bytes& b, int64_t layer) {
   if (siamese(c)) {
     // Inputs X and Y (one tensor at layer 0: the embedding), kept by scale * X and rms_norm(Y); the
     // attention input read by q/k/v; rms_norm of X after attention, of Y, of X + RMS(Y); the MLP input.
-    bytes += (layer == 0 ? 4 : 8) * w.d + (rms_norm_saved(w.d) - 4 * w.d) + b.linear_input(3) * w.d;
-    bytes += 3 * rms_norm_saved(w.d) + b.linear_input(2) * w.d;
+    bytes += (layer == 0 ? 4 : 8) * w.d + (rms_norm_saved(w.d) - 4 * w.d) + b.block_input(3) * w.d;
+    bytes += 3 * rms_norm_saved(w.d) + b.block_input(2) * w.d;
   } else {
     // The input read by q/k/v; post-attention norm of the attention output; h read by gate/up;
     // post-feedforward norm of the MLP output.
-    bytes += b.linear_input(3) * w.d + rms_norm_saved(w.d) + b.linear_input(2) * w.d + rms_norm_saved(w.d);
+    bytes += b.block_input(3) * w.d + rms_norm_saved(w.d) + b.block_input(2) * w.d + rms_norm_saved(w.d);
   }
   return bytes;
 }
@@ -209,14 +251,16 @@ void PlanOptions::validate() const {
                 " with --document-masking: not supported together (train.context_parallel refuses it too)");
   if (!reduce_each_micro_batch && sharding != Sharding::kFull)
     throw Error("--reduce-once-per-step: applies to --sharding full only (the other modes reduce once per step)");
+  if (fp8 && dtype != DType::kBf16)
+    throw Error("--fp8 needs --dtype bf16 (train.fp8 needs train.dtype = \"bf16\": autocast around the FP8 matmuls)");
   if (loss_chunk_tokens < 0)
     throw Error("--loss-chunk-tokens must be >= 0 (0: unchunked), got " + std::to_string(loss_chunk_tokens));
 }
 
 int64_t layer_activation_bytes(const ModelConfig& c, const PlanOptions& o, int64_t layer) {
-  const Bytes b{o.dtype == DType::kBf16, o.cuda && o.dtype == DType::kBf16, o.document_masking};
+  const Bytes b = bytes_of(c, o);
   const int64_t N = o.micro_batch * (o.sequence_length / o.context_parallel);  // this rank's positions
-  int64_t bytes = layer_per_token(c, b, layer) * N;
+  int64_t bytes = layer_per_token(c, b, layer) * N + (b.fp8 ? fp8_layer_bytes(widths(c)) : 0);
   if (depth(c)) bytes += depth_saved(widths(c), b, sources_of(c, layer)) * N;
   const int64_t window = c.layer_types[layer] == LayerType::kSliding ? c.sliding_window : 0;
   const AttentionShape a = attention_shape(o, window);
@@ -228,7 +272,7 @@ int64_t layer_activation_bytes(const ModelConfig& c, const PlanOptions& o, int64
 MemoryPlan plan_memory(const ModelConfig& c, const PlanOptions& o) {
   o.validate();
   c.validate("plan");
-  const Bytes b{o.dtype == DType::kBf16, o.cuda && o.dtype == DType::kBf16, o.document_masking};
+  const Bytes b = bytes_of(c, o);
   const Widths w = widths(c);
   // T: this rank's positions (a context-parallel slice, or the whole sequence).
   const int64_t T = o.sequence_length / o.context_parallel, N = o.micro_batch * T, L = c.num_hidden_layers;
@@ -281,7 +325,8 @@ MemoryPlan plan_memory(const ModelConfig& c, const PlanOptions& o) {
     p.sharding_buffers = gathered + reducing;
   } else if (b.bf16) {
     for (const auto& spec : parameter_specs(c)) {
-      if (spec.kind != ParamKind::kLinear) continue;  // the embedding lookup and norms stay fp32
+      if (spec.kind != ParamKind::kLinear) continue;                  // the embedding lookup and norms stay fp32
+      if (b.fp8 && spec.name.starts_with("model.layers.")) continue;  // FP8 casts the block's to e4m3 instead
       int64_t numel = 1;
       for (int64_t dim : spec.shape) numel *= dim;
       p.autocast_weights += 2 * numel;
@@ -295,7 +340,7 @@ MemoryPlan plan_memory(const ModelConfig& c, const PlanOptions& o) {
     p.context_keys += context_key_bytes(w, b, o, a);
     if (depth(c)) p.depth_attention += depth_saved(w, b, sources_of(c, l)) * N;
     // The documents' concatenated output (the blocked path's copy is already part of the per-layer account).
-    if (b.documents && !b.flash && !(window > 0 && T > 2 * window)) p.document_masking += b.act() * w.qw * N;
+    if (b.documents && !b.flash && !b.fp8 && !(window > 0 && T > 2 * window)) p.document_masking += b.act() * w.qw * N;
   }
   const int64_t offsets = b.documents && b.flash ? 4 * (N + 1) : 0;  // the flash kernels' cu_seqlens, one tensor
   p.document_masking += offsets;

@@ -51,6 +51,10 @@ struct PlanOptions {
   // train.context_parallel: each sequence split over this many ranks (of `world`), which read the same
   // instances. Activations are those of the last slice (the largest: its full layers attend to every key).
   int64_t context_parallel = 1;
+  // train.fp8 (needs bf16): the block's linear layers through FP8 matmuls (kernels/fp8_linear.h). Each keeps
+  // e4m3 copies of its input (one per input, shared by the layers that read it) and of its weight, 1 byte an
+  // entry, for backward, in place of autocast's bf16 input copies and bf16 weight cache (src/train/plan.cpp).
+  bool fp8 = false;
 
   int64_t data_parallel() const { return world / context_parallel; }
   // Throws archspace::Error naming the flag (`--world`, ...) of the first value out of range.
@@ -65,7 +69,8 @@ struct MemoryPlan {
   int64_t gradients = 0;         // fp32, one per parameter (FSDP: per shard element, plus the unsharded sums of
                                  // every unit's padded flat groups when gradients are reduced once per step)
   int64_t optimizer_state = 0;   // AdamW exp_avg + exp_avg_sq, fp32 (divided by world when sharded)
-  int64_t autocast_weights = 0;  // bf16 copies of the matmul weights, held through a step (not FSDP)
+  int64_t autocast_weights = 0;  // bf16 copies of the matmul weights, held through a step (not FSDP; with fp8
+                                 // the LM head's only: the block's e4m3 weights are per micro-batch activations)
   // FSDP: the unsharded buffers that exist at a time: the largest unit gathered (its matmul weights in the
   // autocast dtype, the rest fp32) with the whole gradients autograd forms for it in backward (the same dtypes),
   // and kFsdpReductionsInFlight packed fp32 gradients of the largest flat groups being reduce-scattered, each
