@@ -4,6 +4,7 @@
 
 #include "archspace/chat/chat.h"
 #include "archspace/eval/generation_task_family.h"
+#include "archspace/eval/multiple_choice_task_family.h"
 #include "archspace/text/python_str.h"
 #include "archspace/util/error.h"
 
@@ -125,22 +126,18 @@ ChatPrompt split_few_shot(const std::string& context, const std::string& task, i
 }  // namespace
 
 FewShotMarkers few_shot_markers(const std::string& task) {
-  // A generation task's family says how its prompts split (its own file in src/eval/tasks/).
+  // The task's family says how its prompts split (its own file in src/eval/tasks/).
   if (const GenerationTaskSpec* spec = find_generation_task(task)) {
     if (const auto markers = spec->family->few_shot_markers(task)) return *markers;
   }
-  if (task.starts_with("truthfulqa")) return {"Q:", "\nA:"};
-  return {"Question:", "\nAnswer:"};
+  return multiple_choice_task_family(task).few_shot_markers(task);
 }
 
 ChatSettings chat_settings(const std::string& task) {
   if (const GenerationTaskSpec* spec = find_generation_task(task)) {
     if (const auto settings = spec->family->chat_settings(task)) return *settings;
   }
-  // truthfulqa::tulu (olmes oe_eval/configs/tasks.py:5578): use_chat_format without fewshot_as_multiturn, so its
-  // six shots and the question are one user turn. mmlu:mc::tulu (tasks.py:4999): fewshot_as_multiturn, no prefix.
-  if (task.starts_with("truthfulqa")) return {false, ""};
-  return {};
+  return multiple_choice_task_family(task).chat_settings(task);
 }
 
 ChatPrompt chat_prompt(const nlohmann::json& context, const std::string& task, int64_t shots,

@@ -6,6 +6,8 @@
 #include <map>
 #include <set>
 
+#include "archspace/eval/generation_task_family.h"
+#include "archspace/eval/multiple_choice_task_family.h"
 #include "archspace/eval/tasks.h"
 #include "archspace/util/error.h"
 #include "archspace/util/strings.h"
@@ -13,12 +15,6 @@
 namespace archspace {
 
 namespace {
-
-std::vector<std::string> prefixed(const std::string& prefix, const std::vector<std::string>& names) {
-  std::vector<std::string> out;
-  for (const auto& n : names) out.push_back(prefix + n);
-  return out;
-}
 
 // The group's row over its members' results in one format and shot count (in the group's order).
 TaskResult aggregate(const TaskGroup& group, const std::vector<const TaskResult*>& members) {
@@ -92,100 +88,16 @@ TaskResult aggregate(const TaskGroup& group, const std::vector<const TaskResult*
 }  // namespace
 
 const std::vector<TaskGroup>& task_groups() {
-  // OLMES' MMLU_SUBJECTS (the 57 of hails/mmlu_no_train, cais/mmlu), MATH_TASK_TYPES and BBH_TASKS
-  // (oe_eval/data/*, as its task suites oe_eval/configs/task_suites.py use them).
-  static const std::vector<TaskGroup> groups = {
-      {"mmlu", prefixed("mmlu_", {"abstract_algebra",
-                                  "anatomy",
-                                  "astronomy",
-                                  "business_ethics",
-                                  "clinical_knowledge",
-                                  "college_biology",
-                                  "college_chemistry",
-                                  "college_computer_science",
-                                  "college_mathematics",
-                                  "college_medicine",
-                                  "college_physics",
-                                  "computer_security",
-                                  "conceptual_physics",
-                                  "econometrics",
-                                  "electrical_engineering",
-                                  "elementary_mathematics",
-                                  "formal_logic",
-                                  "global_facts",
-                                  "high_school_biology",
-                                  "high_school_chemistry",
-                                  "high_school_computer_science",
-                                  "high_school_european_history",
-                                  "high_school_geography",
-                                  "high_school_government_and_politics",
-                                  "high_school_macroeconomics",
-                                  "high_school_mathematics",
-                                  "high_school_microeconomics",
-                                  "high_school_physics",
-                                  "high_school_psychology",
-                                  "high_school_statistics",
-                                  "high_school_us_history",
-                                  "high_school_world_history",
-                                  "human_aging",
-                                  "human_sexuality",
-                                  "international_law",
-                                  "jurisprudence",
-                                  "logical_fallacies",
-                                  "machine_learning",
-                                  "management",
-                                  "marketing",
-                                  "medical_genetics",
-                                  "miscellaneous",
-                                  "moral_disputes",
-                                  "moral_scenarios",
-                                  "nutrition",
-                                  "philosophy",
-                                  "prehistory",
-                                  "professional_accounting",
-                                  "professional_law",
-                                  "professional_medicine",
-                                  "professional_psychology",
-                                  "public_relations",
-                                  "security_studies",
-                                  "sociology",
-                                  "us_foreign_policy",
-                                  "virology",
-                                  "world_religions"})},
-      {"minerva_math",
-       prefixed("minerva_math_", {"algebra", "counting_and_probability", "geometry", "intermediate_algebra",
-                                  "number_theory", "prealgebra", "precalculus"})},
-      // OLMES' BBH_TASKS; its suite bbh:cot-v1::tulu reports the micro average.
-      {"bbh",
-       prefixed("bbh_", {"boolean_expressions",
-                         "causal_judgement",
-                         "date_understanding",
-                         "disambiguation_qa",
-                         "dyck_languages",
-                         "formal_fallacies",
-                         "geometric_shapes",
-                         "hyperbaton",
-                         "logical_deduction_five_objects",
-                         "logical_deduction_seven_objects",
-                         "logical_deduction_three_objects",
-                         "movie_recommendation",
-                         "multistep_arithmetic_two",
-                         "navigate",
-                         "object_counting",
-                         "penguins_in_a_table",
-                         "reasoning_about_colored_objects",
-                         "ruin_names",
-                         "salient_translation_error_detection",
-                         "snarks",
-                         "sports_understanding",
-                         "temporal_sequences",
-                         "tracking_shuffled_objects_five_objects",
-                         "tracking_shuffled_objects_seven_objects",
-                         "tracking_shuffled_objects_three_objects",
-                         "web_of_lies",
-                         "word_sorting"}),
-       "micro"},
-  };
+  static const std::vector<TaskGroup> groups = [] {
+    std::vector<TaskGroup> all;
+    for (const auto* f : multiple_choice_task_families()) {
+      for (auto& g : f->groups()) all.push_back(std::move(g));
+    }
+    for (const auto* f : generation_task_families()) {
+      for (auto& g : f->groups()) all.push_back(std::move(g));
+    }
+    return all;
+  }();
   return groups;
 }
 
@@ -212,7 +124,7 @@ std::vector<std::string> expand_task_groups(const std::vector<std::string>& dirs
       if (!missing.empty()) {
         throw Error("task group " + name + ": " + std::to_string(missing.size()) + " of its " +
                     std::to_string(g->members.size()) + " tasks have no files (looked in " + join(dirs) +
-                    "): " + join(missing) + (name == "mmlu" ? " (run scripts/render_tasks.py)" : ""));
+                    "): " + join(missing) + g->missing_hint);
       }
       for (const auto& m : g->members) add(m);
     } else if (!task_variants(dirs, name).empty()) {

@@ -1,9 +1,9 @@
 // A family of generation tasks as one registered definition (lm-eval's and OLMES' task = data + prompt +
 // generation settings + metric): each family lives in one file of src/eval/tasks/ and says which tasks it has
-// (their metrics, primary first), the shape of their gold and where a request line keeps it, how a generation is
-// scored (by metric name), how a metric aggregates over a task, and how its prompts split into chat turns. The
-// generic code (eval/generation_metrics.h: scoring, aggregation, rescoring; the request-file reader) reaches a task
-// only through its family: no task names outside the family's file.
+// (their metrics, primary first) and the task groups it defines, the shape of their gold and where a request line keeps
+// it, how a generation is scored (by metric name), how a metric aggregates over a task, and how its prompts split into
+// chat turns. The generic code (eval/generation_metrics.h: scoring, aggregation, rescoring; the request-file reader;
+// eval/task_groups.h) reaches a task only through its family: no task names outside the family's file.
 //
 // A new family: one file in src/eval/tasks/ defining a GenerationTaskFamily, its accessor declared in
 // src/eval/tasks/families.h, and one line in the list of src/eval/tasks/registry.cpp.
@@ -17,6 +17,7 @@
 
 #include "archspace/eval/chat_format.h"
 #include "archspace/eval/generation_metrics.h"
+#include "archspace/eval/task_groups.h"
 
 namespace archspace {
 
@@ -57,6 +58,9 @@ class GenerationTaskFamily {
   // How OLMES' instruct config renders the task's few-shot prompt in the chat format (eval/chat_format.h:
   // chat_settings); nullopt: the default (fewshot_as_multiturn, no assistant prefix).
   virtual std::optional<ChatSettings> chat_settings(const std::string& task) const;
+
+  // The task groups the family defines (eval/task_groups.h), in report order.
+  virtual std::vector<TaskGroup> groups() const { return {}; }
 
   // True when scoring runs generated programs (the code sandbox must be available before generating).
   virtual bool runs_programs() const { return false; }

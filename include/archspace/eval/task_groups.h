@@ -21,9 +21,11 @@ struct TaskGroup {
   std::string name;
   std::vector<std::string> members;         // task directory names, in report order
   std::string primary_aggregate = "macro";  // OLMES' suite primary_metric: "macro", or "micro" (bbh)
+  std::string missing_hint;                 // appended to the error for members without files (how to make them)
 };
 
-// Every group the engine knows, by name.
+// Every group the engine knows, by name: those the task families define (each family's own file in
+// src/eval/tasks/), the multiple-choice families' first, then the generation families', in registration order.
 const std::vector<TaskGroup>& task_groups();
 
 // The group of that name, or nullptr.

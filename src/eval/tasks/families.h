@@ -1,8 +1,9 @@
-// The generation task families (eval/generation_task_family.h), one file each in this folder; registry.cpp lists
-// them.
+// The task families (eval/generation_task_family.h, eval/multiple_choice_task_family.h), one file each in this
+// folder; registry.cpp lists them.
 #pragma once
 
 #include "archspace/eval/generation_task_family.h"
+#include "archspace/eval/multiple_choice_task_family.h"
 
 namespace archspace::task_families {
 
@@ -14,5 +15,9 @@ const GenerationTaskFamily& ifeval();
 const GenerationTaskFamily& bbh();
 const GenerationTaskFamily& popqa();
 const GenerationTaskFamily& code();  // codex_humaneval, codex_mbpp
+
+const MultipleChoiceTaskFamily& truthfulqa();
+const MultipleChoiceTaskFamily& mmlu();
+const MultipleChoiceTaskFamily& multiple_choice();  // the generic one: every other task
 
 }  // namespace archspace::task_families

@@ -112,16 +112,25 @@ std::string minerva_normalize_final_answer(const std::string& answer) {
 namespace task_families {
 namespace {
 
+// OLMES' MATH_TASK_TYPES (oe_eval/data/*, as its task suites oe_eval/configs/task_suites.py use them): the group
+// minerva_math.
+std::vector<std::string> subject_tasks() {
+  std::vector<std::string> v;
+  for (const char* subject : {"algebra", "counting_and_probability", "geometry", "intermediate_algebra",
+                              "number_theory", "prealgebra", "precalculus"})
+    v.push_back(std::string("minerva_math_") + subject);
+  return v;
+}
+
 class MinervaMath final : public GenerationTaskFamily {
  public:
   std::vector<GenerationTaskSpec> tasks() const override {
     std::vector<GenerationTaskSpec> v;
-    for (const char* subject : {"algebra", "counting_and_probability", "geometry", "intermediate_algebra",
-                                "number_theory", "prealgebra", "precalculus"})
-      v.push_back({std::string("minerva_math_") + subject, "minerva_math", {"exact_match"}, "exact_match"});
+    for (const auto& t : subject_tasks()) v.push_back({t, "minerva_math", {"exact_match"}, "exact_match"});
     v.push_back({"minerva_math_500", "", {"exact_match"}, "exact_match"});
     return v;
   }
+  std::vector<TaskGroup> groups() const override { return {{"minerva_math", subject_tasks(), "macro", ""}}; }
   void check_gold(const GenerationTaskSpec& spec, const nlohmann::json& gold) const override {
     check_string_gold(spec, gold);
   }
