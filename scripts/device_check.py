@@ -24,10 +24,9 @@ Checks (each a "pass" in the JSON; the script exits 1 if any fails):
                     check_sharded); needs 2 GPUs, recorded as skipped (with the reason) when fewer are visible
 Measurements (no pass/fail): 1B training tokens/s and MFU (training_1b_fp8: the same with train.fp8, its
 tokens/s and its last loss against bf16's; issue 49's goal 65,000 tokens/s), each run's peak GPU memory against
-`archspace plan --json` for the same options (issue 49: within 10%; plan has no fp8 option, so the fp8 run is set
-against the bf16 plan, plan_counts_fp8 false); training_1b_transformers_compiled: the same shapes trained by
-transformers' Olmo3ForCausalLM under torch.compile with fused AdamW (scripts/transformers_baseline.py), its
-tokens/s and engine_over_transformers_compiled, the engine's bf16 tokens/s over it (issue 49's goal >= 1.2);
+`archspace plan --json` for the same options (issue 49: within 10%; the fp8 run against `plan --fp8`);
+training_1b_transformers_compiled: the same shapes trained by transformers' Olmo3ForCausalLM under torch.compile
+with fused AdamW (scripts/transformers_baseline.py), its tokens/s and engine_over_transformers_compiled, the engine's bf16 tokens/s over it (issue 49's goal >= 1.2);
 decode tokens/s against transformers `generate`, peak GPU memory of a 65,536-token prefill; sharded_1b: the 1B
 at 8,192 tokens per GPU under "full" on 2 GPUs (on 1 GPU: a world of 1, where "full" shards nothing), tokens/s
 per GPU, MFU, and each rank's peak GPU memory against `archspace plan --json` for the same options. Profiles:
@@ -401,12 +400,14 @@ class GpuMemoryPeaks:
         return False
 
 
-def plan_training(engine, s, preset, seq, micro_batch, world, sharding=None):
-    """`archspace plan --json` for a bf16 training run of these options on the run's device."""
+def plan_training(engine, s, preset, seq, micro_batch, world, sharding=None, fp8=False):
+    """`archspace plan --json` for a bf16 training run of these options on the run's device (fp8: train.fp8)."""
     args = ["plan", "--preset", preset, "--world", world, "--sequence-length", seq, "--micro-batch", micro_batch,
             "--dtype", "bf16", "--device", "cuda" if s["device"].startswith("cuda") else "cpu", "--json"]
     if sharding:
         args += ["--sharding", sharding]
+    if fp8:
+        args += ["--fp8"]
     return json.loads(engine.run(*args).stdout)
 
 
@@ -498,8 +499,7 @@ def measure_training(engine, s, work, gpu_name, fp8=False):
                        sequence_length=s["perf_seq"], micro_batch=s["perf_batch"], max_steps=s["perf_steps"],
                        device=s["device"], dtype="bf16", **extra)
     on_gpu = s["device"].startswith("cuda")
-    # plan has no fp8 option: the fp8 run is set against the bf16 plan (its e4m3 copies not counted).
-    plan = plan_training(engine, s, s["perf_preset"], s["perf_seq"], s["perf_batch"], 1)
+    plan = plan_training(engine, s, s["perf_preset"], s["perf_seq"], s["perf_batch"], 1, fp8=fp8)
     start = time.time()
     with GpuMemoryPeaks([0], on_gpu) as memory:
         engine.run("train", "--config", cfg, timeout=900)
@@ -524,7 +524,7 @@ def measure_training(engine, s, work, gpu_name, fp8=False):
                    "memory_how": "nvidia-smi memory.used of GPU 0 polled every 50 ms, less its figure before the run"
                                  if on_gpu else "not measured on the CPU"})
     if fp8:
-        result["plan_counts_fp8"] = False  # plan --dtype bf16: the fp8 copies of the weights are not in it
+        result["plan_counts_fp8"] = plan["options"]["fp8"]  # plan --fp8: the e4m3 copies instead of autocast's
         bf16 = losses(work / "run-perf")[-1]["loss"]
         result.update({"fp8": True, "last_loss": steps[-1]["loss"], "last_loss_bf16": bf16,
                        "last_loss_vs_bf16_relative": abs(steps[-1]["loss"] - bf16) / abs(bf16),
