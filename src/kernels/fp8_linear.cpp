@@ -3,6 +3,7 @@
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <c10/core/GradMode.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Float8_e4m3fn.h>
 #include <torch/csrc/autograd/custom_function.h>
 
@@ -82,6 +83,9 @@ std::atomic<bool> cpu_scaled_mm_refused{false};
 
 at::Tensor scaled_mm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& inverse_a, const at::Tensor& inverse_b,
                      at::ScalarType out_dtype) {
+  // The dtypes here are the FP8 linear's own: under training's autocast the fallback's fp32 GEMM would run in bf16,
+  // and the CPU's _scaled_mm rounds its output differently (test_fp8_linear.cpp AutocastChangesNothing).
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
   if (!a.device().is_cpu()) return at::_scaled_mm(a, b, inverse_a, inverse_b, std::nullopt, std::nullopt, out_dtype);
   if (!bf16_matmuls_widened() && !cpu_scaled_mm_refused.load()) {
     try {
@@ -143,6 +147,7 @@ struct Fp8Linear : public torch::autograd::Function<Fp8Linear> {
 }  // namespace
 
 E4m3Cast cast_to_e4m3(const at::Tensor& t) {
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);  // as in scaled_mm
   TORCH_CHECK(at::isFloatingType(t.scalar_type()) && t.scalar_type() != at::kDouble,
               "cast_to_e4m3: needs an fp32, bf16 or fp16 tensor, got ", t.scalar_type());
   return t.device().is_cpu() ? cpu_cast(t) : aten_cast(t);

@@ -193,6 +193,31 @@ TEST(Fp8Linear, ZeroTensorsGiveZerosAndNonFiniteInputsStayNonFinite) {
 // In a model: SequenceOptions::fp8 changes the logits (the block's matmuls really run in FP8), activation
 // checkpointing recomputes the same casts (the same logits, the same gradients up to fp32 summation order, as
 // tests/unit/test_checkpointing.cpp bounds it: 1e-6 relative), and decoding and the analyses refuse it.
+// The FP8 linear's casts are its own (e4m3 in, bf16 or the weight's dtype out), so autocast around it, as training
+// has it, changes nothing: the same output and gradients bit for bit with autocast on and off, on whichever path this
+// CPU takes (oneDNN's _scaled_mm, or the widened fp32 fallback, whose fp32 GEMM autocast would otherwise run in bf16).
+TEST(Fp8Linear, AutocastChangesNothing) {
+  at::manual_seed(11);
+  const at::Tensor x0 = at::randn({3, 40, 48}), w0 = at::randn({80, 48}) * 0.1, g = at::randn({3, 40, 80});
+  auto pass = [&](bool autocast) {
+    const at::Tensor x = x0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true);
+    at::Tensor y;
+    {
+      AutocastGuard guard(autocast, at::kCPU);
+      y = fp8_linear(x, w);
+    }
+    y.backward(g.to(y.scalar_type()));
+    return std::vector<at::Tensor>{y.detach(), x.grad(), w.grad()};
+  };
+  const std::vector<at::Tensor> plain = pass(false), autocast = pass(true);
+  for (size_t i = 0; i < plain.size(); ++i) {
+    EXPECT_EQ(plain[i].scalar_type(), autocast[i].scalar_type()) << i;
+    EXPECT_TRUE(at::equal(plain[i], autocast[i]))
+        << i << ": max difference "
+        << (plain[i].to(at::kDouble) - autocast[i].to(at::kDouble)).abs().max().item<double>();
+  }
+}
+
 TEST(Fp8Linear, ModelForwardWithCheckpointingAndModes) {
   CausalLM model = CausalLM::random_init(preset("tiny", Variant::kBase), 3);
   for (const auto& [name, p] : model.parameters()) p.requires_grad_(true);
