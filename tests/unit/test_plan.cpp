@@ -10,6 +10,7 @@
 #include <numeric>
 #include <unordered_map>
 
+#include "archspace/kernels/bf16_matmuls.h"
 #include "archspace/model/causal_lm.h"
 #include "archspace/model/loss.h"
 #include "archspace/model/parameters.h"
@@ -495,6 +496,10 @@ TEST(Plan, Fp8ActivationsMatchWhatAutogradKeeps) {
                     variant_name(v), long(T), long(kept(fp8)), long(measured_fp8),
                     100.0 * (kept(fp8) - measured_fp8) / measured_fp8, long(measured_bf16 - measured_fp8),
                     long(kept(bf16) - kept(fp8)));
+        // The plan counts what the GPU (and a CPU with native bf16 matmuls) keeps. Where this CPU widens every bf16
+        // matmul to fp32 (kernels/bf16_matmuls.h: the avx2 and baseline kernel paths), autograd keeps those fp32
+        // copies too, which no GPU does: there the measurement is not the plan's, only printed.
+        if (bf16_matmuls_widened()) continue;
         EXPECT_NEAR(static_cast<double>(kept(fp8)) / measured_fp8, 1.0, 0.01) << variant_name(v) << " T=" << T;
         EXPECT_EQ(kept(bf16) - kept(fp8), measured_bf16 - measured_fp8) << variant_name(v) << " T=" << T;
       }
