@@ -4,7 +4,8 @@
 #
 # We link LibTorch's libraries directly rather than through TorchConfig.cmake: that config probes for a
 # GPU and the CUDA compiler at configure time, which fails on a machine with the CUDA toolkit but no GPU.
-# We write no CUDA code of our own (ATen's ops carry the kernels), so headers and libraries suffice.
+# Our own CUDA code (the fused training kernels) is compiled without LibTorch's headers, so headers and libraries
+# suffice.
 set(ARCHSPACE_PYTHON "" CACHE FILEPATH "python with torch installed (default: .venv/bin/python, else python3)")
 if(NOT ARCHSPACE_PYTHON)
   if(EXISTS ${ARCHSPACE_REPO_ROOT}/.venv/bin/python)

@@ -11,12 +11,12 @@
 #
 #   here:   make build && bash scripts/device-check.sh --prepare
 #           (copies the packages' headers, libraries, CMake and pkg-config files into .device-deps/root,
-#            the dolma2 tokenizer to .device-deps/dolma2.json, and build/archspace and build/check_attention
+#            the dolma2 tokenizer to .device-deps/dolma2.json, and build/archspace, build/check_attention and build/check_kernels
 #            to .device-deps/prebuilt when this machine's torch is 2.11 cu130)
 #   there:  the device tool's run with carry [".device-deps"] and the command
 #           bash scripts/device-check.sh --out $OUT/device-check.json
 #           (configures build-device/ against .device-deps/root with the system python's torch, builds
-#            archspace and check_attention with all cores, unless the carried build starts; runs the checks:
+#            archspace, check_attention and check_kernels with all cores, unless the carried build starts; runs the checks:
 #            179 s on one H200 with the carried build, ~310 s with the two profiles, 2026-12-04. --deadline-s
 #            bounds the python part)
 #
@@ -47,10 +47,10 @@ if [[ "${1:-}" == "--prepare" ]]; then
   cp "$tokenizer" "$DEPS/dolma2.json"
   # This machine's build, when its torch is the GPU machine's (2.11 cu130): there it saves the build's minutes
   # of device time. The run falls back to building there when these do not start.
-  if [[ -x build/archspace && -x build/check_attention ]] &&
+  if [[ -x build/archspace && -x build/check_attention && -x build/check_kernels ]] &&
      [[ "$(.venv/bin/python -c 'import torch; print(torch.__version__)')" == "2.11.0+cu130" ]]; then
     mkdir -p "$DEPS/prebuilt"
-    cp build/archspace build/check_attention "$DEPS/prebuilt/"
+    cp build/archspace build/check_attention build/check_kernels "$DEPS/prebuilt/"
   fi
   echo "prepared $DEPS: $(du -sh "$DEPS" | cut -f1); run there with carry [\"$DEPS\"]"
   exit 0
@@ -94,6 +94,6 @@ start=$(date +%s)
 cmake -S . -B build-device -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=OFF -DARCHSPACE_PYTHON=python3 \
   -DCMAKE_PREFIX_PATH="$ROOT/usr" -DOPENSSL_ROOT_DIR="$ROOT/usr" -DCMAKE_CXX_FLAGS="-isystem $ROOT/usr/include" \
   > build-device/build.log 2>&1 || { tail -40 build-device/build.log; exit 1; }
-cmake --build build-device -j"$(nproc)" --target archspace check_attention >> build-device/build.log 2>&1 || { tail -60 build-device/build.log; exit 1; }
+cmake --build build-device -j"$(nproc)" --target archspace check_attention check_kernels >> build-device/build.log 2>&1 || { tail -60 build-device/build.log; exit 1; }
 echo "[device-check] built in $(( $(date +%s) - start )) s" >&2
 PYTHONUNBUFFERED=1 exec python3 scripts/device_check.py --build "$build" "$@"

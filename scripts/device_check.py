@@ -12,6 +12,10 @@ Checks (each a "pass" in the JSON; the script exits 1 if any fails):
                     (the model cast to bf16 on the same device), the rule of tests/python/test_cli.py
   flash_attention   build/check_attention: flash path vs reference attention, forward and backward; with
                     document masking, the variable-length kernel (cu_seqlens) vs the block-diagonal reference
+  fused_kernels     build/check_kernels: the fused training kernels (train.fused_kernels: RMSNorm, the residual
+                    add + RMSNorm, the Q/K norm + RoPE, SwiGLU), forward and backward, vs ATen's composite and
+                    fp64 within tests/device/fused_training_checks.h's elementwise bound, at the 1B's shapes;
+                    also each kernel's time beside the composite's (and ATen's at::rms_norm)
   cache_decode      greedy decode with the KV cache (fp32) == argmax of one full forward at every step, for
                     each way of running the steps: eager, fixed shapes, and a replayed CUDA graph (the dry run:
                     the first two; --decode-steps, infer/decode_step.h)
@@ -23,7 +27,8 @@ Checks (each a "pass" in the JSON; the script exits 1 if any fails):
                     init, data and seed, 4 steps: losses within 1e-5 relative in fp32 and 2e-3 in bf16 (see
                     check_sharded); needs 2 GPUs, recorded as skipped (with the reason) when fewer are visible
 Measurements (no pass/fail): 1B training tokens/s and MFU (training_1b_fp8: the same with train.fp8, its
-tokens/s and its last loss against bf16's; issue 49's goal 65,000 tokens/s), each run's peak GPU memory against
+tokens/s and its last loss against bf16's; issue 49's goal 65,000 tokens/s; training_1b_fused: the same with
+train.fused_kernels, its tokens/s over bf16's and its last loss against bf16's), each run's peak GPU memory against
 `archspace plan --json` for the same options (issue 49: within 10%; the fp8 run against `plan --fp8`);
 training_1b_transformers_compiled: the same shapes trained by transformers' Olmo3ForCausalLM under torch.compile
 with fused AdamW (scripts/transformers_baseline.py), its tokens/s and engine_over_transformers_compiled, the engine's bf16 tokens/s over it (issue 49's goal >= 1.2);
@@ -90,6 +95,7 @@ class Engine:
     def __init__(self, build_dir):
         self.binary = pathlib.Path(build_dir) / "archspace"
         self.check_attention = pathlib.Path(build_dir) / "check_attention"
+        self.check_kernels = pathlib.Path(build_dir) / "check_kernels"
 
     def run(self, *args, timeout=600):
         r = subprocess.run([str(self.binary), *map(str, args)], capture_output=True, text=True,
@@ -165,6 +171,14 @@ def check_flash(engine, s):
                        timeout=DEADLINE.timeout(300), env=engine_env())
     if not r.stdout.strip():
         raise RuntimeError(f"check_attention printed nothing ({r.returncode}):\n{r.stderr[-3000:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def check_fused_kernels(engine, s):
+    r = subprocess.run([str(engine.check_kernels), "--device", s["device"]], capture_output=True, text=True,
+                       timeout=DEADLINE.timeout(300), env=engine_env())
+    if not r.stdout.strip():
+        raise RuntimeError(f"check_kernels printed nothing ({r.returncode}):\n{r.stderr[-3000:]}")
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
@@ -486,15 +500,15 @@ def model_flops_per_token(cfg, seq):
     return 6 * matmul_params + attn
 
 
-def measure_training(engine, s, work, gpu_name, fp8=False):
+def measure_training(engine, s, work, gpu_name, fp8=False, fused=False):
     """fp8: train.fp8 on the same preset, seed and data as the bf16 run (which must have run first: its last loss
-    is the comparison). The run's peak GPU memory against `archspace plan --json` for the same options (issue 49:
+    is the comparison); fused: train.fused_kernels, likewise. The run's peak GPU memory against `archspace plan --json` for the same options (issue 49:
     within 10%): the engine's share is the peak less the GPU's figure before the run (this process's CUDA context
     and what its earlier checks left in torch's cache are not the engine's)."""
     tokens = synthetic_tokens(s["perf_seq"] * s["perf_batch"] * (s["perf_steps"] + 1) + 1, seed=5)
     shards = write_shards(work / "perf-shards", tokens, 1000)
-    name = "perf-fp8" if fp8 else "perf"
-    extra = {"fp8": True} if fp8 else {}
+    name = "perf-fp8" if fp8 else "perf-fused" if fused else "perf"
+    extra = {"fp8": True} if fp8 else {"fused_kernels": True} if fused else {}
     cfg = train_config(work / f"{name}.toml", work / f"run-{name}", shards, preset=s["perf_preset"],
                        sequence_length=s["perf_seq"], micro_batch=s["perf_batch"], max_steps=s["perf_steps"],
                        device=s["device"], dtype="bf16", **extra)
@@ -529,6 +543,12 @@ def measure_training(engine, s, work, gpu_name, fp8=False):
         result.update({"fp8": True, "last_loss": steps[-1]["loss"], "last_loss_bf16": bf16,
                        "last_loss_vs_bf16_relative": abs(steps[-1]["loss"] - bf16) / abs(bf16),
                        "goal_tokens_per_s": 65000})
+    if fused:
+        bf16 = losses(work / "run-perf")
+        bf16_tok_s = float(np.median([m["tokens_per_s"] for m in (bf16[2:] if len(bf16) > 2 else bf16)]))
+        result.update({"fused_kernels": True, "last_loss": steps[-1]["loss"], "last_loss_bf16": bf16[-1]["loss"],
+                       "last_loss_vs_bf16_relative": abs(steps[-1]["loss"] - bf16[-1]["loss"]) / abs(bf16[-1]["loss"]),
+                       "tokens_per_s_over_bf16": tok_s / bf16_tok_s})
     return result
 
 
@@ -798,6 +818,7 @@ def main():
         step("checks", "logits_fp32", logits_step)
         summary["checks"]["logits_bf16"] = logits_results.get("bf16", {"error": "not run", "pass": False})
         step("checks", "flash_attention", lambda: check_flash(engine, s))
+        step("checks", "fused_kernels", lambda: check_fused_kernels(engine, s))
         step("checks", "cache_decode", lambda: check_cache_decode(engine, s, work))
         step("checks", "train_bf16", lambda: check_training(engine, s, work))
         step("checks", "sharded_training", lambda: check_sharded(engine, s, work))
@@ -807,6 +828,7 @@ def main():
                 engine, "init", "--preset", s["perf_preset"], "--out", work / "perf-model", "--dtype", "bf16")})
             step("measurements", "training_1b", lambda: measure_training(engine, s, work, gpu_name))
             step("measurements", "training_1b_fp8", lambda: measure_training(engine, s, work, gpu_name, fp8=True))
+            step("measurements", "training_1b_fused", lambda: measure_training(engine, s, work, gpu_name, fused=True))
             step("measurements", "training_1b_transformers_compiled", lambda: measure_transformers_compiled(
                 s, work, summary["measurements"].get("training_1b")))
             step("measurements", "decode", lambda: measure_decode(engine, s, work))

@@ -251,6 +251,7 @@ ChoiceTexts read_keys(const toml::table& root, TrainConfig& c, const std::string
   train.get("device", choices.device);
   train.get("dtype", choices.dtype);
   train.get("fp8", c.fp8);
+  train.get("fused_kernels", c.fused_kernels);
   train.get("threads", c.threads);
   train.get("dist_timeout_s", c.dist_timeout_s);
   train.get("sharding", choices.sharding);

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "archspace/kernels/fused_norm_rope.h"
+#include "archspace/kernels/fused_training.h"
 #include "archspace/model/rms_norm.h"
 
 namespace archspace {
@@ -106,6 +107,8 @@ at::Tensor rms_norm_rope(const at::Tensor& x, const at::Tensor& weight, double e
                          const at::Tensor& sin, int64_t head_dim) {
   if (uses_fused_rms_norm_rope(x, weight, cos, sin, head_dim))
     return fused_rms_norm_rope(x, weight, eps, cos, sin, head_dim);
+  if (fused_training_norm_rope_applies(x, weight, cos, sin, head_dim))  // train.fused_kernels
+    return fused_rms_norm_rope_trained(x, weight, eps, cos, sin, head_dim);
   const at::Tensor normed = rms_norm(x, weight, eps);
   return apply_rope(normed.view({x.size(0), x.size(1), -1, head_dim}).transpose(1, 2), cos, sin);
 }

@@ -15,6 +15,7 @@
 #include "archspace/data/token_source.h"
 #include "archspace/dist/test_fault.h"
 #include "archspace/io/run_dir.h"
+#include "archspace/kernels/fused_training.h"
 #include "archspace/model/model_io.h"
 #include "archspace/tokenizer/tokenizer.h"
 #include "archspace/train/autocast.h"
@@ -157,6 +158,11 @@ void Trainer::setup_device() {
   // bf16 autocast on either device; on a CPU without AVX512-BF16 (or AMX) its matmuls are slower than
   // fp32, but the numbers are the same as on one that has it.
   autocast_ = cfg_.dtype == DType::kBf16;
+  if (cfg_.fused_kernels && device_.is_cuda() && !fused_training_cuda_built()) {
+    throw Error(cfg_.source + ": key 'train.fused_kernels' is true but this build has no CUDA launch of the fused " +
+                "kernels (configured without nvcc); rebuild where the CUDA toolkit is, or set it false");
+  }
+  set_fused_training_kernels(cfg_.fused_kernels);  // process-wide, as the model's norms and SwiGLU read it
 }
 
 void Trainer::setup_dist() {

@@ -17,11 +17,18 @@ def test_dry_run_passes_every_check_and_measures_every_figure(tmp_path):
     assert json.loads(r.stdout.strip().splitlines()[-1]) == summary  # ONE JSON document on stdout
     assert summary["mode"] == "cpu dry run" and summary["device"] == "cpu"
     checks = summary["checks"]
-    assert set(checks) == {"logits_fp32", "logits_bf16", "flash_attention", "cache_decode", "train_bf16",
-                           "sharded_training"}
+    assert set(checks) == {"logits_fp32", "logits_bf16", "flash_attention", "fused_kernels", "cache_decode",
+                           "train_bf16", "sharded_training"}
     failed = {name: c for name, c in checks.items() if not c.get("pass")}
     assert not failed, json.dumps(failed, indent=1)
     assert checks["flash_attention"]["kernel"] == "cpu stand-in"
+    # The fused training kernels: every check within its bound (the CPU launch here), each kernel timed.
+    fused = checks["fused_kernels"]
+    assert fused["device"] == "cpu" and all(c["pass"] and c["worst_share_of_bound"] <= 1 for c in fused["checks"])
+    assert {c["check"].split()[0] for c in fused["checks"]} == {"rms_norm", "add_rms_norm", "rms_norm_rope", "swiglu"}
+    assert set(fused["timing_ms"]) == {"rms_norm", "add_rms_norm", "rms_norm_rope", "swiglu"}
+    assert all(t["fused_ms"] > 0 and t["composite_ms"] > 0 for t in fused["timing_ms"].values())
+    assert fused["timing_ms"]["rms_norm"]["aten_rms_norm_ms"] > 0
     assert {c["window"] for c in checks["flash_attention"]["cases"]} >= {0, 8}
     assert len([c for c in checks["flash_attention"]["cases"] if "documents" in c]) == 2  # variable-length form
     assert len(checks["train_bf16"]["losses"]["bf16"]) == 3
@@ -36,6 +43,10 @@ def test_dry_run_passes_every_check_and_measures_every_figure(tmp_path):
     assert m["training_1b"]["tokens_per_s_median"] > 0 and m["training_1b"]["model_flops_per_token"] > 0
     assert m["training_1b"]["mfu"] is None  # no GPU peak to divide by on the CPU
     assert m["training_1b_fp8"]["tokens_per_s_median"] > 0 and m["training_1b_fp8"]["last_loss_vs_bf16_relative"] > 0
+    # train.fused_kernels on the same run: its speed over bf16's, and a loss that the kernels' roundings move little.
+    fused_run = m["training_1b_fused"]
+    assert fused_run["fused_kernels"] is True and fused_run["tokens_per_s_over_bf16"] > 0
+    assert fused_run["last_loss_vs_bf16_relative"] < 0.01
     # Issue 49's baseline: the same shapes under transformers + torch.compile + fused AdamW, and the ratio.
     hf = m["training_1b_transformers_compiled"]
     assert hf["tokens_per_s_median"] > 0 and hf["engine_over_transformers_compiled"] > 0

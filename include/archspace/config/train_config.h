@@ -83,6 +83,10 @@ struct TrainConfig {
   // The block's linear layers' matmuls in FP8 (e4m3, tensorwise dynamic scaling; kernels/fp8_linear.h), the rest
   // as train.dtype = "bf16" has it, which it requires.
   bool fp8 = false;
+  // The block's RMSNorms (Q/K norm with RoPE, the residual adds around the sublayers' norms) and its SwiGLU through
+  // the fused training kernels (kernels/fused_training.h) instead of ATen's composite ops. Off by default until the
+  // device check measures them faster on the GPU.
+  bool fused_kernels = false;
   int threads = 0;
   // Keep only each block's inputs in forward and recompute the block in backward (model/activation_checkpoint.h).
   bool activation_checkpointing = false;
