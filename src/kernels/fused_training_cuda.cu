@@ -50,9 +50,16 @@ __global__ void norm_forward_kernel(NormForward a) {
   }
 }
 
+// The weight's gradient over the block's rows is summed in shared memory when a row of fp32 fits (widths to
+// 8,192: 32 KiB of the 48 KiB a block may have), else in the block's row of dw_partial in global memory; each thread owns the
+// same elements throughout (zeroing, summing, writing out), so neither needs a barrier of its own.
 template <class S>
-__global__ void norm_backward_kernel(NormBackward a) {
-  float* dw = a.dw_partial + blockIdx.x * a.width;
+__global__ void norm_backward_kernel(NormBackward a, bool shared_sums) {
+  extern __shared__ float shared_dw[];
+  float* out = a.dw_partial + blockIdx.x * a.width;
+  float* dw = shared_sums ? shared_dw : out;
+  if (shared_sums)
+    for (int64_t i = threadIdx.x; i < a.width; i += blockDim.x) dw[i] = 0.0f;
   const int64_t first = blockIdx.x * a.rows_per_block;
   const int64_t end = min(a.rows, first + a.rows_per_block);
   for (int64_t r = first; r < end; ++r) {
@@ -69,6 +76,8 @@ __global__ void norm_backward_kernel(NormBackward a) {
     norm_backward_store(g, x, a.weight, a.rstd[r], dot, a.width, static_cast<S*>(a.dx) + r * a.width, dw,
                         threadIdx.x, a.width, blockDim.x);
   }
+  if (shared_sums)
+    for (int64_t i = threadIdx.x; i < a.width; i += blockDim.x) out[i] = dw[i];
 }
 
 template <class S>
@@ -109,10 +118,13 @@ void norm_forward(const NormForward& a, void* stream) {
 void norm_backward(const NormBackward& a, void* stream) {
   if (a.rows == 0) return;
   const dim3 grid(static_cast<unsigned>((a.rows + a.rows_per_block - 1) / a.rows_per_block)), block(kThreads);
+  const size_t row_bytes = static_cast<size_t>(a.width) * sizeof(float);
+  const bool shared_sums = row_bytes <= 32 * 1024;
+  const size_t shared = shared_sums ? row_bytes : 0;
   if (a.x_storage == Storage::kBf16) {
-    norm_backward_kernel<Bf16><<<grid, block, 0, as_stream(stream)>>>(a);
+    norm_backward_kernel<Bf16><<<grid, block, shared, as_stream(stream)>>>(a, shared_sums);
   } else {
-    norm_backward_kernel<float><<<grid, block, 0, as_stream(stream)>>>(a);
+    norm_backward_kernel<float><<<grid, block, shared, as_stream(stream)>>>(a, shared_sums);
   }
   check(cudaGetLastError(), "norm_backward");
 }
