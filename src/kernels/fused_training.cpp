@@ -62,8 +62,8 @@ bool fused_training_norm_rope_applies(const at::Tensor& x, const at::Tensor& wei
 
 bool fused_training_swiglu_applies(const at::Tensor& gate, const at::Tensor& up) {
   return enabled && gate.defined() && up.defined() && gate.dim() >= 1 && gate.numel() > 0 &&
-         gate.sizes() == up.sizes() && gate.scalar_type() == up.scalar_type() && storage_supported(gate.scalar_type()) &&
-         device_supported(gate) && up.device() == gate.device();
+         gate.sizes() == up.sizes() && gate.scalar_type() == up.scalar_type() &&
+         storage_supported(gate.scalar_type()) && device_supported(gate) && up.device() == gate.device();
 }
 
 namespace fused_training {
@@ -77,11 +77,10 @@ RopeTables rope_tables(const at::Tensor& x, const at::Tensor& cos, const at::Ten
   if (!cos.defined()) return t;
   TORCH_CHECK(x.dim() == 3 && x.size(2) % head_dim == 0 && head_dim % 2 == 0,
               "fused rms_norm_rope: x [B, T, H * head_dim], got ", x.sizes(), " with head_dim ", head_dim);
-  TORCH_CHECK(cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat && cos.is_contiguous() &&
-                  sin.is_contiguous() && cos.sizes() == sin.sizes() && cos.size(-1) == head_dim &&
-                  cos.size(-2) == x.size(1),
-              "fused rms_norm_rope: cos and sin fp32 contiguous [T, head_dim] or [B, 1, T, head_dim], got ",
-              cos.sizes());
+  TORCH_CHECK(
+      cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat && cos.is_contiguous() &&
+          sin.is_contiguous() && cos.sizes() == sin.sizes() && cos.size(-1) == head_dim && cos.size(-2) == x.size(1),
+      "fused rms_norm_rope: cos and sin fp32 contiguous [T, head_dim] or [B, 1, T, head_dim], got ", cos.sizes());
   t.cos = cos.data_ptr<float>();
   t.sin = sin.data_ptr<float>();
   t.head_dim = head_dim;
@@ -115,8 +114,10 @@ void run(const at::Tensor& on, const Launch& launch, void (*cpu_launch)(const La
   cuda_launch(launch, cuda_stream(on));
 #else
   (void)cuda_launch;
-  TORCH_CHECK(false, "fused training kernels: this build has no CUDA launch (nvcc or CUDA LibTorch were not found "
-                     "at configure time); tensors on ", on.device());
+  TORCH_CHECK(false,
+              "fused training kernels: this build has no CUDA launch (nvcc or CUDA LibTorch were not found "
+              "at configure time); tensors on ",
+              on.device());
 #endif
 }
 
@@ -280,7 +281,11 @@ struct RmsNormRopeFunction : public torch::autograd::Function<RmsNormRopeFunctio
     const auto saved = ctx->get_saved_variables();
     auto [dx, dw] = fused_training::norm_backward(grads[0], saved[0], saved[1], saved[2], saved[3], saved[4],
                                                   ctx->saved_data["head_dim"].toInt());
-    return {dx.view(saved[0].sizes()), weight_gradient(dw, saved[1]), at::Tensor(), at::Tensor(), at::Tensor(),
+    return {dx.view(saved[0].sizes()),
+            weight_gradient(dw, saved[1]),
+            at::Tensor(),
+            at::Tensor(),
+            at::Tensor(),
             at::Tensor()};
   }
 };
@@ -314,6 +319,8 @@ at::Tensor fused_rms_norm_rope_trained(const at::Tensor& x, const at::Tensor& we
   return out.view({x.size(0), x.size(1), -1, head_dim}).transpose(1, 2);
 }
 
-at::Tensor fused_swiglu_trained(const at::Tensor& gate, const at::Tensor& up) { return SwigluFunction::apply(gate, up); }
+at::Tensor fused_swiglu_trained(const at::Tensor& gate, const at::Tensor& up) {
+  return SwigluFunction::apply(gate, up);
+}
 
 }  // namespace archspace

@@ -15,7 +15,7 @@ struct RopeTables {
   const float* cos = nullptr;  // null: no rotation
   const float* sin = nullptr;
   int64_t head_dim = 0;
-  int64_t positions = 0;    // T: row r of the activation is position r % T of sequence r / T
+  int64_t positions = 0;     // T: row r of the activation is position r % T of sequence r / T
   int64_t batch_stride = 0;  // 0 for [T, head_dim] tables, T * head_dim for [B, 1, T, head_dim]
 };
 

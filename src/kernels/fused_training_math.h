@@ -167,8 +167,8 @@ ARCHSPACE_HD float norm_backward_dot(const NormOutputGradient<S>& g, const S* x,
 // dx = S(rstd * g w - x * (rstd^3 * dot / D)) (autograd's x * rsqrt(mean(x^2) + eps) backward, its two terms
 // summed), and dw += g * (x * rstd) into an fp32 row of partial sums.
 template <class S>
-ARCHSPACE_HD void norm_backward_store(const NormOutputGradient<S>& g, const S* x, const float* w, float rstd,
-                                      float dot, int64_t width, S* dx, float* dw_partial, int64_t first, int64_t end,
+ARCHSPACE_HD void norm_backward_store(const NormOutputGradient<S>& g, const S* x, const float* w, float rstd, float dot,
+                                      int64_t width, S* dx, float* dw_partial, int64_t first, int64_t end,
                                       int64_t step) {
   const float coefficient = ((rstd * rstd) * rstd) * (dot / static_cast<float>(width));
   for (int64_t i = first; i < end; i += step) {

@@ -80,8 +80,7 @@ nlohmann::json timing(const at::Device& device, const Shapes& s, int iterations)
   const std::vector<Kernel> kernels = {
       {"rms_norm", {x, w}, [&](const auto& in) { return rms_norm(in[0], in[1], eps); }},
       {"add_rms_norm", {stream, x, w}, [&](const auto& in) { return add_rms_norm(in[0], in[1], in[2], eps); }},
-      {"rms_norm_rope", {x, w},
-       [&](const auto& in) { return rms_norm_rope(in[0], in[1], eps, cos, sin, s.head_dim); }},
+      {"rms_norm_rope", {x, w}, [&](const auto& in) { return rms_norm_rope(in[0], in[1], eps, cos, sin, s.head_dim); }},
       {"swiglu", {gate_up}, [&](const auto& in) {
          const at::Tensor g = in[0].narrow(-1, 0, F), u = in[0].narrow(-1, F, F);
          return fused_training_swiglu_applies(g, u) ? fused_swiglu_trained(g, u) : at::silu(g) * u;
@@ -127,14 +126,21 @@ int main(int argc, char** argv) {
   nlohmann::json rows = nlohmann::json::array();
   for (const checks::Check& c : results) {
     ok = ok && c.pass();
-    rows.push_back({{"check", c.name}, {"worst_share_of_bound", c.worst}, {"bit_equal", c.equal},
-                    {"min_bit_equal", c.min_equal}, {"pass", c.pass()}});
+    rows.push_back({{"check", c.name},
+                    {"worst_share_of_bound", c.worst},
+                    {"bit_equal", c.equal},
+                    {"min_bit_equal", c.min_equal},
+                    {"pass", c.pass()}});
   }
   nlohmann::json j = {{"device", device.str()},
                       {"cuda_launch_built", fused_training_cuda_built()},
                       {"shapes",
-                       {{"batch", s.batch}, {"sequence", s.sequence}, {"hidden", s.hidden}, {"heads", s.heads},
-                        {"head_dim", s.head_dim}, {"intermediate", s.intermediate}}},
+                       {{"batch", s.batch},
+                        {"sequence", s.sequence},
+                        {"hidden", s.hidden},
+                        {"heads", s.heads},
+                        {"head_dim", s.head_dim},
+                        {"intermediate", s.intermediate}}},
                       {"checks", rows},
                       {"timing_ms", timing(device, s, small ? 3 : iterations)},
                       {"pass", ok}};

@@ -35,8 +35,8 @@ namespace archspace::fused_training_checks {
 
 struct Check {
   std::string name;
-  double worst = 0;  // the worst element's |fused - reference| as a share of its bound: passes at <= 1
-  double equal = 0;  // the share of elements bit-equal to the reference
+  double worst = 0;      // the worst element's |fused - reference| as a share of its bound: passes at <= 1
+  double equal = 0;      // the share of elements bit-equal to the reference
   double min_equal = 0;  // the least share that passes
   bool pass() const { return worst <= 1.0 && equal >= min_equal; }
 };

@@ -34,7 +34,7 @@ TEST(FusedTraining, RmsNormForwardAndBackward) {
   at::manual_seed(1);
   expect_all_within(checks::rms_norm(kCpu, at::kFloat, 10, 256));
   expect_all_within(checks::rms_norm(kCpu, at::kBFloat16, 10, 256));
-  expect_all_within(checks::rms_norm(kCpu, at::kBFloat16, 3, 7));  // rows narrower than a GPU block's threads
+  expect_all_within(checks::rms_norm(kCpu, at::kBFloat16, 3, 7));     // rows narrower than a GPU block's threads
   expect_all_within(checks::rms_norm(kCpu, at::kBFloat16, 130, 64));  // more rows than one backward block's 64
 }
 
@@ -49,7 +49,8 @@ TEST(FusedTraining, AddRmsNormForwardAndBackward) {
 TEST(FusedTraining, RmsNormRopeForwardAndBackward) {
   at::manual_seed(3);
   for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
-    for (const bool per_sequence : {false, true}) expect_all_within(checks::rms_norm_rope(kCpu, dtype, 2, 5, 3, 16, per_sequence));
+    for (const bool per_sequence : {false, true})
+      expect_all_within(checks::rms_norm_rope(kCpu, dtype, 2, 5, 3, 16, per_sequence));
   }
 }
 
@@ -84,8 +85,8 @@ TEST(FusedTraining, OffByDefaultAndRefusedWhereTheyDoNotApply) {
   EXPECT_FALSE(fused_training_norm_applies(x, w));  // off
   FusedTrainingKernelsScope on(true);
   EXPECT_TRUE(fused_training_norm_applies(x, w));
-  EXPECT_FALSE(fused_training_norm_applies(x.to(at::kDouble), w));       // fp64: the composite
-  EXPECT_FALSE(fused_training_norm_applies(x, at::ones({7})));           // width
+  EXPECT_FALSE(fused_training_norm_applies(x.to(at::kDouble), w));                             // fp64: the composite
+  EXPECT_FALSE(fused_training_norm_applies(x, at::ones({7})));                                 // width
   EXPECT_FALSE(fused_training_add_norm_applies(x.to(at::kBFloat16).to(at::kBFloat16), x, w));  // bf16 + fp32 -> fp32
   EXPECT_TRUE(fused_training_add_norm_applies(x, x.to(at::kBFloat16), w));
   EXPECT_FALSE(fused_training_norm_rope_applies(x, w, at::ones({3, 6}), at::ones({3, 6}), 6));  // 8 % 6
@@ -93,59 +94,72 @@ TEST(FusedTraining, OffByDefaultAndRefusedWhereTheyDoNotApply) {
   EXPECT_THROW((void)fused_training::norm_forward(x, at::ones({7}), 1e-6), c10::Error);
 }
 
-// The model's loss and every parameter's gradient with the kernels on: as accurate as the composite they replace.
-// The bound is relative because a whole model's error has no closed form here: against an fp64 run of the same
-// model, the fused run's largest error in each tensor is at most twice the composite's plus 2^-20 of the tensor's
-// scale (fp32 and bf16 autocast). Checkpointing changes the fused run no more than it changes the composite (base:
-// not at all; siamese_depth: the order in which the embedding's two streams' gradients are summed), again plus 2^-20
-// of the scale.
-TEST(FusedTraining, ModelGradientsAsAccurateAsTheComposite) {
+// The model's loss and every parameter's gradient with the kernels on, from 6 initialisations of each variant.
+// fp32: as accurate as the composite they replace. A whole model's error has no closed form here, so the bound is
+// relative, norm-wise per tensor against an fp64 run of the same model: |fused - fp64| <= 2 |composite - fp64| +
+// 2^-20 |fp64| (both errors come from the order of fp32 sums and are of one size; the factor 2 leaves room for
+// their spread across tensors). bf16 autocast: both runs round the same values to bf16, and a rounding that flips
+// between them moves a value by one bf16 unit (2^-8); the runs' gradients are asserted within 2^-4 of each other
+// norm-wise per tensor (a missing or misrouted gradient path is off by the order of the gradient itself).
+// Activation checkpointing changes the fused run no more than it changes the composite (base: not at all;
+// siamese_depth: the order in which the embedding's two streams' gradients are summed), plus 2^-20 of the scale.
+TEST(FusedTraining, ModelGradientsFollowTheComposite) {
   for (const Variant variant : {Variant::kBase, Variant::kSiameseDepth}) {
     for (const bool bf16 : {false, true}) {
-      CausalLM model = CausalLM::random_init(preset("tiny", variant), 3);
-      for (const auto& [name, p] : model.parameters()) p.requires_grad_(true);
-      at::manual_seed(5);
-      const at::Tensor ids = at::randint(512, {2, 16}, at::kLong), labels = at::randint(512, {2, 16}, at::kLong);
-      auto pass = [&](bool fused, bool checkpointing, bool autocast, std::vector<at::Tensor>& out) {
-        FusedTrainingKernelsScope scope(fused);
-        SequenceOptions options;
-        options.activation_checkpointing = checkpointing;
-        at::Tensor logits;
-        {
-          AutocastGuard guard(autocast, at::kCPU);
-          logits = model.forward(ids, options);
-        }
-        at::Tensor loss = next_token_loss(logits, labels, 0).ce_sum;
-        loss.backward();
-        out.push_back(loss.detach().to(at::kDouble));
-        for (const auto& [name, p] : model.parameters()) {
-          out.push_back(p.grad().to(at::kDouble));
-          p.mutable_grad().reset();
-        }
-      };
-      std::vector<at::Tensor> fused, fused_ckpt, composite, composite_ckpt, exact;
-      pass(true, false, bf16, fused);
-      pass(true, true, bf16, fused_ckpt);
-      pass(false, false, bf16, composite);
-      pass(false, true, bf16, composite_ckpt);
-      for (const auto& [name, p] : model.parameters()) p.set_data(p.detach().to(at::kDouble));
-      pass(false, false, false, exact);
-      const double floor = 1.0 / (1 << 20);
       double worst = 0;
-      for (size_t i = 0; i < fused.size(); ++i) {
-        const double scale = exact[i].abs().max().item<double>();
-        const double ckpt_change = (fused[i] - fused_ckpt[i]).abs().max().item<double>();
-        const double composite_ckpt_change = (composite[i] - composite_ckpt[i]).abs().max().item<double>();
-        if (variant == Variant::kBase) EXPECT_EQ(ckpt_change, 0.0) << "tensor " << i << " under checkpointing";
-        EXPECT_LE(ckpt_change, composite_ckpt_change + floor * scale) << "tensor " << i << " under checkpointing";
-        const double fused_error = (fused[i] - exact[i]).abs().max().item<double>();
-        const double composite_error = (composite[i] - exact[i]).abs().max().item<double>();
-        worst = std::max(worst, fused_error / (2 * composite_error + floor * scale));
-        EXPECT_LE(fused_error, 2 * composite_error + floor * scale)
-            << (variant == Variant::kBase ? "base" : "siamese_depth") << (bf16 ? " bf16" : " fp32") << " tensor "
-            << i << " (0: the loss): fused error " << fused_error << ", composite error " << composite_error;
+      for (const uint64_t seed : {3, 4, 5, 6, 7, 8}) {
+        CausalLM model = CausalLM::random_init(preset("tiny", variant), seed);
+        for (const auto& [name, p] : model.parameters()) p.requires_grad_(true);
+        at::manual_seed(static_cast<int64_t>(seed));
+        const at::Tensor ids = at::randint(512, {2, 16}, at::kLong), labels = at::randint(512, {2, 16}, at::kLong);
+        auto pass = [&](bool fused, bool checkpointing, bool autocast, std::vector<at::Tensor>& out) {
+          FusedTrainingKernelsScope scope(fused);
+          SequenceOptions options;
+          options.activation_checkpointing = checkpointing;
+          at::Tensor logits;
+          {
+            AutocastGuard guard(autocast, at::kCPU);
+            logits = model.forward(ids, options);
+          }
+          at::Tensor loss = next_token_loss(logits, labels, 0).ce_sum;
+          loss.backward();
+          out.push_back(loss.detach().to(at::kDouble).reshape({1}));
+          for (const auto& [name, p] : model.parameters()) {
+            out.push_back(p.grad().to(at::kDouble));
+            p.mutable_grad().reset();
+          }
+        };
+        std::vector<at::Tensor> fused, fused_ckpt, composite, composite_ckpt, exact;
+        pass(true, false, bf16, fused);
+        pass(true, true, bf16, fused_ckpt);
+        pass(false, false, bf16, composite);
+        pass(false, true, bf16, composite_ckpt);
+        for (const auto& [name, p] : model.parameters()) p.set_data(p.detach().to(at::kDouble));
+        pass(false, false, false, exact);
+        const double floor = 1.0 / (1 << 20);
+        for (size_t i = 0; i < fused.size(); ++i) {
+          const std::string what = std::string(variant == Variant::kBase ? "base" : "siamese_depth") +
+                                   (bf16 ? " bf16" : " fp32") + " seed " + std::to_string(seed) + " tensor " +
+                                   std::to_string(i) + " (0: the loss)";
+          const double scale = exact[i].norm().item<double>();
+          const double ckpt_change = (fused[i] - fused_ckpt[i]).norm().item<double>();
+          const double composite_ckpt_change = (composite[i] - composite_ckpt[i]).norm().item<double>();
+          if (variant == Variant::kBase) EXPECT_EQ(ckpt_change, 0.0) << what << " under checkpointing";
+          EXPECT_LE(ckpt_change, composite_ckpt_change + floor * scale) << what << " under checkpointing";
+          double share;
+          if (bf16) {
+            const double apart = (fused[i] - composite[i]).norm().item<double>();
+            share = apart / (composite[i].norm().item<double>() / 16 + floor * scale);
+          } else {
+            const double fused_error = (fused[i] - exact[i]).norm().item<double>();
+            const double composite_error = (composite[i] - exact[i]).norm().item<double>();
+            share = fused_error / (2 * composite_error + floor * scale);
+          }
+          worst = std::max(worst, share);
+          EXPECT_LE(share, 1.0) << what;
+        }
       }
-      std::printf("model %s %s: worst fused error %.3f of its bound\n",
+      std::printf("model %s %s: worst tensor at %.3f of its bound over 6 seeds\n",
                   variant == Variant::kBase ? "base" : "siamese_depth", bf16 ? "bf16" : "fp32", worst);
     }
   }

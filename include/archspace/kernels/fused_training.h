@@ -49,7 +49,8 @@ class FusedTrainingKernelsScope {
 bool fused_training_norm_applies(const at::Tensor& x, const at::Tensor& weight);
 // ... and residual + norm(x): a residual of x's shape on x's device whose dtype is x's promoted with its own.
 bool fused_training_add_norm_applies(const at::Tensor& residual, const at::Tensor& x, const at::Tensor& weight);
-// ... and the Q/K norm with the rotation: x [B, T, H * head_dim], cos and sin fp32 [T, head_dim] or [B, 1, T, head_dim].
+// ... and the Q/K norm with the rotation: x [B, T, H * head_dim], cos and sin fp32 [T, head_dim] or [B, 1, T,
+// head_dim].
 bool fused_training_norm_rope_applies(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& cos,
                                       const at::Tensor& sin, int64_t head_dim);
 // ... and silu(gate) * up: both of one dtype and shape, last dims contiguous.
