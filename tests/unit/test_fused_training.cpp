@@ -94,7 +94,7 @@ TEST(FusedTraining, OffByDefaultAndRefusedWhereTheyDoNotApply) {
   EXPECT_THROW((void)fused_training::norm_forward(x, at::ones({7}), 1e-6), c10::Error);
 }
 
-// The model's loss and every parameter's gradient with the kernels on, from 6 initialisations of each variant.
+// The model's loss and every parameter's gradient with the kernels on, from 4 initialisations of each variant.
 // fp32: as accurate as the composite they replace. A whole model's error has no closed form here, so the bound is
 // relative, norm-wise per tensor against an fp64 run of the same model: |fused - fp64| <= 2 |composite - fp64| +
 // 2^-20 |fp64| (both errors come from the order of fp32 sums and are of one size; the factor 2 leaves room for
@@ -107,7 +107,7 @@ TEST(FusedTraining, ModelGradientsFollowTheComposite) {
   for (const Variant variant : {Variant::kBase, Variant::kSiameseDepth}) {
     for (const bool bf16 : {false, true}) {
       double worst = 0;
-      for (const uint64_t seed : {3, 4, 5, 6, 7, 8}) {
+      for (const uint64_t seed : {3, 4, 5, 6}) {
         CausalLM model = CausalLM::random_init(preset("tiny", variant), seed);
         for (const auto& [name, p] : model.parameters()) p.requires_grad_(true);
         at::manual_seed(static_cast<int64_t>(seed));
@@ -159,7 +159,7 @@ TEST(FusedTraining, ModelGradientsFollowTheComposite) {
           EXPECT_LE(share, 1.0) << what;
         }
       }
-      std::printf("model %s %s: worst tensor at %.3f of its bound over 6 seeds\n",
+      std::printf("model %s %s: worst tensor at %.3f of its bound over 4 seeds\n",
                   variant == Variant::kBase ? "base" : "siamese_depth", bf16 ? "bf16" : "fp32", worst);
     }
   }
