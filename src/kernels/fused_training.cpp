@@ -68,6 +68,18 @@ bool fused_training_swiglu_applies(const at::Tensor& gate, const at::Tensor& up)
 
 namespace fused_training {
 
+#if !defined(ARCHSPACE_WITH_CUDA_KERNELS)
+// A build without nvcc has no CUDA launch: these stand in for fused_training_cuda.cu so that the CPU path links;
+// run() below refuses CUDA tensors before reaching them.
+namespace cuda {
+[[noreturn]] void not_built() { TORCH_CHECK(false, "fused training kernels: this build has no CUDA launch"); }
+void norm_forward(const NormForward&, void*) { not_built(); }
+void norm_backward(const NormBackward&, void*) { not_built(); }
+void swiglu_forward(const Swiglu&, void*) { not_built(); }
+void swiglu_backward(const Swiglu&, void*) { not_built(); }
+}  // namespace cuda
+#endif
+
 namespace {
 
 Storage storage_of(const at::Tensor& t) { return t.scalar_type() == at::kBFloat16 ? Storage::kBf16 : Storage::kFloat; }
