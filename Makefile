@@ -67,6 +67,7 @@ bench: build
 	$(PY) bench/bench_tokenizer.py
 	$(PY) bench/bench_train.py
 	$(PY) bench/bench_train_step.py
+	$(PY) bench/bench_fused_kernels.py
 	$(PY) bench/bench_generate.py
 	$(PY) bench/bench_decode_dtype.py
 	$(PY) bench/bench_bf16_commands.py

@@ -85,13 +85,14 @@ def step_flops(config, seq):
     return 6 * matmul_params * seq + 3 * attention
 
 
-def engine_step_seconds(tmp, model_dir, seq, steps, threads, dtype, tag, kernel_path="native", binary=BINARY):
+def engine_step_seconds(tmp, model_dir, seq, steps, threads, dtype, tag, kernel_path="native", binary=BINARY,
+                        train_extra=None):
     run = tmp / f"run-{dtype}-{tag}"
     toml = write_toml(tmp / f"{dtype}-{tag}.toml", {
         "model": {"init_from": str(model_dir)},
         "data": {"train": str(tmp / "shards"), "shuffle": False},
         "train": {"run_dir": str(run), "sequence_length": seq, "micro_batch": 1, "grad_accum": 1, "max_steps": steps,
-                  "threads": threads, "dtype": dtype},
+                  "threads": threads, "dtype": dtype, **(train_extra or {})},
         "optim": {"lr": 1e-4, "warmup_steps": 0, "weight_decay": 0.1, "clip_grad_norm": 1.0, "z_loss": 1e-4,
                   "fused": True},
     })
