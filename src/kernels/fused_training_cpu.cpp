@@ -2,6 +2,7 @@
 // (fused_training_math.h) in one sequential pass. What the tests run, so the GPU's arithmetic is checked on every
 // machine; also what training on the CPU takes with train.fused_kernels.
 #include <ATen/Parallel.h>
+#include <ATen/TensorIterator.h>
 
 #include <algorithm>
 #include <vector>
@@ -13,12 +14,17 @@ namespace archspace::fused_training::cpu {
 
 namespace {
 
-constexpr int64_t kRowGrain = 16;
+// Rows a thread takes at least: ATen's grain (at::internal::GRAIN_SIZE, 32,768 elements), so that small tensors
+// run on the calling thread as ATen's own elementwise ops do (a fork and join of the OpenMP team costs more than
+// such a pass, and far more when a core is busy elsewhere).
+int64_t row_grain(int64_t width) {
+  return std::max<int64_t>(1, at::internal::GRAIN_SIZE / std::max<int64_t>(width, 1));
+}
 
 template <class S, class R>
 void norm_forward_rows(const NormForward& a) {
   const auto* x = static_cast<const S*>(a.x);
-  at::parallel_for(0, a.rows, kRowGrain, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, a.rows, row_grain(a.width), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const S* xr = x + r * a.width;
       const float rstd = rms_inverse(sum_squares(xr, 0, a.width, 1), a.width, a.eps);
@@ -41,31 +47,32 @@ void norm_forward_rows(const NormForward& a) {
 template <class S>
 void norm_backward_rows(const NormBackward& a) {
   const int64_t blocks = (a.rows + a.rows_per_block - 1) / a.rows_per_block;
-  at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t b = begin; b < end; ++b) {
-      float* dw = a.dw_partial + b * a.width;
-      for (int64_t r = b * a.rows_per_block; r < std::min(a.rows, (b + 1) * a.rows_per_block); ++r) {
-        NormOutputGradient<S> g{static_cast<const S*>(a.dy) + r * a.width};
-        if (a.rope.cos) {
-          const RopeTables& t = a.rope;
-          g.cos = rope_row(t.cos, r, t.positions, t.batch_stride, t.head_dim);
-          g.sin = rope_row(t.sin, r, t.positions, t.batch_stride, t.head_dim);
-          g.head_dim = t.head_dim;
-        }
-        const S* xr = static_cast<const S*>(a.x) + r * a.width;
-        const float dot = norm_backward_dot(g, xr, a.weight, 0, a.width, 1);
-        norm_backward_store(g, xr, a.weight, a.rstd[r], dot, a.width, static_cast<S*>(a.dx) + r * a.width, dw, 0,
-                            a.width, 1);
-      }
-    }
-  });
+  at::parallel_for(0, blocks, std::max<int64_t>(1, row_grain(a.width) / a.rows_per_block),
+                   [&](int64_t begin, int64_t end) {
+                     for (int64_t b = begin; b < end; ++b) {
+                       float* dw = a.dw_partial + b * a.width;
+                       for (int64_t r = b * a.rows_per_block; r < std::min(a.rows, (b + 1) * a.rows_per_block); ++r) {
+                         NormOutputGradient<S> g{static_cast<const S*>(a.dy) + r * a.width};
+                         if (a.rope.cos) {
+                           const RopeTables& t = a.rope;
+                           g.cos = rope_row(t.cos, r, t.positions, t.batch_stride, t.head_dim);
+                           g.sin = rope_row(t.sin, r, t.positions, t.batch_stride, t.head_dim);
+                           g.head_dim = t.head_dim;
+                         }
+                         const S* xr = static_cast<const S*>(a.x) + r * a.width;
+                         const float dot = norm_backward_dot(g, xr, a.weight, 0, a.width, 1);
+                         norm_backward_store(g, xr, a.weight, a.rstd[r], dot, a.width,
+                                             static_cast<S*>(a.dx) + r * a.width, dw, 0, a.width, 1);
+                       }
+                     }
+                   });
 }
 
 template <class S>
 void swiglu_rows(const Swiglu& a, bool backward) {
   const auto* gate = static_cast<const S*>(a.gate);
   const auto* up = static_cast<const S*>(a.up);
-  at::parallel_for(0, a.rows, kRowGrain, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, a.rows, row_grain(a.width), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const S* g = gate + r * a.gate_row_stride;
       const S* u = up + r * a.up_row_stride;
