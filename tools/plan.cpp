@@ -18,7 +18,7 @@ struct PlanArgs {
   int64_t world = 1, sequence_length = 0, micro_batch = 1, grad_accum = 1, context_parallel = 1;
   int64_t loss_chunk_tokens = kDefaultLossChunkTokens;
   bool shard_optimizer = false, activation_checkpointing = false, document_masking = false, json = false;
-  bool reduce_once_per_step = false, fp8 = false;
+  bool reduce_once_per_step = false, fp8 = false, fused_kernels = false;
   std::string sharding;  // --sharding; empty: "optimizer" with --shard-optimizer, else "none"
   int64_t replicate_groups = 1;
   std::string device = "cuda";
@@ -62,7 +62,8 @@ void print_plan(const ModelConfig& c, const PlanOptions& o, const MemoryPlan& p)
                                                   : "")
                     : "")
             << (o.activation_checkpointing ? ", activation checkpointing" : "")
-            << (o.document_masking ? ", document masking" : "") << (o.fp8 ? ", FP8 block matmuls" : "") << "\n"
+            << (o.document_masking ? ", document masking" : "") << (o.fp8 ? ", FP8 block matmuls" : "")
+            << (o.fused_kernels ? ", fused training kernels" : "") << "\n"
             << "tokens per step:    " << p.tokens_per_step << " (" << human_count(p.tokens_per_step) << ")\n"
             << "memory per rank:\n";
   const bool full = p.sharding_buffers > 0;
@@ -116,6 +117,7 @@ int run(const PlanArgs& a) {
   o.document_masking = a.document_masking;
   o.context_parallel = a.context_parallel;
   o.fp8 = a.fp8;
+  o.fused_kernels = a.fused_kernels;
   if (a.device != "cuda" && a.device != "cpu")
     throw Error("--device: unknown device '" + a.device + "' (valid: cuda, cpu)");
   o.cuda = a.device == "cuda";
@@ -138,6 +140,7 @@ int run(const PlanArgs& a) {
                     {"document_masking", o.document_masking},
                     {"context_parallel", o.context_parallel},
                     {"fp8", o.fp8},
+                    {"fused_kernels", o.fused_kernels},
                     {"device", a.device}};
     if (fit) {
       j["fit"] = {{"gpu_memory", fit->capacity}, {"fits", fit->fits()}, {"margin", fit->margin}};
@@ -191,6 +194,9 @@ Command add(CLI::App& parent) {
   app->add_flag("--fp8", a->fp8,
                 "train.fp8: the block's matmuls in FP8 (needs --dtype bf16): e4m3 copies of their inputs and weights "
                 "kept for backward instead of autocast's bf16 ones");
+  app->add_flag("--fused-kernels", a->fused_kernels,
+                "train.fused_kernels: RMSNorm, add + RMSNorm, Q/K norm + RoPE and SwiGLU through the fused training "
+                "kernels, which keep their inputs and an fp32 rstd a row instead of the composite's fp32 tensors");
   app->add_option("--device", a->device,
                   "cuda (bf16 attention through the flash kernel: sliding layers keep no masks) or cpu")
       ->check(CLI::IsMember({"cuda", "cpu"}))

@@ -58,6 +58,16 @@ namespace archspace {
 //   (tests/unit/test_plan.cpp) checks the GPU's account. On CUDA _scaled_mm needs the rows and both feature
 //   counts multiples of 16 (fp8_linear_applies); the plan counts FP8 only where every block linear qualifies,
 //   else the bf16 account (exact when the rows do not qualify, as then no linear does).
+// - Fused training kernels (PlanOptions::fused_kernels; kernels/fused_training.cpp): rms_norm, add_rms_norm and
+//   rms_norm_rope are autograd functions that keep their input x itself, in its own dtype (no fp32 copy, no
+//   normalised product), and an fp32 rstd a row (4 bytes a token); add_rms_norm not its residual, rms_norm_rope
+//   the shared cos/sin tables (rope_tables) besides, its rotated output (fresh, SDPA keeps it) as before. So a
+//   Q/K norm keeps the projection output in the activation dtype where the composite kept an fp32 one and the
+//   normalised product; a post-sublayer norm the bf16 linear output (under autocast) where it kept an fp32 copy;
+//   a norm of an fp32 stream the stream itself, counted once where another op keeps it too (the siamese
+//   rms_norm(Y) beside scale * X). The SwiGLU keeps gate and up; silu's output is not kept, the product still is
+//   (down_proj's input; under FP8 its e4m3 copy). Linears, SDPA, Depth-Attention, masks and the loss are as
+//   above. With checkpointing only the recomputed block and the final norms change.
 namespace {
 
 struct Widths {
@@ -86,25 +96,26 @@ struct Bytes {
   bool flash = false;                           // CUDA bf16: the flash kernel keeps what SDPA's does, without masks
   bool documents = false;                       // document masking (see above)
   bool fp8 = false;                             // the block's linears through FP8 (see above)
+  bool fused = false;                           // the fused training kernels (see above)
   int64_t act() const { return bf16 ? 2 : 4; }  // a linear's output, SDPA's tensors
   // An fp32 tensor read by `readers` linears: itself in fp32, a bf16 copy per reader under autocast.
   int64_t linear_input(int64_t readers) const { return bf16 ? 2 * readers : 4; }
   // The same for the block's linears: under FP8 one e4m3 copy for all the readers.
   int64_t block_input(int64_t readers) const { return fp8 ? 1 : linear_input(readers); }
+  // rms_norm (or add_rms_norm's norm) of a [N, w] input of `in` bytes an entry, per token, its input included.
+  // Composite: its fp32 input (the input itself, or an fp32 copy of a bf16 one), the normalised product, the
+  // [N, 1] rsqrt. Fused: the input itself and the fp32 rstd.
+  int64_t norm_saved(int64_t w, int64_t in) const { return fused ? in * w + 4 : 4 * w + 4 * w + 4; }
 };
-
-// rms_norm of a [N, w] input: its fp32 input (the input itself, or an fp32 copy of a bf16 one), the
-// normalised product, the [N, 1] rsqrt. Per token.
-int64_t rms_norm_saved(int64_t w) { return 4 * w + 4 * w + 4; }
 
 // Attention from its (separately counted) input to o_proj's input: q/k norms, RoPE outputs, v, SDPA's
 // output and logsumexp, the reshaped output o_proj reads. Per token; masks and Depth-Attention apart.
 int64_t attention_core(const Widths& w, const Bytes& b) {
   // q and k: the linear output (fp32: rms_norm keeps it; bf16: rms_norm keeps an fp32 copy), the
   // normalised product, the RoPE output in the activation dtype (the norm's output is freed: RoPE's muls
-  // keep only cos/sin).
-  const int64_t q = 4 * w.qw + 4 * w.qw + b.act() * w.qw + 4;
-  const int64_t k = 4 * w.kw + 4 * w.kw + b.act() * w.kw + 4;
+  // keep only cos/sin). Fused: the linear output itself and the rstd, then the RoPE output.
+  const int64_t q = b.norm_saved(w.qw, b.act()) + b.act() * w.qw;
+  const int64_t k = b.norm_saved(w.kw, b.act()) + b.act() * w.kw;
   const int64_t v = b.act() * w.kw;
   // SDPA's output is laid out [B, T, H, h], so o_proj reads it through a view (the blocked path's cat
   // is the exception: see blocked_copy_bytes).
@@ -113,9 +124,11 @@ int64_t attention_core(const Widths& w, const Bytes& b) {
   return q + k + v + sdpa + o_input;
 }
 
-// SwiGLU from its input (counted apart): gate output (silu keeps it), silu output, up output, product
-// (FP8: down_proj keeps the product's e4m3 copy instead).
-int64_t mlp_core(const Widths& w, const Bytes& b) { return 3 * b.act() * w.inter + (b.fp8 ? 1 : b.act()) * w.inter; }
+// SwiGLU from its input (counted apart): gate output (silu keeps it), silu output (fused: none), up output,
+// product (FP8: down_proj keeps the product's e4m3 copy instead).
+int64_t mlp_core(const Widths& w, const Bytes& b) {
+  return (b.fused ? 2 : 3) * b.act() * w.inter + (b.fp8 ? 1 : b.act()) * w.inter;
+}
 
 // FP8: whether every block linear takes _scaled_mm (fp8_linear_applies) for N rows.
 bool fp8_applies(const Widths& w, const PlanOptions& o, int64_t N) {
@@ -136,7 +149,7 @@ int64_t fp8_layer_bytes(const Widths& w) {
 Bytes bytes_of(const ModelConfig& c, const PlanOptions& o) {
   const bool bf16 = o.dtype == DType::kBf16;
   const int64_t N = o.micro_batch * (o.sequence_length / o.context_parallel);
-  return {bf16, o.cuda && bf16, o.document_masking, fp8_applies(widths(c), o, N)};
+  return {bf16, o.cuda && bf16, o.document_masking, fp8_applies(widths(c), o, N), o.fused_kernels};
 }
 
 // Depth-Attention at a layer with `sources` earlier sources: the mean query, the stacked keys and values
@@ -210,14 +223,15 @@ int64_t layer_per_token(const ModelConfig& c, const Bytes& b, int64_t layer) {
   const Widths w = widths(c);
   int64_t bytes = attention_core(w, b) + mlp_core(w, b);
   if (siamese(c)) {
-    // Inputs X and Y (one tensor at layer 0: the embedding), kept by scale * X and rms_norm(Y); the
-    // attention input read by q/k/v; rms_norm of X after attention, of Y, of X + RMS(Y); the MLP input.
-    bytes += (layer == 0 ? 4 : 8) * w.d + (rms_norm_saved(w.d) - 4 * w.d) + b.block_input(3) * w.d;
-    bytes += 3 * rms_norm_saved(w.d) + b.block_input(2) * w.d;
+    // Inputs X and Y (one tensor at layer 0: the embedding), kept by scale * X and rms_norm(Y) (Y counted
+    // once); the attention input read by q/k/v; rms_norm of X after attention, of Y, of X + RMS(Y), all fp32
+    // streams; the MLP input.
+    bytes += (layer == 0 ? 4 : 8) * w.d + (b.norm_saved(w.d, 4) - 4 * w.d) + b.block_input(3) * w.d;
+    bytes += 3 * b.norm_saved(w.d, 4) + b.block_input(2) * w.d;
   } else {
     // The input read by q/k/v; post-attention norm of the attention output; h read by gate/up;
-    // post-feedforward norm of the MLP output.
-    bytes += b.block_input(3) * w.d + rms_norm_saved(w.d) + b.block_input(2) * w.d + rms_norm_saved(w.d);
+    // post-feedforward norm of the MLP output (those outputs in the activation dtype; fused keeps them).
+    bytes += b.block_input(3) * w.d + b.norm_saved(w.d, b.act()) + b.block_input(2) * w.d + b.norm_saved(w.d, b.act());
   }
   return bytes;
 }
@@ -389,7 +403,7 @@ MemoryPlan plan_memory(const ModelConfig& c, const PlanOptions& o) {
   // On CUDA the chunked form runs its matmuls on the head padded with zero rows to a multiple of
   // kCudaHeadRowMultiple (model/loss.h): its logits and gradients are that wide, and the padded copy of the
   // weight in the matmul dtype lives from the loss's forward to its backward.
-  int64_t head = (siamese(c) ? 3 : 1) * rms_norm_saved(w.d) + b.linear_input(1) * w.d;
+  int64_t head = (siamese(c) ? 3 : 1) * b.norm_saved(w.d, 4) + b.linear_input(1) * w.d;  // norms of fp32 streams
   const int64_t chunk = o.loss_chunk_tokens;
   const int64_t vocab = o.cuda && chunk > 0 ? padded_head_rows(w.vocab, kCudaHeadRowMultiple) : w.vocab;
   const int64_t padded_head = vocab != w.vocab ? (b.bf16 ? 2 : 4) * vocab * w.d : 0;

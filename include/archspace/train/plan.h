@@ -55,6 +55,10 @@ struct PlanOptions {
   // e4m3 copies of its input (one per input, shared by the layers that read it) and of its weight, 1 byte an
   // entry, for backward, in place of autocast's bf16 input copies and bf16 weight cache (src/train/plan.cpp).
   bool fp8 = false;
+  // train.fused_kernels: RMSNorm, residual add + RMSNorm, the Q/K norm with RoPE and the SwiGLU through the fused
+  // training kernels (kernels/fused_training.h). Each keeps its input itself (no fp32 copy, no normalised product)
+  // and an fp32 rstd a row, the SwiGLU its gate and up (src/train/plan.cpp). fp32 or bf16, CPU or CUDA.
+  bool fused_kernels = false;
 
   int64_t data_parallel() const { return world / context_parallel; }
   // Throws archspace::Error naming the flag (`--world`, ...) of the first value out of range.
