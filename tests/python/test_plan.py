@@ -198,3 +198,17 @@ def test_plan_context_parallel():
     assert all(both[k] == full[k] for k in ("parameters", "gradients", "optimizer_state", "sharding_buffers"))
     expect_error(["plan", *base, "--context-parallel", "8", "--document-masking"], "--context-parallel 8",
                  "--document-masking: not supported together")
+
+
+def test_plan_fused_kernels():
+    """--fused-kernels (train.fused_kernels): the norms keep their inputs and an fp32 rstd a row, the SwiGLU its gate
+    and up, so only the activations shrink; it combines with --fp8 and --dtype fp32, and the text names it.
+    tests/unit/test_plan.cpp checks the account against the counting allocator."""
+    base = ["--preset", "1B", "--sequence-length", "4096", "--micro-batch", "4"]
+    for extra in ([], ["--fp8"], ["--dtype", "fp32"], ["--variant", "siamese_depth"]):
+        composite, fused = plan_json(*base, *extra), plan_json(*base, *extra, "--fused-kernels")
+        assert composite["options"]["fused_kernels"] is False and fused["options"]["fused_kernels"] is True
+        assert fused["bytes"]["activations"] < composite["bytes"]["activations"], extra
+        assert all(fused["bytes"][k] == composite["bytes"][k]
+                   for k in ("parameters", "gradients", "optimizer_state", "autocast_weights"))
+    assert "fused training kernels" in run_cli("plan", *base, "--fused-kernels").stdout
