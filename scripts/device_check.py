@@ -29,7 +29,8 @@ Checks (each a "pass" in the JSON; the script exits 1 if any fails):
 Measurements (no pass/fail): 1B training tokens/s and MFU (training_1b_fp8: the same with train.fp8, its
 tokens/s and its last loss against bf16's; issue 49's goal 65,000 tokens/s; training_1b_fused: the same with
 train.fused_kernels, its tokens/s over bf16's and its last loss against bf16's), each run's peak GPU memory against
-`archspace plan --json` for the same options (issue 49: within 10%; the fp8 run against `plan --fp8`);
+`archspace plan --json` for the same options (issue 49: within 10%; the fp8 run against `plan --fp8`, the fused
+run against `plan --fused-kernels`);
 training_1b_transformers_compiled: the same shapes trained by transformers' Olmo3ForCausalLM under torch.compile
 with fused AdamW (scripts/transformers_baseline.py), its tokens/s and engine_over_transformers_compiled, the engine's bf16 tokens/s over it (issue 49's goal >= 1.2);
 decode tokens/s against transformers `generate`, peak GPU memory of a 65,536-token prefill; sharded_1b: the 1B
@@ -414,14 +415,17 @@ class GpuMemoryPeaks:
         return False
 
 
-def plan_training(engine, s, preset, seq, micro_batch, world, sharding=None, fp8=False):
-    """`archspace plan --json` for a bf16 training run of these options on the run's device (fp8: train.fp8)."""
+def plan_training(engine, s, preset, seq, micro_batch, world, sharding=None, fp8=False, fused=False):
+    """`archspace plan --json` for a bf16 training run of these options on the run's device (fp8: train.fp8;
+    fused: train.fused_kernels)."""
     args = ["plan", "--preset", preset, "--world", world, "--sequence-length", seq, "--micro-batch", micro_batch,
             "--dtype", "bf16", "--device", "cuda" if s["device"].startswith("cuda") else "cpu", "--json"]
     if sharding:
         args += ["--sharding", sharding]
     if fp8:
         args += ["--fp8"]
+    if fused:
+        args += ["--fused-kernels"]
     return json.loads(engine.run(*args).stdout)
 
 
@@ -513,7 +517,7 @@ def measure_training(engine, s, work, gpu_name, fp8=False, fused=False):
                        sequence_length=s["perf_seq"], micro_batch=s["perf_batch"], max_steps=s["perf_steps"],
                        device=s["device"], dtype="bf16", **extra)
     on_gpu = s["device"].startswith("cuda")
-    plan = plan_training(engine, s, s["perf_preset"], s["perf_seq"], s["perf_batch"], 1, fp8=fp8)
+    plan = plan_training(engine, s, s["perf_preset"], s["perf_seq"], s["perf_batch"], 1, fp8=fp8, fused=fused)
     start = time.time()
     with GpuMemoryPeaks([0], on_gpu) as memory:
         engine.run("train", "--config", cfg, timeout=900)
@@ -544,6 +548,7 @@ def measure_training(engine, s, work, gpu_name, fp8=False, fused=False):
                        "last_loss_vs_bf16_relative": abs(steps[-1]["loss"] - bf16) / abs(bf16),
                        "goal_tokens_per_s": 65000})
     if fused:
+        result["plan_counts_fused"] = plan["options"]["fused_kernels"]  # plan --fused-kernels: inputs and rstd kept
         bf16 = losses(work / "run-perf")
         bf16_tok_s = float(np.median([m["tokens_per_s"] for m in (bf16[2:] if len(bf16) > 2 else bf16)]))
         result.update({"fused_kernels": True, "last_loss": steps[-1]["loss"], "last_loss_bf16": bf16[-1]["loss"],

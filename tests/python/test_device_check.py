@@ -52,11 +52,13 @@ def test_dry_run_passes_every_check_and_measures_every_figure(tmp_path):
     assert hf["tokens_per_s_median"] > 0 and hf["engine_over_transformers_compiled"] > 0
     assert hf["steps"] == m["training_1b"]["steps"] and hf["micro_batch"] == m["training_1b"]["micro_batch"]
     # Each training run's plan (the fp8 run against the bf16 plan), its memory measured on a GPU only.
-    for name in ("training_1b", "training_1b_fp8"):
+    for name in ("training_1b", "training_1b_fp8", "training_1b_fused"):
         assert m[name]["planned_bytes"]["total"] > 0 and m[name]["planned_total_mib"] > 0
         assert m[name]["peak_gpu_memory_mib"] is None and m[name]["measured_over_planned"] is None
     assert m["training_1b_fp8"]["plan_counts_fp8"] is True
     assert m["training_1b_fp8"]["planned_total_mib"] < m["training_1b"]["planned_total_mib"]  # one e4m3 input copy, not bf16 ones
+    assert m["training_1b_fused"]["plan_counts_fused"] is True
+    assert m["training_1b_fused"]["planned_total_mib"] < m["training_1b"]["planned_total_mib"]  # no fp32 norm copies
     assert m["decode"]["engine_decode_tok_s"] > 0 and m["decode"]["transformers_decode_tok_s"] > 0
     # Every way of running decoding steps the CPU has, checked and timed (CUDA graphs: on a GPU only).
     assert checks["cache_decode"]["mismatches"] == {"eager": 0, "fixed-shapes": 0}
