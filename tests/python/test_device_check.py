@@ -64,6 +64,15 @@ def test_dry_run_passes_every_check_and_measures_every_figure(tmp_path):
     assert checks["cache_decode"]["mismatches"] == {"eager": 0, "fixed-shapes": 0}
     assert set(m["decode"]["engine_decode_tok_s_by_mode"]) == {"eager", "fixed-shapes"}
     assert m["prefill_65536"]["prompt_tokens"] == 512 and m["prefill_65536"]["prefill_tok_s"] > 0
+    # Issue 49 item 4's figures: several rows at once in every mode the CPU has, and gsm8k against transformers.
+    batched = m["decode_batched"]["decode_tok_s_by_rows_and_mode"]
+    assert set(batched) == {"2", "4"} and all(set(v) == {"eager", "fixed-shapes"} for v in batched.values())
+    assert all(t > 0 for v in batched.values() for t in v.values())
+    gsm8k = m["gsm8k_generation"]
+    assert gsm8k["requests"] == 4 and gsm8k["max_new_tokens"] == 512
+    assert gsm8k["engine_requests_per_s"] > 0 and gsm8k["transformers_requests_per_s"] > 0
+    assert gsm8k["engine_generated_tokens"] > 0 and gsm8k["transformers_generated_tokens"] > 0
+    assert 0 <= gsm8k["same_texts"] <= 4
     assert m["sharded_1b"]["world"] == 2 and m["sharded_1b"]["tokens_per_s_per_gpu"] > 0
     assert m["sharded_1b"]["planned_bytes_per_rank"]["sharding_buffers"] > 0  # plan's FSDP figures, 2 ranks
     assert m["sharded_1b"]["mfu"] is None and m["sharded_1b"]["peak_gpu_memory_mib_per_rank"] is None
