@@ -112,6 +112,19 @@ at::Tensor as_rows(const at::Tensor& t) {
   return t.contiguous().view({-1, width});
 }
 
+// gate's and up's rows as a Swiglu launch (the outputs are set by the caller).
+Swiglu swiglu_rows(const at::Tensor& gate, const at::Tensor& g, const at::Tensor& u) {
+  Swiglu a;
+  a.storage = storage_of(gate);
+  a.gate = g.data_ptr();
+  a.up = u.data_ptr();
+  a.rows = g.size(0);
+  a.width = g.size(1);
+  a.gate_row_stride = g.stride(0);
+  a.up_row_stride = u.stride(0);
+  return a;
+}
+
 #if defined(ARCHSPACE_WITH_CUDA_KERNELS)
 void* cuda_stream(const at::Tensor& t) { return c10::cuda::getCurrentCUDAStream(t.device().index()).stream(); }
 #endif
@@ -204,14 +217,7 @@ at::Tensor swiglu_forward(const at::Tensor& gate, const at::Tensor& up) {
               up.scalar_type());
   const at::Tensor g = as_rows(gate), u = as_rows(up);
   at::Tensor hidden = at::empty(gate.sizes(), gate.options().memory_format(at::MemoryFormat::Contiguous));
-  Swiglu a;
-  a.storage = storage_of(gate);
-  a.gate = g.data_ptr();
-  a.up = u.data_ptr();
-  a.rows = g.size(0);
-  a.width = g.size(1);
-  a.gate_row_stride = g.stride(0);
-  a.up_row_stride = u.stride(0);
+  Swiglu a = swiglu_rows(gate, g, u);
   a.hidden = hidden.data_ptr();
   run(gate, a, &cpu::swiglu_forward, &cuda::swiglu_forward);
   return hidden;
@@ -224,14 +230,7 @@ std::pair<at::Tensor, at::Tensor> swiglu_backward(const at::Tensor& d_hidden, co
   TORCH_CHECK(dh.sizes() == gate.sizes(), "fused swiglu backward: d_hidden ", dh.sizes(), " against ", gate.sizes());
   const auto contiguous = gate.options().memory_format(at::MemoryFormat::Contiguous);
   at::Tensor d_gate = at::empty(gate.sizes(), contiguous), d_up = at::empty(gate.sizes(), contiguous);
-  Swiglu a;
-  a.storage = storage_of(gate);
-  a.gate = g.data_ptr();
-  a.up = u.data_ptr();
-  a.rows = g.size(0);
-  a.width = g.size(1);
-  a.gate_row_stride = g.stride(0);
-  a.up_row_stride = u.stride(0);
+  Swiglu a = swiglu_rows(gate, g, u);
   a.d_hidden = dh.data_ptr();
   a.d_gate = d_gate.data_ptr();
   a.d_up = d_up.data_ptr();

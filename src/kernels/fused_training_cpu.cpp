@@ -52,13 +52,7 @@ void norm_backward_rows(const NormBackward& a) {
                      for (int64_t b = begin; b < end; ++b) {
                        float* dw = a.dw_partial + b * a.width;
                        for (int64_t r = b * a.rows_per_block; r < std::min(a.rows, (b + 1) * a.rows_per_block); ++r) {
-                         NormOutputGradient<S> g{static_cast<const S*>(a.dy) + r * a.width};
-                         if (a.rope.cos) {
-                           const RopeTables& t = a.rope;
-                           g.cos = rope_row(t.cos, r, t.positions, t.batch_stride, t.head_dim);
-                           g.sin = rope_row(t.sin, r, t.positions, t.batch_stride, t.head_dim);
-                           g.head_dim = t.head_dim;
-                         }
+                         const NormOutputGradient<S> g = norm_output_gradient<S>(a, r);
                          const S* xr = static_cast<const S*>(a.x) + r * a.width;
                          const float dot = norm_backward_dot(g, xr, a.weight, 0, a.width, 1);
                          norm_backward_store(g, xr, a.weight, a.rstd[r], dot, a.width,

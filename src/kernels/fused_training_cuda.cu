@@ -63,13 +63,7 @@ __global__ void norm_backward_kernel(NormBackward a, bool shared_sums) {
   const int64_t first = blockIdx.x * a.rows_per_block;
   const int64_t end = min(a.rows, first + a.rows_per_block);
   for (int64_t r = first; r < end; ++r) {
-    NormOutputGradient<S> g{static_cast<const S*>(a.dy) + r * a.width};
-    if (a.rope.cos) {
-      const RopeTables& t = a.rope;
-      g.cos = rope_row(t.cos, r, t.positions, t.batch_stride, t.head_dim);
-      g.sin = rope_row(t.sin, r, t.positions, t.batch_stride, t.head_dim);
-      g.head_dim = t.head_dim;
-    }
+    const NormOutputGradient<S> g = norm_output_gradient<S>(a, r);
     const S* x = static_cast<const S*>(a.x) + r * a.width;
     const float dot = block_sum(norm_backward_dot(g, x, a.weight, threadIdx.x, a.width, blockDim.x));
     // Each thread owns the same elements of dw in every row: no other thread writes them.

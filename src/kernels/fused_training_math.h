@@ -22,6 +22,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "fused_training_launch.h"
+
 #if defined(__CUDACC__)
 #define ARCHSPACE_HD __host__ __device__ __forceinline__
 #else
@@ -154,6 +156,19 @@ struct NormOutputGradient {
     return cos ? rope_input_gradient(dy, cos, sin, head_dim, i) : load(dy, i);
   }
 };
+
+// Row r's gradient at the norm's output, through its position's rotation when the launch has one.
+template <class S>
+ARCHSPACE_HD NormOutputGradient<S> norm_output_gradient(const NormBackward& a, int64_t r) {
+  NormOutputGradient<S> g{static_cast<const S*>(a.dy) + r * a.width};
+  if (a.rope.cos) {
+    const RopeTables& t = a.rope;
+    g.cos = rope_row(t.cos, r, t.positions, t.batch_stride, t.head_dim);
+    g.sin = rope_row(t.sin, r, t.positions, t.batch_stride, t.head_dim);
+    g.head_dim = t.head_dim;
+  }
+  return g;
+}
 
 // sum(g * w * x) over the row's elements: the one reduction of the norm's backward.
 template <class S>
