@@ -15,7 +15,8 @@ Checks (each a "pass" in the JSON; the script exits 1 if any fails):
   fused_kernels     build/check_kernels: the fused training kernels (train.fused_kernels: RMSNorm, the residual
                     add + RMSNorm, the Q/K norm + RoPE, SwiGLU), forward and backward, vs ATen's composite and
                     fp64 within tests/device/fused_training_checks.h's elementwise bound, at the 1B's shapes;
-                    also each kernel's time beside the composite's (and ATen's at::rms_norm)
+                    also each kernel's time beside the composite's (and ATen's at::rms_norm); and train.fp8's
+                    fused cast (amax, scale, clamp, e4m3) bit for bit ATen's separate ops, timed beside them
   cache_decode      greedy decode with the KV cache (fp32) == argmax of one full forward at every step, for
                     each way of running the steps: eager, fixed shapes, and a replayed CUDA graph (the dry run:
                     the first two; --decode-steps, infer/decode_step.h)

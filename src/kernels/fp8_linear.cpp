@@ -4,7 +4,6 @@
 #include <ATen/Parallel.h>
 #include <c10/core/GradMode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
-#include <c10/util/Float8_e4m3fn.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
@@ -16,10 +15,19 @@
 
 #include "archspace/kernels/bf16_matmuls.h"
 #include "archspace/kernels/linear.h"
+#include "fp8_cast_launch.h"
+#include "fp8_cast_math.h"
+
+#if defined(ARCHSPACE_WITH_CUDA_KERNELS)
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
 
 namespace archspace {
 
 namespace {
+
+static_assert(fp8_cast::kMax == kE4m3Max && fp8_cast::kAmaxFloor == kFp8AmaxFloor);
 
 constexpr int64_t kGrain = 1 << 15;  // entries a task: a cast is one pass over memory
 
@@ -29,25 +37,17 @@ float cpu_amax(const T* p, int64_t n) {
   return at::parallel_reduce(
       0, n, kGrain, 0.0f,
       [p](int64_t begin, int64_t end, float m) {
-        for (int64_t i = begin; i < end; ++i) {
-          const float a = std::fabs(static_cast<float>(p[i]));
-          m = (a > m || std::isnan(a)) ? a : m;
-        }
+        for (int64_t i = begin; i < end; ++i) m = fp8_cast::abs_max(m, static_cast<float>(p[i]));
         return m;
       },
-      [](float a, float b) { return (a > b || std::isnan(a)) ? a : b; });
+      [](float a, float b) { return fp8_cast::abs_max(a, b); });
 }
 
-// q_i = e4m3(clamp(fp32(t_i) * scale, -448, 448)): the scale, clamp and cast of each entry in one pass. The
-// product is rounded to fp32 first and the clamp keeps NaN (std::max/std::min return their first argument when
-// it is NaN), as ATen's mul, clamp and to() would do it.
+// The scale, clamp and cast of each entry in one pass (fp8_cast_math.h: the CUDA launch's arithmetic too).
 template <typename T>
-void cpu_scale_cast(const T* p, c10::Float8_e4m3fn* q, int64_t n, float scale) {
+void cpu_scale_cast(const T* p, uint8_t* q, int64_t n, float scale) {
   at::parallel_for(0, n, kGrain, [=](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      const float v = static_cast<float>(p[i]) * scale;
-      q[i] = c10::Float8_e4m3fn(std::min(std::max(v, -kE4m3Max), kE4m3Max));
-    }
+    for (int64_t i = begin; i < end; ++i) q[i] = fp8_cast::scaled_e4m3_bits(static_cast<float>(p[i]), scale);
   });
 }
 
@@ -57,22 +57,39 @@ E4m3Cast cpu_cast(const at::Tensor& t) {
   float scale = 0;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, c.scalar_type(), "cast_to_e4m3", [&] {
     const auto* p = c.const_data_ptr<scalar_t>();
-    const float amax = cpu_amax(p, c.numel());
-    scale = kE4m3Max / std::max(amax, kFp8AmaxFloor);  // NaN stays NaN (std::max(NaN, floor) is NaN)
-    cpu_scale_cast(p, static_cast<c10::Float8_e4m3fn*>(values.mutable_data_ptr()), c.numel(), scale);
+    scale = fp8_cast::scale_of(cpu_amax(p, c.numel()));
+    cpu_scale_cast(p, static_cast<uint8_t*>(values.mutable_data_ptr()), c.numel(), scale);
   });
   return {values, at::scalar_tensor(1.0f / scale, c.options().dtype(at::kFloat))};
 }
 
-// The same arithmetic in ATen's ops (any device): the scale stays on the device, no host synchronisation.
-E4m3Cast aten_cast(const at::Tensor& t) {
-  const at::Tensor f = t.to(at::kFloat);
-  const at::Tensor amax = f.abs().amax();
-  // 448 / amax as one fp32 division (at::operator/(Scalar, Tensor) would multiply by a rounded reciprocal).
-  const at::Tensor scale = at::div(at::scalar_tensor(kE4m3Max, amax.options()), amax.clamp_min(kFp8AmaxFloor));
-  at::Tensor values = (f * scale).clamp(-kE4m3Max, kE4m3Max).to(at::kFloat8_e4m3fn).contiguous();
-  return {values, scale.reciprocal()};
+// The fused CUDA launch (fp8_cast_cuda.cu), for fp32 and bf16 tensors: two kernels, no fp32 temporaries.
+bool cuda_cast_applies(const at::Tensor& t) {
+  return t.is_cuda() && fp8_cast_cuda_built() && (t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16);
 }
+
+#if defined(ARCHSPACE_WITH_CUDA_KERNELS)
+E4m3Cast cuda_cast(const at::Tensor& t) {
+  const c10::cuda::CUDAGuard guard(t.device());
+  const at::Tensor c = t.contiguous();
+  at::Tensor values = at::empty(c.sizes(), c.options().dtype(at::kFloat8_e4m3fn));
+  at::Tensor amax_bits = at::zeros({1}, c.options().dtype(at::kInt));
+  at::Tensor inverse_scale = at::empty({}, c.options().dtype(at::kFloat));
+  fp8_cast::Launch a;
+  a.storage = c.scalar_type() == at::kBFloat16 ? kernels::Storage::kBf16 : kernels::Storage::kFloat;
+  a.x = c.const_data_ptr();
+  a.n = c.numel();
+  a.values = static_cast<uint8_t*>(values.mutable_data_ptr());
+  a.amax_bits = static_cast<uint32_t*>(amax_bits.mutable_data_ptr());
+  a.inverse_scale = inverse_scale.mutable_data_ptr<float>();
+  fp8_cast::cuda::cast(a, c10::cuda::getCurrentCUDAStream(t.device().index()).stream());
+  return {values, inverse_scale};
+}
+#else
+[[noreturn]] E4m3Cast cuda_cast(const at::Tensor&) {
+  TORCH_CHECK(false, "cast_to_e4m3: this build has no CUDA launch");
+}
+#endif
 
 // at::_scaled_mm on the CPU is a oneDNN fp8 matmul, which needs AVX512 for some shapes and output types (with
 // ONEDNN_MAX_CPU_ISA=AVX2 it cannot create the primitive for some and runs others). So it is used only where bf16
@@ -150,7 +167,26 @@ E4m3Cast cast_to_e4m3(const at::Tensor& t) {
   c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);  // as in scaled_mm
   TORCH_CHECK(at::isFloatingType(t.scalar_type()) && t.scalar_type() != at::kDouble,
               "cast_to_e4m3: needs an fp32, bf16 or fp16 tensor, got ", t.scalar_type());
-  return t.device().is_cpu() ? cpu_cast(t) : aten_cast(t);
+  if (t.device().is_cpu()) return cpu_cast(t);
+  return cuda_cast_applies(t) ? cuda_cast(t) : cast_to_e4m3_composite(t);
+}
+
+E4m3Cast cast_to_e4m3_composite(const at::Tensor& t) {
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+  const at::Tensor f = t.to(at::kFloat);
+  const at::Tensor amax = f.abs().amax();
+  // 448 / amax as one fp32 division (at::operator/(Scalar, Tensor) would multiply by a rounded reciprocal).
+  const at::Tensor scale = at::div(at::scalar_tensor(kE4m3Max, amax.options()), amax.clamp_min(kFp8AmaxFloor));
+  at::Tensor values = (f * scale).clamp(-kE4m3Max, kE4m3Max).to(at::kFloat8_e4m3fn).contiguous();
+  return {values, scale.reciprocal()};
+}
+
+bool fp8_cast_cuda_built() {
+#if defined(ARCHSPACE_WITH_CUDA_KERNELS)
+  return true;
+#else
+  return false;
+#endif
 }
 
 bool fp8_linear_applies(const at::Tensor& x, const at::Tensor& weight) {

@@ -6,9 +6,11 @@
 
 #include <cstdint>
 
+#include "device_scalars.h"
+
 namespace archspace::fused_training {
 
-enum class Storage { kFloat, kBf16 };
+using kernels::Storage;
 
 // The rotation after a Q/K norm (rms_norm_rope): cos and sin fp32 [T, head_dim] or [B, 1, T, head_dim].
 struct RopeTables {

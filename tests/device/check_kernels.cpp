@@ -3,13 +3,16 @@
 // elementwise bound of tests/device/fused_training_checks.h (the CPU unit test's checks, here at the 1B's shapes),
 // then each kernel's time, forward and backward through autograd, beside the composite's (and, for the plain norm,
 // beside ATen's own at::rms_norm, which is fused on CUDA): the figures that decide whether train.fused_kernels
-// becomes the default. With --device cpu (the dry run in CI) the CPU launch runs at small shapes.
+// becomes the default. Then FP8's fused cast (kernels/fp8_linear.h: cast_to_e4m3, train.fp8's every operand) against
+// ATen's separate ops bit for bit, and its time beside theirs. With --device cpu (the dry run in CI) the CPU launches
+// run at small shapes.
 //
 //   check_kernels [--device cuda|cpu] [--iterations N]
 #include <torch/cuda.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <functional>
@@ -17,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "archspace/kernels/fp8_linear.h"
 #include "archspace/kernels/fused_training.h"
 #include "archspace/model/rms_norm.h"
 #include "archspace/model/rope.h"
@@ -98,6 +102,46 @@ nlohmann::json timing(const at::Device& device, const Shapes& s, int iterations)
   return out;
 }
 
+// FP8's cast against ATen's separate ops (cast_to_e4m3_composite), which must agree bit for bit: the same maximum
+// and one product per entry (src/kernels/fp8_cast_math.h). The cases: activations with an outlier (most entries
+// then fall into e4m3's subnormals), a zero tensor, and a NaN (every value NaN, as the composite gives).
+checks::Check fp8_cast_check(const at::Device& device, at::ScalarType dtype, int64_t rows, int64_t width) {
+  at::Tensor t = at::randn({rows, width}, at::TensorOptions().device(device)) * 3;
+  t[rows / 2][width / 3] = 1e4;
+  std::vector<at::Tensor> cases = {t.to(dtype), at::zeros({rows, 16}, t.options().dtype(dtype))};
+  at::Tensor with_nan = at::randn({64, width}, t.options()).to(dtype);
+  with_nan[5][7] = NAN;
+  cases.push_back(with_nan);
+  int64_t equal = 0, total = 0;
+  bool scales_equal = true;
+  for (const at::Tensor& c : cases) {
+    const E4m3Cast fused = cast_to_e4m3(c), composite = cast_to_e4m3_composite(c);
+    const at::Tensor a = fused.values.view(at::kByte), b = composite.values.view(at::kByte);
+    // NaN's e4m3 bits carry the sign of whichever NaN each side produced: compare them as NaN.
+    const at::Tensor nan = fused.values.to(at::kFloat).isnan() & composite.values.to(at::kFloat).isnan();
+    equal += ((a == b) | nan).sum().item<int64_t>();
+    total += a.numel();
+    const float fi = fused.inverse_scale.item<float>(), ci = composite.inverse_scale.item<float>();
+    scales_equal = scales_equal && (fi == ci || (std::isnan(fi) && std::isnan(ci)));
+  }
+  checks::Check c;
+  c.name = std::string("fp8_cast ") + (dtype == at::kBFloat16 ? "bf16" : "fp32");
+  c.equal = static_cast<double>(equal) / static_cast<double>(total);
+  c.min_equal = 1.0;
+  c.worst = scales_equal ? 0.0 : 2.0;  // a different scale fails the check (worst above 1)
+  return c;
+}
+
+// The cast of the MLP's down-projection input (the largest operand train.fp8 casts each step), fused and composite.
+nlohmann::json fp8_cast_timing(const at::Device& device, const Shapes& s, int iterations) {
+  const at::Tensor x = at::randn({s.rows(), s.intermediate}, at::TensorOptions().device(device)).to(at::kBFloat16);
+  const double fused = median_ms(
+      device, [&] { cast_to_e4m3(x); }, iterations);
+  const double composite = median_ms(
+      device, [&] { cast_to_e4m3_composite(x); }, iterations);
+  return {{"fused_ms", fused}, {"composite_ms", composite}, {"speedup", composite / fused}};
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -122,9 +166,11 @@ int main(int argc, char** argv) {
   add(checks::rms_norm_rope(device, at::kBFloat16, 2, s.sequence, s.heads, s.head_dim, true));
   add(checks::swiglu(device, at::kBFloat16, s.rows(), s.intermediate, true));
   add(checks::swiglu(device, at::kFloat, std::min<int64_t>(s.rows(), 1024), s.intermediate, false));
+  results.push_back(fp8_cast_check(device, at::kBFloat16, s.rows(), s.intermediate));
+  results.push_back(fp8_cast_check(device, at::kFloat, std::min<int64_t>(s.rows(), 1024), s.intermediate));
   // On a GPU the kernels must be this build's own CUDA launch: without it the model falls back to the composite,
   // and every check would compare the composite with itself.
-  bool ok = !device.is_cuda() || fused_training_cuda_built();
+  bool ok = !device.is_cuda() || (fused_training_cuda_built() && fp8_cast_cuda_built());
   nlohmann::json rows = nlohmann::json::array();
   for (const checks::Check& c : results) {
     ok = ok && c.pass();
@@ -144,7 +190,9 @@ int main(int argc, char** argv) {
                         {"head_dim", s.head_dim},
                         {"intermediate", s.intermediate}}},
                       {"checks", rows},
+                      {"fp8_cast_cuda_built", fp8_cast_cuda_built()},
                       {"timing_ms", timing(device, s, small ? 3 : iterations)},
+                      {"fp8_cast_timing_ms", fp8_cast_timing(device, s, small ? 3 : iterations)},
                       {"pass", ok}};
   std::printf("%s\n", j.dump().c_str());
   return ok ? 0 : 1;

@@ -25,7 +25,11 @@ def test_dry_run_passes_every_check_and_measures_every_figure(tmp_path):
     # The fused training kernels: every check within its bound (the CPU launch here), each kernel timed.
     fused = checks["fused_kernels"]
     assert fused["device"] == "cpu" and all(c["pass"] and c["worst_share_of_bound"] <= 1 for c in fused["checks"])
-    assert {c["check"].split()[0] for c in fused["checks"]} == {"rms_norm", "add_rms_norm", "rms_norm_rope", "swiglu"}
+    assert {c["check"].split()[0] for c in fused["checks"]} == {"rms_norm", "add_rms_norm", "rms_norm_rope", "swiglu",
+                                                                 "fp8_cast"}
+    # FP8's fused cast: bit for bit the composite's (every entry), and timed beside it.
+    assert all(c["bit_equal"] == 1 for c in fused["checks"] if c["check"].startswith("fp8_cast"))
+    assert fused["fp8_cast_timing_ms"]["fused_ms"] > 0 and fused["fp8_cast_timing_ms"]["composite_ms"] > 0
     assert set(fused["timing_ms"]) == {"rms_norm", "add_rms_norm", "rms_norm_rope", "swiglu"}
     assert all(t["fused_ms"] > 0 and t["composite_ms"] > 0 for t in fused["timing_ms"].values())
     assert fused["timing_ms"]["rms_norm"]["aten_rms_norm_ms"] > 0

@@ -1,9 +1,12 @@
-// kernels/fp8_linear: the fused CPU cast equals the unfused ATen arithmetic bit for bit; fp8_linear's forward and
-// both gradients are within bounds derived from e4m3's precision of the fp64 products of the unrounded operands,
-// and within the fp32-sum and output-rounding bound of the fp64 products of the e4m3 operands; scaling by a power
-// of two commutes with the whole computation (huge and tiny amax); a zero tensor gives zeros; and in a model
-// (SequenceOptions::fp8) the block's matmuls change, activation checkpointing recomputes them identically, and the
-// modes without training refuse the option.
+// kernels/fp8_linear: the fused CPU cast equals the unfused ATen arithmetic bit for bit and rounds every value as
+// float8_e4m3fn does (its arithmetic is the CUDA launch's too); fp8_linear's forward and both gradients are within
+// bounds derived from e4m3's precision of the fp64 products of the unrounded operands, and within the fp32-sum and
+// output-rounding bound of the fp64 products of the e4m3 operands; scaling by a power of two commutes with the whole
+// computation (huge and tiny amax); a zero tensor gives zeros; and in a model (SequenceOptions::fp8) the block's
+// matmuls change, activation checkpointing recomputes them identically, and the modes without training refuse the
+// option.
+#include <c10/util/BFloat16.h>
+#include <c10/util/Float8_e4m3fn.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -92,6 +95,45 @@ TEST(Fp8Linear, FusedCastIsTheAtenArithmeticBitForBit) {
   // Not contiguous: cast as the values it holds.
   const at::Tensor m = at::randn({8, 6}).t();
   EXPECT_TRUE(at::equal(cast_to_e4m3(m).values.view(at::kByte), reference_cast(m.contiguous()).values.view(at::kByte)));
+}
+
+// The cast's own rounding (src/kernels/fp8_cast_math.h, the CUDA launch's too) against c10's float8_e4m3fn
+// conversion, which ATen's to() runs: with amax 448 the scale is exactly 1, so each entry is cast as it is. The
+// entries: every bf16 value within +-448 (each exponent and leading mantissa), each midpoint between neighbouring
+// e4m3 values and the floats either side of it (the ties and the nearest non-ties), the subnormal range's
+// multiples of 2^-12, fp32's own subnormals, and a million random floats, uniform and log-uniform in magnitude.
+TEST(Fp8Linear, TheCastRoundsEveryValueAsFloat8E4m3fnDoes) {
+  std::vector<float> v = {kE4m3Max, -kE4m3Max, 0.0f, -0.0f, 1e-40f, -1e-45f, 0x1p-126f, 447.99f};
+  for (uint32_t bits = 0; bits < 0x10000; ++bits) {
+    const float f = c10::BFloat16(static_cast<uint16_t>(bits), c10::BFloat16::from_bits());
+    if (std::isfinite(f) && std::fabs(f) <= kE4m3Max) v.push_back(f);
+  }
+  for (uint32_t bits = 0; bits < 0x7e; ++bits) {  // each finite non-negative e4m3 value but the largest
+    const float lo = c10::Float8_e4m3fn(static_cast<uint8_t>(bits), c10::Float8_e4m3fn::from_bits());
+    const float hi = c10::Float8_e4m3fn(static_cast<uint8_t>(bits + 1), c10::Float8_e4m3fn::from_bits());
+    const float mid = (lo + hi) / 2;  // exact: e4m3's neighbours differ in fewer bits than fp32 holds
+    for (float m : {mid, std::nextafter(mid, 0.0f), std::nextafter(mid, kE4m3Max)}) {
+      v.push_back(m);
+      v.push_back(-m);
+    }
+  }
+  for (int k = 0; k <= 64; ++k) v.push_back(std::ldexp(static_cast<float>(k), -12));
+  at::manual_seed(3);
+  const at::Tensor uniform = (at::rand({500000}) * 2 - 1) * kE4m3Max;
+  const at::Tensor log_uniform =
+      at::exp2(at::rand({500000}) * 40 - 31).clamp_max(kE4m3Max) * at::where(at::rand({500000}) < 0.5, -1.0, 1.0);
+  const at::Tensor t = at::cat({at::tensor(v), uniform, log_uniform.to(at::kFloat)});
+  const E4m3Cast got = cast_to_e4m3(t);
+  ASSERT_EQ(got.inverse_scale.item<float>(), 1.0f);
+  const at::Tensor want = t.to(at::kFloat8_e4m3fn).view(at::kByte), have = got.values.view(at::kByte);
+  const at::Tensor differ = (want != have).nonzero();
+  EXPECT_EQ(differ.size(0), 0) << "first difference at "
+                               << (differ.size(0) ? t[differ[0][0].item<int64_t>()].item<float>() : 0.0f);
+  // And the same bits from the public composite (ATen's separate ops), the reference the CUDA launch is checked
+  // against on a GPU (tests/device/check_kernels.cpp).
+  EXPECT_TRUE(at::equal(cast_to_e4m3_composite(t).values.view(at::kByte), have));
+  EXPECT_TRUE(
+      at::equal(cast_to_e4m3_composite(t * 3).values.view(at::kByte), reference_cast(t * 3).values.view(at::kByte)));
 }
 
 TEST(Fp8Linear, ForwardAndGradientsWithinTheE4m3BoundOfFp64) {

@@ -18,13 +18,15 @@
 // The forward keeps e4m3(x) and e4m3(W) for the backward (1 byte an entry: less than the bf16 input autograd would
 // keep), which transposes them where _scaled_mm wants another layout (its second operand column-major).
 //
-// Where the scale and cast run: on the CPU one pass for amax and one that scales, clamps and casts each entry
-// (no fp32 or scaled temporary); elsewhere ATen's ops (amax, then the scale, clamp and cast as separate kernels:
-// a fused CUDA cast is not written yet). On CUDA, _scaled_mm needs every dimension (rows of x, in and out features)
-// a multiple of 16: other shapes run archspace::linear instead (fp8_linear_applies says which). On a CPU without
-// native bf16 matmuls (kernels/bf16_matmuls.h's rule: below AVX512-BF16, or ONEDNN_MAX_CPU_ISA=AVX2), or once oneDNN
-// has refused the fp8 matmul, the same arithmetic runs as an fp32 GEMM of the exactly widened e4m3 values
-// (scripts/kernel_paths.sh checks both).
+// Where the scale and cast run: one pass for amax and one that scales, clamps and casts each entry (no fp32 or scaled
+// temporary, the scale staying on the device), on the CPU and, for fp32 and bf16 tensors, on CUDA (kernels/
+// fp8_cast_cuda.cu, in builds with nvcc), both through one arithmetic (src/kernels/fp8_cast_math.h) held bit for bit
+// to ATen's separate ops (cast_to_e4m3_composite); elsewhere (fp16 on CUDA, a build without nvcc) those ops. On CUDA,
+// _scaled_mm needs every dimension (rows of x, in and out features) a multiple of 16: other shapes run
+// archspace::linear instead (fp8_linear_applies says which). On a CPU without native bf16 matmuls
+// (kernels/bf16_matmuls.h's rule: below AVX512-BF16, or ONEDNN_MAX_CPU_ISA=AVX2), or once oneDNN has refused the fp8
+// matmul, the same arithmetic runs as an fp32 GEMM of the exactly widened e4m3 values (scripts/kernel_paths.sh checks
+// both).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -44,6 +46,11 @@ struct E4m3Cast {
 
 // The cast described above (fp32, bf16 or fp16 input).
 E4m3Cast cast_to_e4m3(const at::Tensor& t);
+// The same cast in ATen's separate ops (amax, the scale, clamp and cast as kernels of their own, through fp32
+// temporaries) on any device: the reference the fused passes are held to, and what runs where none applies.
+E4m3Cast cast_to_e4m3_composite(const at::Tensor& t);
+// Whether this build has the fused cast's CUDA launch (nvcc and CUDA LibTorch found at configure time).
+bool fp8_cast_cuda_built();
 
 // Whether fp8_linear runs x W^T through _scaled_mm (false: it runs archspace::linear): on the CPU always; on CUDA
 // when x's rows, the in features and the out features are all multiples of 16.
