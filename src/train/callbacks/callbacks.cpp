@@ -1,4 +1,4 @@
-// The registry of the training callbacks: one line per callback, in the order of their side effects.
+// The registry of the training callbacks: the list in callbacks.h, in the order of their side effects.
 #include "archspace/train/callbacks/callbacks.h"
 
 #include "archspace/train/trainer.h"
@@ -6,16 +6,13 @@
 namespace archspace {
 
 void register_callbacks(TrainCallbacks& callbacks, Trainer& trainer) {
-  const TrainConfig& cfg = trainer.config();
-  if (!cfg.profile_steps.empty()) callbacks.add(make_profiler_callback());
-  callbacks.add(make_metrics_log_callback());
-  callbacks.add(make_progress_callback());
-  if (cfg.dump_gradients_steps > 0) callbacks.add(make_gradient_dump_callback());
-  callbacks.add(make_nonfinite_policy_callback());
-  callbacks.add(make_spike_policy_callback(trainer));  // always: checkpoints carry its window
-  if (!cfg.downstream.empty()) callbacks.add(make_downstream_evaluation_callback(trainer));
-  if (!trainer.validation_sets().empty()) callbacks.add(make_validation_callback());
-  callbacks.add(make_checkpointing_callback());
+  // Each factory of the list in callbacks.h, in its order; null: the config does not ask for that one.
+  auto add = [&](std::unique_ptr<TrainCallback> callback) {
+    if (callback) callbacks.add(std::move(callback));
+  };
+#define ARCHSPACE_ADD_TRAIN_CALLBACK(name) add(make_##name##_callback(trainer));
+  ARCHSPACE_TRAIN_CALLBACKS(ARCHSPACE_ADD_TRAIN_CALLBACK)
+#undef ARCHSPACE_ADD_TRAIN_CALLBACK
 }
 
 bool evaluation_step(const Trainer& trainer, int64_t step) {

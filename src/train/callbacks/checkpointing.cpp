@@ -19,6 +19,8 @@ class CheckpointingCallback final : public TrainCallback {
 
 }  // namespace
 
-std::unique_ptr<TrainCallback> make_checkpointing_callback() { return std::make_unique<CheckpointingCallback>(); }
+std::unique_ptr<TrainCallback> make_checkpointing_callback(const Trainer&) {
+  return std::make_unique<CheckpointingCallback>();
+}
 
 }  // namespace archspace

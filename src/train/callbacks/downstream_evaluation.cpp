@@ -87,6 +87,7 @@ class DownstreamEvaluationCallback final : public TrainCallback {
 }  // namespace
 
 std::unique_ptr<TrainCallback> make_downstream_evaluation_callback(const Trainer& trainer) {
+  if (trainer.config().downstream.empty()) return nullptr;
   return std::make_unique<DownstreamEvaluationCallback>(trainer);
 }
 

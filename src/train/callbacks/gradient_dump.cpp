@@ -28,6 +28,9 @@ class GradientDumpCallback final : public TrainCallback {
 
 }  // namespace
 
-std::unique_ptr<TrainCallback> make_gradient_dump_callback() { return std::make_unique<GradientDumpCallback>(); }
+std::unique_ptr<TrainCallback> make_gradient_dump_callback(const Trainer& trainer) {
+  if (trainer.config().dump_gradients_steps <= 0) return nullptr;
+  return std::make_unique<GradientDumpCallback>();
+}
 
 }  // namespace archspace

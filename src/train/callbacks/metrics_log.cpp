@@ -76,6 +76,8 @@ nlohmann::json spike_line(const Trainer& t, int64_t step, const StepStats& s) {
           {"spike_policy", t.config().spike_policy}};
 }
 
-std::unique_ptr<TrainCallback> make_metrics_log_callback() { return std::make_unique<MetricsLogCallback>(); }
+std::unique_ptr<TrainCallback> make_metrics_log_callback(const Trainer&) {
+  return std::make_unique<MetricsLogCallback>();
+}
 
 }  // namespace archspace

@@ -35,6 +35,8 @@ class NonfinitePolicyCallback final : public TrainCallback {
 
 }  // namespace
 
-std::unique_ptr<TrainCallback> make_nonfinite_policy_callback() { return std::make_unique<NonfinitePolicyCallback>(); }
+std::unique_ptr<TrainCallback> make_nonfinite_policy_callback(const Trainer&) {
+  return std::make_unique<NonfinitePolicyCallback>();
+}
 
 }  // namespace archspace

@@ -33,6 +33,9 @@ class ProfilerCallback final : public TrainCallback {
 
 }  // namespace
 
-std::unique_ptr<TrainCallback> make_profiler_callback() { return std::make_unique<ProfilerCallback>(); }
+std::unique_ptr<TrainCallback> make_profiler_callback(const Trainer& trainer) {
+  if (trainer.config().profile_steps.empty()) return nullptr;
+  return std::make_unique<ProfilerCallback>();
+}
 
 }  // namespace archspace

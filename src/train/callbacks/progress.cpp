@@ -25,6 +25,6 @@ class ProgressCallback final : public TrainCallback {
 
 }  // namespace
 
-std::unique_ptr<TrainCallback> make_progress_callback() { return std::make_unique<ProgressCallback>(); }
+std::unique_ptr<TrainCallback> make_progress_callback(const Trainer&) { return std::make_unique<ProgressCallback>(); }
 
 }  // namespace archspace

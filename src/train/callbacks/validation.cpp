@@ -35,6 +35,9 @@ class ValidationCallback final : public TrainCallback {
 
 }  // namespace
 
-std::unique_ptr<TrainCallback> make_validation_callback() { return std::make_unique<ValidationCallback>(); }
+std::unique_ptr<TrainCallback> make_validation_callback(const Trainer& trainer) {
+  if (trainer.validation_sets().empty()) return nullptr;
+  return std::make_unique<ValidationCallback>();
+}
 
 }  // namespace archspace

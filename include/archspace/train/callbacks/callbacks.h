@@ -1,7 +1,7 @@
 // The training callbacks (train/callback.h), one file each under src/train/callbacks/, and the registry that
-// builds a run's list from its config. Registration order is the order of their side effects: in each step the
-// profiler, the metrics line, the progress line, downstream evaluation, validation, then the checkpoint; before
-// the update the non-finite policy, then the spike policy.
+// builds a run's list from its config (ARCHSPACE_TRAIN_CALLBACKS below). Registration order is the order of their side
+// effects: in each step the profiler, the metrics line, the progress line, downstream evaluation, validation, then the
+// checkpoint; before the update the non-finite policy, then the spike policy.
 #pragma once
 
 #include <memory>
@@ -24,23 +24,34 @@ bool evaluation_step(const Trainer& trainer, int64_t step);
 // writes it before it stops).
 nlohmann::json spike_line(const Trainer& trainer, int64_t step, const StepStats& stats);
 
-// train.profile_steps: a Kineto trace of the steps (train/step_profiler.h).
-std::unique_ptr<TrainCallback> make_profiler_callback();
-// metrics.jsonl on rank 0 and its trackers ([log]): one line per step, with its spike, skip and gradient-norm lines.
-std::unique_ptr<TrainCallback> make_metrics_log_callback();
-// The progress line: "step N/M | loss | lr | grad | tok/s".
-std::unique_ptr<TrainCallback> make_progress_callback();
-// train.dump_gradients_steps: RUN/debug/grads-step-N.safetensors.
-std::unique_ptr<TrainCallback> make_gradient_dump_callback();
-// train.nonfinite: a non-finite loss or gradient norm stops the run ("stop") or skips the update ("skip").
-std::unique_ptr<TrainCallback> make_nonfinite_policy_callback();
-// train.spike / spike_factor / spike_window: loss spikes recorded, skipped or stopping the run.
-std::unique_ptr<TrainCallback> make_spike_policy_callback(const Trainer& trainer);
-// eval.downstream: the downstream tasks, read and tokenized at setup, scored at each evaluation step.
-std::unique_ptr<TrainCallback> make_downstream_evaluation_callback(const Trainer& trainer);
-// data.valid and [[eval.sources]]: validation losses at each evaluation step.
-std::unique_ptr<TrainCallback> make_validation_callback();
-// train.checkpoint_interval and the last step: checkpoints (Trainer::save_checkpoint).
-std::unique_ptr<TrainCallback> make_checkpointing_callback();
+// Every callback, one line each, in registration order: X(name) is the factory make_<name>_callback(trainer), defined
+// in src/train/callbacks/<name>.cpp, which returns the callback or null when the run's config does not ask for it.
+// Adding a callback is its file plus its line here (CMakeLists.txt takes every file of src/train/callbacks/).
+//   profiler               train.profile_steps: a Kineto trace of the steps (train/step_profiler.h)
+//   metrics_log            metrics.jsonl on rank 0 and its trackers ([log]): a line per step, with its spike, skip
+//                          and gradient-norm lines
+//   progress               the progress line: "step N/M | loss | lr | grad | tok/s"
+//   gradient_dump          train.dump_gradients_steps: RUN/debug/grads-step-N.safetensors
+//   nonfinite_policy       train.nonfinite: a non-finite loss or gradient norm stops the run or skips the update
+//   spike_policy           train.spike / spike_factor / spike_window: loss spikes recorded, skipped or stopping the
+//                          run (always registered: checkpoints carry its window)
+//   downstream_evaluation  eval.downstream: the tasks, read and tokenized at setup, run at each evaluation step
+//   validation             data.valid and [[eval.sources]]: validation losses at each evaluation step
+//   checkpointing          train.checkpoint_interval and the last step: checkpoints (Trainer::save_checkpoint)
+#define ARCHSPACE_TRAIN_CALLBACKS(X) \
+  X(profiler)                        \
+  X(metrics_log)                     \
+  X(progress)                        \
+  X(gradient_dump)                   \
+  X(nonfinite_policy)                \
+  X(spike_policy)                    \
+  X(downstream_evaluation)           \
+  X(validation)                      \
+  X(checkpointing)
+
+#define ARCHSPACE_DECLARE_TRAIN_CALLBACK(name) \
+  std::unique_ptr<TrainCallback> make_##name##_callback(const Trainer& trainer);
+ARCHSPACE_TRAIN_CALLBACKS(ARCHSPACE_DECLARE_TRAIN_CALLBACK)
+#undef ARCHSPACE_DECLARE_TRAIN_CALLBACK
 
 }  // namespace archspace
