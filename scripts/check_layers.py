@@ -32,7 +32,7 @@ def module_of(path, root):
 
 def back_includes(root):
     problems = []
-    files = [p for d in ("include", "src", "tools") for p in sorted((root / d).rglob("*")) if p.suffix in (".h", ".cpp")]
+    files = [p for d in ("include", "src", "tools") for p in sorted((root / d).rglob("*")) if p.suffix in (".h", ".cpp", ".cu")]
     for path in files:
         module = module_of(path, root)
         if module is None:

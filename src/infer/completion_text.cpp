@@ -2,22 +2,10 @@
 
 #include <algorithm>
 
+#include "archspace/text/utf8.h"
 #include "archspace/tokenizer/tokenizer.h"
 
 namespace archspace {
-
-namespace {
-// Bytes at the end that may be the start of a UTF-8 character not yet complete.
-size_t incomplete_utf8_tail(const std::string& s) {
-  for (size_t back = 1; back <= std::min<size_t>(3, s.size()); ++back) {
-    const unsigned char c = s[s.size() - back];
-    if ((c & 0xC0) == 0x80) continue;  // continuation byte: look further back
-    const size_t need = (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 1;
-    return need > back ? back : 0;
-  }
-  return 0;
-}
-}  // namespace
 
 StopStrings::StopStrings(std::vector<std::string> strings) : strings_(std::move(strings)) {
   failure_.reserve(strings_.size());
@@ -66,7 +54,7 @@ std::string CompletionText::add(const std::string& token_bytes) {
     stopped_ = true;
     return flush();
   }
-  const size_t release = std::min(bytes_.size() - incomplete_utf8_tail(bytes_), bytes_.size() - held);
+  const size_t release = std::min(bytes_.size() - text::incomplete_utf8_tail(bytes_), bytes_.size() - held);
   if (release <= emitted_) return "";
   std::string piece = utf8_lossy(std::string_view(bytes_).substr(emitted_, release - emitted_));
   emitted_ = release;

@@ -13,19 +13,6 @@
 namespace archspace {
 namespace {
 
-// oneDNN runs bf16 GEMMs natively from AVX512_CORE_BF16 up; ONEDNN_MAX_CPU_ISA (or its old name DNNL_MAX_CPU_ISA)
-// set below that (scripts/kernel_paths.sh avx2: AVX2) leaves ATen with its slow fallback.
-bool onednn_allows_native_bf16() {
-  const char* env = std::getenv("ONEDNN_MAX_CPU_ISA");
-  if (!env || !*env) env = std::getenv("DNNL_MAX_CPU_ISA");
-  if (!env || !*env) return true;
-  std::string cap = env;
-  std::transform(cap.begin(), cap.end(), cap.begin(), [](unsigned char c) { return std::toupper(c); });
-  constexpr std::array<const char*, 6> native = {
-      "ALL", "DEFAULT", "AVX512_CORE_BF16", "AVX512_CORE_FP16", "AVX512_CORE_AMX", "AVX512_CORE_AMX_FP16"};
-  return std::find(native.begin(), native.end(), cap) != native.end();
-}
-
 bool choose_widened() { return !(max_cpu_isa() == CpuIsa::kAvx512Bf16 && onednn_allows_native_bf16()); }
 
 int policy_override = -1;  // -1: this CPU's choice; 0 or 1: a test's (ScopedBf16MatmulPolicy)

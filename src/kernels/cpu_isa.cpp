@@ -1,6 +1,8 @@
 #include "archspace/kernels/cpu_isa.h"
 
 #include <algorithm>
+#include <array>
+#include <cctype>
 #include <cstdlib>
 #include <string>
 
@@ -64,5 +66,18 @@ CpuIsa max_cpu_isa() {
 }
 
 CpuIsa kernel_isa(CpuIsa requested) { return std::min(requested, detected_cpu_isa()); }
+
+// oneDNN runs bf16 GEMMs natively from AVX512_CORE_BF16 up; ONEDNN_MAX_CPU_ISA (or its old name DNNL_MAX_CPU_ISA)
+// set below that (scripts/kernel_paths.sh avx2: AVX2) leaves ATen with its slow fallback.
+bool onednn_allows_native_bf16() {
+  const char* env = std::getenv("ONEDNN_MAX_CPU_ISA");
+  if (!env || !*env) env = std::getenv("DNNL_MAX_CPU_ISA");
+  if (!env || !*env) return true;
+  std::string cap = env;
+  std::transform(cap.begin(), cap.end(), cap.begin(), [](unsigned char c) { return std::toupper(c); });
+  constexpr std::array<const char*, 6> native = {
+      "ALL", "DEFAULT", "AVX512_CORE_BF16", "AVX512_CORE_FP16", "AVX512_CORE_AMX", "AVX512_CORE_AMX_FP16"};
+  return std::find(native.begin(), native.end(), cap) != native.end();
+}
 
 }  // namespace archspace

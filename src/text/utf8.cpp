@@ -61,4 +61,20 @@ size_t utf8_char_length(const std::string& s, size_t i) {
   return std::min(n == 0 ? size_t{1} : n, s.size() - i);
 }
 
+int64_t utf8_character_count(std::string_view s) {
+  int64_t n = 0;
+  for (unsigned char c : s) n += (c & 0xC0) != 0x80;
+  return n;
+}
+
+size_t incomplete_utf8_tail(std::string_view s) {
+  for (size_t back = 1; back <= std::min<size_t>(3, s.size()); ++back) {
+    const unsigned char c = s[s.size() - back];
+    if ((c & 0xC0) == 0x80) continue;  // a continuation byte: look further back
+    const size_t need = (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 1;
+    return need > back ? back : 0;
+  }
+  return 0;
+}
+
 }  // namespace archspace::text

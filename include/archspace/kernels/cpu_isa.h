@@ -30,4 +30,9 @@ CpuIsa max_cpu_isa();
 // path this CPU lacks runs the best one it has.
 CpuIsa kernel_isa(CpuIsa requested = max_cpu_isa());
 
+// Whether oneDNN may run its native bf16 GEMMs (from AVX512_CORE_BF16 up): not when ONEDNN_MAX_CPU_ISA (or its old
+// name DNNL_MAX_CPU_ISA) caps it below that, as scripts/kernel_paths.sh avx2 does (ATen then takes its slow
+// fallback; kernels/bf16_matmuls.h widens instead). Read here, with the other caps, on each call.
+bool onednn_allows_native_bf16();
+
 }  // namespace archspace

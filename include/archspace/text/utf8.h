@@ -2,7 +2,9 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace archspace::text {
@@ -17,5 +19,12 @@ std::string encode_utf8(const std::vector<char32_t>& code_points);
 
 // Length in bytes of the UTF-8 character starting at s[i] (1 for a byte that starts none), at most s.size() - i.
 size_t utf8_char_length(const std::string& s, size_t i);
+
+// The characters of `s`, counted as the bytes that are not continuation bytes (10xxxxxx): for valid UTF-8, the
+// length of the decoded string (Python's len(), what lm-eval's per-character normalisations divide by).
+int64_t utf8_character_count(std::string_view s);
+
+// Bytes at the end of `s` that may start a UTF-8 character still incomplete (0 to 3): what a stream holds back.
+size_t incomplete_utf8_tail(std::string_view s);
 
 }  // namespace archspace::text
