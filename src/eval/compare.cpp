@@ -12,6 +12,7 @@
 
 #include "archspace/eval/generation_metrics.h"
 #include "archspace/io/run_dir.h"
+#include "archspace/text/utf8.h"
 #include "archspace/util/error.h"
 #include "archspace/util/json_file.h"
 #include "archspace/util/strings.h"
@@ -372,11 +373,7 @@ struct TaskRows {
 };
 using Rows = std::map<std::string, TaskRows>;  // task -> rows
 
-int64_t utf8_chars(const std::string& s) {
-  int64_t n = 0;
-  for (unsigned char c : s) n += (c & 0xC0) != 0x80;
-  return std::max<int64_t>(n, 1);
-}
+int64_t utf8_chars(const std::string& s) { return std::max<int64_t>(text::utf8_character_count(s), 1); }
 
 // One side's requests-out file: generation rows give their primary metric; log-likelihood rows (one per
 // choice) give the document's correctness under the task's primary metric, argmax over the choices as

@@ -7,6 +7,7 @@
 #include <tuple>
 
 #include "archspace/eval/multiple_choice_task_family.h"
+#include "archspace/text/utf8.h"
 #include "archspace/util/error.h"
 #include "archspace/util/strings.h"
 
@@ -16,13 +17,6 @@ namespace {
 
 // Python's str.isspace for the ASCII range (what rstrip() removes in OLMES contexts).
 bool is_space(char c) { return c == ' ' || (c >= '\t' && c <= '\r') || (c >= '\x1c' && c <= '\x1f'); }
-
-// Code points, as Python's len(str).
-int64_t utf8_length(const std::string& s) {
-  int64_t n = 0;
-  for (unsigned char c : s) n += (c & 0xC0) != 0x80;
-  return n;
-}
 
 // Index of the first maximum (numpy.argmax).
 size_t argmax(const std::vector<double>& v) {
@@ -128,7 +122,7 @@ TaskResult task_metrics(const TaskFiles& files, const std::vector<RequestScore>&
       const double ll = scores[i].loglikelihood;
       s_raw.push_back(ll);
       s_token.push_back(ll / static_cast<double>(scores[i].tokens));
-      s_char.push_back(ll / static_cast<double>(std::max<int64_t>(1, utf8_length(r.continuation))));
+      s_char.push_back(ll / static_cast<double>(std::max<int64_t>(1, text::utf8_character_count(r.continuation))));
       if (!uncond.empty()) s_pmi.push_back(ll - scores[uncond.at(doc_id).at(idx)].loglikelihood);
     }
     // OLMES' MCAccuracy (oe_eval/metrics/metric.py:265-267): the idx of the first request with the highest score

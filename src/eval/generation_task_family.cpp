@@ -6,8 +6,56 @@
 #include "archspace/text/python_re.h"
 #include "archspace/text/python_str.h"
 #include "archspace/util/error.h"
+#include "archspace/util/json_file.h"
 
 namespace archspace {
+
+namespace {
+
+// The request's generation settings: request.generation_kwargs, else the config's (both as OLMES writes them).
+void read_generation_kwargs(const nlohmann::json& kwargs, GenerationPrompt& r, const std::string& where) {
+  r.max_gen_toks = json_int_field(kwargs, "max_gen_toks", where);
+  if (r.max_gen_toks < 1) throw Error(where + ": max_gen_toks must be at least 1");
+  if (kwargs.contains("temperature")) {
+    if (!kwargs["temperature"].is_number()) throw Error(where + ": field \"temperature\" must be a number");
+    r.temperature = kwargs["temperature"].get<double>();
+    if (!(r.temperature >= 0 && r.temperature <= 2)) throw Error(where + ": temperature must be in [0, 2]");
+  }
+  if (kwargs.contains("do_sample")) {
+    if (!kwargs["do_sample"].is_boolean()) throw Error(where + ": field \"do_sample\" must be true or false");
+    r.do_sample = kwargs["do_sample"].get<bool>();
+  }
+}
+
+}  // namespace
+
+GenerationPrompt GenerationTaskFamily::read_prompt(const nlohmann::json& line, const RequestFile& file,
+                                                   const std::string& where) const {
+  GenerationPrompt r;
+  const nlohmann::json& request = json_field(line, "request", where);
+  const nlohmann::json& context = json_field(request, "context", where + " request");
+  if (file.chat) {
+    r.chat = chat_prompt(context, file.task, file.shots, where);
+    r.context = chat_prompt_text(*r.chat, where);
+  } else if (context.is_object()) {
+    throw Error(where + ": request.context is a chat-format conversation (OLMES' use_chat_format): add --chat");
+  } else {
+    r.context = json_string_field(request, "context", where + " request");
+  }
+  const nlohmann::json& stops = json_field(request, "stop_sequences", where + " request");
+  if (!stops.is_array()) throw Error(where + ": request.stop_sequences must be a list of strings");
+  for (const auto& s : stops) {
+    if (!s.is_string()) throw Error(where + ": request.stop_sequences must be a list of strings");
+    if (s.get<std::string>().empty())
+      throw Error(where + ": request.stop_sequences has an empty string (it would stop before any text)");
+    r.stop_sequences.push_back(s.get<std::string>());
+  }
+  read_generation_kwargs(request.contains("generation_kwargs")
+                             ? request["generation_kwargs"]
+                             : json_field(file.task_config, "generation_kwargs", file.config_path + " task_config"),
+                         r, where + " request.generation_kwargs");
+  return r;
+}
 
 nlohmann::json GenerationTaskFamily::gold_from_request(const GenerationTaskSpec& spec,
                                                        const nlohmann::json& request_line) const {

@@ -4,6 +4,7 @@
 #include <set>
 
 #include "archspace/eval/generation_metrics.h"
+#include "archspace/eval/generation_task_family.h"
 #include "archspace/eval/generation_tasks.h"
 #include "archspace/eval/tasks.h"
 #include "archspace/util/error.h"
@@ -16,25 +17,6 @@ namespace archspace {
 namespace fs = std::filesystem;
 
 bool is_generation_task(const std::string& task) { return find_generation_task(task) != nullptr; }
-
-namespace {
-
-// The request's generation settings: request.generation_kwargs, else the config's (both as OLMES writes them).
-void read_generation_kwargs(const nlohmann::json& kwargs, GenerationRequest& r, const std::string& where) {
-  r.max_gen_toks = json_int_field(kwargs, "max_gen_toks", where);
-  if (r.max_gen_toks < 1) throw Error(where + ": max_gen_toks must be at least 1");
-  if (kwargs.contains("temperature")) {
-    if (!kwargs["temperature"].is_number()) throw Error(where + ": field \"temperature\" must be a number");
-    r.temperature = kwargs["temperature"].get<double>();
-    if (!(r.temperature >= 0 && r.temperature <= 2)) throw Error(where + ": temperature must be in [0, 2]");
-  }
-  if (kwargs.contains("do_sample")) {
-    if (!kwargs["do_sample"].is_boolean()) throw Error(where + ": field \"do_sample\" must be true or false");
-    r.do_sample = kwargs["do_sample"].get<bool>();
-  }
-}
-
-}  // namespace
 
 GenerationTaskFiles load_generation_task(const std::string& variant_dir, const std::string& task, int64_t limit,
                                          bool chat) {
@@ -49,6 +31,7 @@ GenerationTaskFiles load_generation_task(const std::string& variant_dir, const s
   const nlohmann::json config = read_json_file(config_path);
   const nlohmann::json& task_config = json_field(config, "task_config", config_path);
   t.shots = json_int_field(task_config, "num_shots", config_path + " task_config");
+  const RequestFile file{task, task_config, config_path, t.shots, chat};
 
   t.requests_path = (fs::path(variant_dir) / "requests.jsonl.gz").string();
   std::set<int64_t> seen;
@@ -61,28 +44,7 @@ GenerationTaskFiles load_generation_task(const std::string& variant_dir, const s
     r.doc_id = json_int_field(*j, "doc_id", where);
     if (!seen.insert(r.doc_id).second) throw Error(where + ": document " + std::to_string(r.doc_id) + " appears twice");
     r.native_id = j->contains("native_id") ? (*j)["native_id"] : nlohmann::json();
-    const nlohmann::json& request = json_field(*j, "request", where);
-    const nlohmann::json& context = json_field(request, "context", where + " request");
-    if (chat) {
-      r.chat = chat_prompt(context, task, t.shots, where);
-      r.context = chat_prompt_text(*r.chat, where);
-    } else if (context.is_object()) {
-      throw Error(where + ": request.context is a chat-format conversation (OLMES' use_chat_format): add --chat");
-    } else {
-      r.context = json_string_field(request, "context", where + " request");
-    }
-    const nlohmann::json& stops = json_field(request, "stop_sequences", where + " request");
-    if (!stops.is_array()) throw Error(where + ": request.stop_sequences must be a list of strings");
-    for (const auto& s : stops) {
-      if (!s.is_string()) throw Error(where + ": request.stop_sequences must be a list of strings");
-      if (s.get<std::string>().empty())
-        throw Error(where + ": request.stop_sequences has an empty string (it would stop before any text)");
-      r.stop_sequences.push_back(s.get<std::string>());
-    }
-    read_generation_kwargs(request.contains("generation_kwargs")
-                               ? request["generation_kwargs"]
-                               : json_field(task_config, "generation_kwargs", config_path + " task_config"),
-                           r, where + " request.generation_kwargs");
+    static_cast<GenerationPrompt&>(r) = spec->family->read_prompt(*j, file, where);
     try {
       r.gold = gold_from_request(*spec, *j);
     } catch (const Error& e) {

@@ -9,6 +9,7 @@
 #include "archspace/eval/generation_metrics.h"
 #include "archspace/eval/generation_tasks.h"
 #include "archspace/eval/tasks.h"
+#include "archspace/eval/tasks/code.h"
 #include "test_support.h"
 
 namespace archspace {

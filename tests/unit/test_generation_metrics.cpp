@@ -8,6 +8,12 @@
 #include <set>
 
 #include "archspace/eval/generation_metrics.h"
+#include "archspace/eval/tasks/bbh.h"
+#include "archspace/eval/tasks/drop.h"
+#include "archspace/eval/tasks/gsm8k.h"
+#include "archspace/eval/tasks/minerva_math.h"
+#include "archspace/eval/tasks/popqa.h"
+#include "archspace/eval/tasks/qa.h"
 #include "archspace/util/error.h"
 #include "test_support.h"
 

@@ -3,58 +3,9 @@
 // lm-eval's standard error) with the group macro averages. Independent of the model: `eval downstream
 // --rescore` scores a requests-out file with these alone.
 //
-// The registry (one entry per task, named as its request directory; each family defined in its own file of
-// src/eval/tasks/, eval/generation_task_family.h):
-//   gsm8k           exact_match (primary): OLMES' answer, the last number of the generation (commas between
-//                   digits dropped); exact_match_flex: lm-eval's gsm8k "flexible-extract" filter (the last match
-//                   of (-?[$0-9.,]{2,})|(-?[0-9]+)). Both compared with the gold by lm-eval's exact_match with
-//                   the task config's metric_kwargs: regexes_to_ignore , \$ (?s).*####  \.$ and ignore_case.
-//   minerva_math_{algebra, counting_and_probability, geometry, intermediate_algebra, number_theory, prealgebra,
-//   precalculus}, minerva_math_500
-//                   exact_match (primary): OLMES' minerva_math::tulu, which runs lm-eval 0.4.3 (its pin):
-//                   get_unnormalized_answer ("Final Answer: The final answer is X. I hope it is correct.") and
-//                   0.4.3's normalize_final_answer, here in C++; then 0.4.3's is_equiv(answer, gold), which needs
-//                   sympy and has no shortcut for identical strings: the caller's AnswerEquivalence decides every
-//                   pair (the CLI: scripts/minerva_equiv.py). OLMES' golds went through the same 0.4.3
-//                   normalisation (its "\left" losing "ft" hits both sides alike).
-//                   The seven subjects form the group minerva_math (macro average); minerva_math_500 is apart.
-//   drop            f1 (primary), exact_match: the official DROP metric as lm-eval's drop/utils.py computes it
-//                   (the generation is one predicted span; max over the gold answers, each a list of spans, the
-//                   spans aligned by an optimal assignment; F1 rounded to 2 decimals as numpy rounds).
-//   naturalqs_open, squad, coqa, jeopardy
-//                   f1 (primary), exact_match, recall: OLMES' SQuADF1EMRecallMetric (SQuAD v1.1 normalisation:
-//                   lower case, ASCII punctuation and the articles a/an/the removed, whitespace collapsed; max over
-//                   the gold answers; recall: some gold, stripped and lower-cased, occurs in the generation).
-//   ifeval          prompt_level_loose_acc (primary), prompt_level_strict_acc, inst_level_loose_acc,
-//                   inst_level_strict_acc: lm-eval's IFEval checks (lm_eval/tasks/ifeval, the code OLMES'
-//                   IFEvalMetric runs from its copy), run by the caller's InstructionCheck (the CLI: lm-eval's
-//                   process_results in scripts/ifeval_score.py). Gold: the doc's key, prompt, instruction_id_list
-//                   and kwargs. Per instance an inst_level value is the fraction of its instructions followed; the
-//                   task's is over all instructions pooled (OLMES' aggregate_to_task, lm-eval's
-//                   agg_inst_level_acc), with no standard error (neither reports one).
-//   bbh_<subtask>   (the 27 of OLMES' BBH_TASKS) exact_match (primary), exact_match_simple: OLMES'
-//                   bbh:cot-v1::tulu (answer_extract_fn "answer_regex", GenericBBH._extract_answer_regex): the
-//                   subtask's answer pattern (MC: "(X)") tried after "So the answer is", "answer is", "answer:",
-//                   "answer", alone, (MC) a bare capital, then case-insensitively, the last match of the first
-//                   pattern that matches; delimiters ($ $, ( ), ** **, [ ], quotes) stripped; a bare MC letter
-//                   becomes "(X)". exact_match: lm-eval's exact_match with ignore_case and ignore_punctuation (not
-//                   for dyck_languages, whose answers are punctuation); exact_match_simple: equal strings;
-//                   exact_match_corrected: exact_match with OLMES' bare-capital pattern "\b([A-Z])\b" read as
-//                   word boundaries (OLMES' non-raw string has backspaces, bbh.py:236). The 27 form the group bbh,
-//                   micro-averaged (OLMES' suite bbh:cot-v1::tulu: primary_metric micro), its macro average reported
-//                   beside it.
-//   popqa           exact_match (primary): OLMES' PopQA alias match: some gold alias a occurs in the generation
-//                   as a, a.lower() or a.capitalize() (Python's). Gold: doc.alias (what OLMES scores against),
-//                   else the label, else doc.possible_answers.
-//   codex_humaneval, codex_mbpp
-//                   pass_at_1 (primary): the generated program run against the task's tests (greedy, one sample:
-//                   pass@1 is 1 when it passes), by the caller's CodeExecutor (the CLI's sandbox,
-//                   eval/code_sandbox.h; 3 s per program). The program as OLMES assembles it (as AI2's olmo_eval
-//                   restates oe-eval's: evals/tasks/humaneval.py and mbpp.py, code + "\n" + tests, 3 s): HumanEval
-//                   prompt + generation + "\n" + test + "\ncheck(entry_point)" (as lm-eval's humaneval and
-//                   human-eval); MBPP generation + "\n" + the test_list asserts joined by "\n" (OLMES' evalplus
-//                   variant of the shipped files; test_setup_code is not run, as there). Gold: HumanEval
-//                   {"prompt", "test", "entry_point"}, MBPP {"test_list"}, from the request line's doc.
+// The registry: one entry per task, named as its request directory, each family defined in its own file of
+// src/eval/tasks/ (eval/generation_task_family.h), whose opening comment says how its metrics are computed and
+// whose header under include/archspace/eval/tasks/ declares the functions its tests call.
 //
 // Not thread-safe: the compiled patterns are cached and share their match data.
 //
@@ -179,7 +130,8 @@ struct RescoreFile {
 };
 RescoreFile read_rescore_file(const std::string& path);
 
-// The pure functions behind the metrics (exposed for the unit tests).
+// The pure functions the families share (exposed for the unit tests); each family's own are in its header under
+// include/archspace/eval/tasks/.
 namespace genmetrics {
 
 // The text module's Python semantics, under the names the metrics' tests use.
@@ -196,36 +148,6 @@ using text::regex_sub;
 // lm-eval's exact_match (exact_match_hf_evaluate) of one prediction against one reference.
 bool exact_match(std::string prediction, std::string reference, const std::vector<std::string>& regexes_to_ignore,
                  bool ignore_case, bool ignore_punctuation);
-
-std::string gsm8k_last_number(const std::string& generation);  // OLMES gsm8k's extracted answer
-std::string gsm8k_flex(const std::string& generation);         // lm-eval's flexible-extract
-extern const std::vector<std::string> kGsm8kRegexesToIgnore;   // the task config's metric_kwargs
-
-std::string minerva_unnormalized_answer(const std::string& generation);  // lm-eval get_unnormalized_answer
-// normalize_final_answer as OLMES runs it (lm-eval 0.4.3's, which OLMES pins).
-std::string minerva_normalize_final_answer(const std::string& answer);
-
-// The official DROP EM and F1 of one predicted span against gold answers (each a list of spans), as lm-eval's
-// drop process_results.
-std::pair<double, double> drop_em_f1(const std::string& prediction,
-                                     const std::vector<std::vector<std::string>>& gold_answers);
-std::string drop_normalize(const std::string& span);  // lm-eval drop _normalize
-
-std::string squad_normalize(const std::string& s);  // SQuAD v1.1 normalize_answer
-double squad_f1(const std::string& prediction, const std::string& gold);
-double squad_em(const std::string& prediction, const std::string& gold);
-double olmes_recall(const std::string& prediction, const std::vector<std::string>& golds);
-
-// OLMES' BBH answer of a generation for one subtask ("date_understanding", ...); its answer pattern ("MC":
-// a lettered choice).
-// corrected: the bare-capital last resort with word boundaries (r"\b([A-Z])\b"), not OLMES' backspaces.
-std::string bbh_extract_answer(const std::string& generation, const std::string& subtask, bool corrected = false);
-const std::string& bbh_answer_pattern(const std::string& subtask);  // throws for a subtask OLMES does not have
-
-// OLMES' PopQA match: some alias a with a, a.lower() or a.capitalize() a substring of the generation.
-bool popqa_match(const std::string& generation, const std::vector<std::string>& aliases);
-// The program a code task runs for one generation (gold checked by check_gold).
-std::string code_program(const GenerationTaskSpec& spec, const std::string& generation, const nlohmann::json& gold);
 
 }  // namespace genmetrics
 

@@ -1,14 +1,16 @@
 // A family of generation tasks as one registered definition (lm-eval's and OLMES' task = data + prompt +
 // generation settings + metric): each family lives in one file of src/eval/tasks/ and says which tasks it has
-// (their metrics, primary first) and the task groups it defines, the shape of their gold and where a request line keeps
-// it, how a generation is scored (by metric name), how a metric aggregates over a task, and how its prompts split into
-// chat turns. The generic code (eval/generation_metrics.h: scoring, aggregation, rescoring; the request-file reader;
-// eval/task_groups.h) reaches a task only through its family: no task names outside the family's file.
+// (their metrics, primary first) and the task groups it defines, how a request line gives a request's prompt and
+// generation settings, the shape of their gold and where a request line keeps it, how a generation is scored (by
+// metric name), how a metric aggregates over a task, and how its prompts split into chat turns. The generic code
+// (eval/generation_metrics.h: scoring, aggregation, rescoring; the request-file reader; eval/task_groups.h) reaches a
+// task only through its family: no task names outside the family's file.
 //
 // A new family: one file in src/eval/tasks/ defining a GenerationTaskFamily, its accessor declared in
 // src/eval/tasks/families.h, and one line in the list of src/eval/tasks/registry.cpp.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -29,12 +31,39 @@ struct ExternalScorers {
   CodeExecutor execute;           // the code tasks' programs
 };
 
+// One request's prompt and generation settings (eval/generation_tasks.h: a GenerationRequest holds them).
+struct GenerationPrompt {
+  std::string context;             // the text the model is prompted with (under --chat: the rendered chat)
+  std::optional<ChatPrompt> chat;  // --chat: the conversation behind `context`
+  std::vector<std::string> stop_sequences;
+  int64_t max_gen_toks = 0;
+  double temperature = 0;
+  bool do_sample = false;
+};
+
+// The request file a line comes from: its task, config.json's task_config (and that file's path, for errors), the
+// number of shots, and whether prompts are read in the chat format.
+struct RequestFile {
+  std::string task;
+  const nlohmann::json& task_config;
+  std::string config_path;
+  int64_t shots = 0;
+  bool chat = false;
+};
+
 class GenerationTaskFamily {
  public:
   virtual ~GenerationTaskFamily() = default;
 
   // The registry entries of the family's tasks (their `family` is set by the registry).
   virtual std::vector<GenerationTaskSpec> tasks() const = 0;
+
+  // The prompt and generation settings of one request line (`where`: its file and line, for errors). By default
+  // as OLMES rendered them into the line: request.context (a string; a conversation under file.chat),
+  // request.stop_sequences, and request.generation_kwargs (max_gen_toks, temperature, do_sample), else the task
+  // config's. Errors name the field.
+  virtual GenerationPrompt read_prompt(const nlohmann::json& request_line, const RequestFile& file,
+                                       const std::string& where) const;
 
   // Throws Error("field \"gold\" ...") when `gold` does not have the shape the task's metrics need.
   virtual void check_gold(const GenerationTaskSpec& spec, const nlohmann::json& gold) const = 0;

@@ -23,21 +23,17 @@
 #include <vector>
 
 #include "archspace/eval/chat_format.h"
+#include "archspace/eval/generation_task_family.h"
 #include "archspace/model/causal_lm.h"
 #include "archspace/tokenizer/tokenizer.h"
 
 namespace archspace {
 
-struct GenerationRequest {
+// A request: its prompt and generation settings (its family's read_prompt), its document and its gold.
+struct GenerationRequest : GenerationPrompt {
   int64_t doc_id = 0;
   nlohmann::json native_id;
-  int64_t line = 0;                // in requests.jsonl.gz, for error messages
-  std::string context;             // the text the model is prompted with (under --chat: the rendered chat)
-  std::optional<ChatPrompt> chat;  // --chat: the conversation behind `context`
-  std::vector<std::string> stop_sequences;
-  int64_t max_gen_toks = 0;
-  double temperature = 0;
-  bool do_sample = false;
+  int64_t line = 0;     // in requests.jsonl.gz, for error messages
   nlohmann::json gold;  // generation_metrics' gold_from_request: the label, or drop's doc.answers (span lists)
 };
 

@@ -5,6 +5,8 @@
 // quotes) stripped; a bare MC letter becomes "(X)". exact_match: lm-eval's exact_match with ignore_case and
 // ignore_punctuation (not for dyck_languages, whose answers are punctuation); exact_match_simple: equal strings.
 // exact_match_corrected: exact_match with the bare-capital pattern a real word boundary (see below), not OLMES'.
+#include "archspace/eval/tasks/bbh.h"
+
 #include <map>
 
 #include "archspace/text/utf8.h"

@@ -4,6 +4,8 @@
 // generation + "\n" + test + "\ncheck(entry_point)"; MBPP generation + "\n" + the test_list asserts joined by "\n"
 // (test_setup_code is not run, as there). Gold: HumanEval {"prompt", "test", "entry_point"}, MBPP {"test_list"},
 // from the request line's doc.
+#include "archspace/eval/tasks/code.h"
+
 #include "archspace/util/error.h"
 #include "families.h"
 

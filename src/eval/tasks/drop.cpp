@@ -1,6 +1,8 @@
 // drop: f1 (primary) and exact_match, the official DROP metric as lm-eval's drop/utils.py computes it (the
 // generation is one predicted span; max over the gold answers, each a list of spans, the spans aligned by an
 // optimal assignment; F1 rounded to 2 decimals as numpy rounds). Gold: the request's doc.answers.
+#include "archspace/eval/tasks/drop.h"
+
 #include <algorithm>
 #include <cmath>
 #include <set>

@@ -1,6 +1,8 @@
 // gsm8k: exact_match (primary) on OLMES' answer, the last number of the generation; exact_match_flex on lm-eval's
 // "flexible-extract" filter. Both compared with the gold by lm-eval's exact_match with the task config's
 // metric_kwargs (regexes_to_ignore, ignore_case).
+#include "archspace/eval/tasks/gsm8k.h"
+
 #include "families.h"
 
 namespace archspace {

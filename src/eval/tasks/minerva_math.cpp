@@ -8,6 +8,8 @@
 // normalised by the same 0.4.3 function, so its bugs ("ft" removed from "\left", the tuple "0,1" fused into "01")
 // hit both sides alike; a variant with lm-eval 0.4.13's corrected normalisation would need the gold re-derived from
 // the solution, and is not reported.
+#include "archspace/eval/tasks/minerva_math.h"
+
 #include <map>
 
 #include "archspace/util/error.h"

@@ -1,6 +1,8 @@
 // popqa: exact_match, OLMES' PopQA alias match (olmes 99cf8bb7, oe_eval/tasks/oe_eval_tasks/popqa.py:160-180): some
 // gold alias a occurs in the generation as a, a.lower() or a.capitalize() (Python's; an empty alias occurs in every
 // generation, as in Python). Gold: doc.alias, else the request's label, else doc.possible_answers.
+#include "archspace/eval/tasks/popqa.h"
+
 #include "archspace/util/error.h"
 #include "archspace/util/json_file.h"
 #include "families.h"

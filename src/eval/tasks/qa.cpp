@@ -1,6 +1,8 @@
 // naturalqs_open, squad, coqa, jeopardy: f1 (primary), exact_match and recall, OLMES' SQuADF1EMRecallMetric
 // (SQuAD v1.1 normalisation: lower case, ASCII punctuation and the articles a/an/the removed, whitespace collapsed;
 // max over the gold answers; recall: some gold, stripped and lower-cased, occurs in the generation).
+#include "archspace/eval/tasks/qa.h"
+
 #include <algorithm>
 #include <map>
 
