@@ -14,9 +14,9 @@ struct Launch {
   kernels::Storage storage = kernels::Storage::kFloat;
   const void* x = nullptr;  // n contiguous entries
   int64_t n = 0;
-  uint8_t* values = nullptr;           // n float8_e4m3fn entries
-  uint32_t* amax_bits = nullptr;       // one zeroed word of scratch: the amax's fp32 bits (non-negative: ordered)
-  float* inverse_scale = nullptr;      // one fp32: 1 / scale
+  uint8_t* values = nullptr;       // n float8_e4m3fn entries
+  uint32_t* amax_bits = nullptr;   // one zeroed word of scratch: the amax's fp32 bits (non-negative: ordered)
+  float* inverse_scale = nullptr;  // one fp32: 1 / scale
 };
 
 // Built only with CUDA (ARCHSPACE_WITH_CUDA_KERNELS); `stream` is the cudaStream_t to launch on.

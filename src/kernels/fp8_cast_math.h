@@ -16,8 +16,8 @@
 
 namespace archspace::fp8_cast {
 
-inline constexpr float kMax = 448.0f;         // the largest finite float8_e4m3fn (kernels/fp8_linear.h: kE4m3Max)
-inline constexpr float kAmaxFloor = 1e-12f;   // kFp8AmaxFloor
+inline constexpr float kMax = 448.0f;               // the largest finite float8_e4m3fn (kernels/fp8_linear.h: kE4m3Max)
+inline constexpr float kAmaxFloor = 1e-12f;         // kFp8AmaxFloor
 inline constexpr uint32_t kTooLarge = 0x43f00000u;  // 480.0f: from here on (and for NaN) the encoding is NaN
 
 // The running maximum of |v|, NaN once any v is NaN.

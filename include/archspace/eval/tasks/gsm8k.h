@@ -1,5 +1,6 @@
 // The gsm8k family's own functions (src/eval/tasks/gsm8k.cpp, whose opening comment says how its metrics are computed),
-// exposed for the unit tests: OLMES' answer (the last number), lm-eval's flexible-extract and the task config's metric_kwargs.
+// exposed for the unit tests: OLMES' answer (the last number), lm-eval's flexible-extract and the task config's
+// metric_kwargs.
 #pragma once
 
 #include <string>

@@ -1,5 +1,6 @@
-// The minerva_math family's own functions (src/eval/tasks/minerva_math.cpp, whose opening comment says how its metrics are computed),
-// exposed for the unit tests: the answer of a generation and its normalisation (lm-eval 0.4.3's, OLMES' pin).
+// The minerva_math family's own functions (src/eval/tasks/minerva_math.cpp, whose opening comment says how its metrics
+// are computed), exposed for the unit tests: the answer of a generation and its normalisation (lm-eval 0.4.3's, OLMES'
+// pin).
 #pragma once
 
 #include <string>
