@@ -32,11 +32,12 @@ struct BatchExecutor::Row {
 };
 
 BatchExecutor::BatchExecutor(const CausalLM& model, std::shared_ptr<const Tokenizer> tokenizer, int64_t prefill_chunk,
-                             DecodeMode mode)
+                             DecodeMode mode, int64_t max_rows)
     : model_(model),
       tokenizer_(std::move(tokenizer)),
       prefill_chunk_(prefill_chunk),
       mode_(mode),
+      max_rows_(max_rows),
       sampled_ids_(std::min<int64_t>(model.config().vocab_size, tokenizer_->vocab_size())),
       pad_id_(model.config().pad_token_id && *model.config().pad_token_id < model.config().vocab_size
                   ? *model.config().pad_token_id
@@ -254,11 +255,24 @@ void BatchExecutor::step() {
         if (row)
           longest =
               std::max<int64_t>(longest, row->request.max_tokens - static_cast<int64_t>(row->result.tokens.size()));
-      steps_ = std::make_unique<DecodeSteps>(model_, batch_, mode_, batch_.length() + longest);
+      // Fixed shapes: room for sequences to join, up to the next power of two of the rows (and max_rows).
+      const auto held = static_cast<int64_t>(rows_.size());
+      const int64_t rows =
+          mode_ == DecodeMode::kEager ? 0 : std::max(held, std::min(decode_rows_bucket(held, held * 2), max_rows_));
+      steps_ = std::make_unique<DecodeSteps>(model_, batch_, mode_, batch_.length() + longest, rows);
+      if (rows > held) rows_.resize(rows);  // idle rows
     }
+    // Fixed shapes: the step computes the rows up to the highest in use, rounded up to a bucket.
+    int64_t computed = static_cast<int64_t>(rows_.size());
+    if (batch_.fixed_shapes()) {
+      compact_rows();
+      computed = decode_rows_bucket(batch_.rows_in_use(), computed);
+    }
+    ++counters_.decode_steps;
+    counters_.rows_computed += computed;
     std::vector<int64_t> feed;
-    for (const auto& row : rows_) feed.push_back(row ? row->pending : pad_id_);
-    const at::Tensor logits = logits_to_float(steps_->step(feed));  // [B, V]
+    for (int64_t r = 0; r < computed; ++r) feed.push_back(rows_[r] ? rows_[r]->pending : pad_id_);
+    const at::Tensor logits = logits_to_float(steps_->step(feed));  // [computed, V]
     // Each row samples on its own: a failure there (a distribution that is not one) fails its request alone,
     // and the neighbours go on.
     for (size_t r = 0; r < rows_.size(); ++r) {
@@ -292,6 +306,16 @@ void BatchExecutor::step() {
   note_cache();
   drop_rows(gone);
   counters_.decode_seconds = counters_.decode_seconds + seconds_since(start);
+}
+
+void BatchExecutor::compact_rows() {
+  const auto rows = static_cast<int64_t>(rows_.size());
+  while (decode_rows_bucket(batch_.rows_in_use(), rows) > decode_rows_bucket(running_, rows)) {
+    const int64_t from = batch_.rows_in_use() - 1;
+    const auto to = static_cast<int64_t>(std::find(rows_.begin(), rows_.end(), nullptr) - rows_.begin());
+    batch_.move_row(from, to);
+    rows_[to] = std::move(rows_[from]);
+  }
 }
 
 void BatchExecutor::note_cache() {

@@ -2,6 +2,8 @@
 
 #include <ATen/record_function.h>
 
+#include <algorithm>
+
 #include "archspace/util/error.h"
 #include "cuda_graph_step.h"
 
@@ -28,21 +30,27 @@ const char* decode_mode_name(DecodeMode mode) {
 
 bool cuda_graphs_built() { return CudaGraphStep::built(); }
 
+int64_t decode_rows_bucket(int64_t rows_in_use, int64_t rows) {
+  int64_t bucket = 1;
+  while (bucket < rows_in_use) bucket *= 2;
+  return std::max<int64_t>(1, std::min(bucket, rows));
+}
+
 struct DecodeSteps::Graph {
   explicit Graph(at::Device device) : step(device) {}
   CudaGraphStep step;
+  int64_t steps = 0;  // steps run with this number of rows
 };
 
-DecodeSteps::DecodeSteps(const CausalLM& model, KVCache& cache, DecodeMode mode, int64_t end_slot)
+DecodeSteps::DecodeSteps(const CausalLM& model, KVCache& cache, DecodeMode mode, int64_t end_slot, int64_t rows)
     : model_(model), cache_(cache), mode_(mode) {
   if (mode == DecodeMode::kEager) return;
   if (mode == DecodeMode::kCudaGraph) {
     if (!model.device().is_cuda())
       throw Error("--decode-steps cuda-graph: the model is on " + model.device().str() + "; CUDA graphs need a GPU");
     if (!cuda_graphs_built()) throw Error("--decode-steps cuda-graph: this build has no CUDA graphs");
-    graph_ = std::make_unique<Graph>(model.device());
   }
-  cache_.fix_shapes(end_slot);
+  cache_.fix_shapes(end_slot, rows);
   ids_ = at::zeros({cache_.batch_size(), 1}, at::TensorOptions().dtype(at::kLong).device(model.device()));
 }
 
@@ -55,26 +63,32 @@ at::Tensor DecodeSteps::forward(const at::Tensor& ids) {
 
 at::Tensor DecodeSteps::step(const std::vector<int64_t>& next_ids) {
   RECORD_USER_SCOPE("archspace::decode_step");  // spans in a profile (util/profiler.h)
-  const at::Tensor ids = at::tensor(next_ids, at::kLong).view({static_cast<int64_t>(next_ids.size()), 1});
+  const auto n = static_cast<int64_t>(next_ids.size());
+  const at::Tensor ids = at::tensor(next_ids, at::kLong).view({n, 1});
   if (mode_ == DecodeMode::kEager) return forward(ids);
-  if (ids.size(0) != ids_.size(0)) {
-    throw Error("decode step: " + std::to_string(ids.size(0)) + " rows, the steps were fixed for " +
-                std::to_string(ids_.size(0)));
+  if (n > ids_.size(0) || n < cache_.rows_in_use()) {
+    throw Error("decode step: " + std::to_string(n) + " rows, the steps were fixed for " +
+                std::to_string(ids_.size(0)) + " (" + std::to_string(cache_.rows_in_use()) + " in use)");
   }
-  // The step's inputs go where its kernels read them: the ids' buffer and the cache's slot.
-  ids_.copy_(ids);
+  // The step's inputs go where its kernels read them: the first n rows of the ids' buffer, and the cache's slots.
+  const at::Tensor rows_ids = ids_.narrow(0, 0, n);
+  rows_ids.copy_(ids);
+  cache_.set_active_rows(n);
   cache_.begin_fixed_step();
-  const int64_t n = steps_++;
-  if (mode_ == DecodeMode::kFixedShapes) return forward(ids_);
-  // CUDA graphs: the first step warms up (eagerly, on the capture's stream), the second is captured (its forward
-  // runs on the host, advancing the cache's length, while its kernels are only recorded) and replayed, and
-  // every later step is a replay and the length's advance the forward would have made.
-  if (n == 0) return graph_->step.warm_up([&] { return forward(ids_); });
-  if (n == 1) {
-    graph_->step.capture([&] { return forward(ids_); });
-    return graph_->step.replay();
+  ++steps_by_rows_[n];
+  if (mode_ == DecodeMode::kFixedShapes) return forward(rows_ids);
+  // CUDA graphs, one per number of rows: its first step warms up (eagerly, on the capture's stream), the second is
+  // captured (its forward runs on the host, advancing the cache's length, while its kernels are only recorded) and
+  // replayed, and every later step is a replay and the length's advance the forward would have made.
+  std::unique_ptr<Graph>& graph = graphs_[n];
+  if (!graph) graph = std::make_unique<Graph>(model_.device());
+  const int64_t k = graph->steps++;
+  if (k == 0) return graph->step.warm_up([&] { return forward(rows_ids); });
+  if (k == 1) {
+    graph->step.capture([&] { return forward(rows_ids); });
+    return graph->step.replay();
   }
-  const at::Tensor& logits = graph_->step.replay();
+  const at::Tensor& logits = graph->step.replay();
   cache_.advance(1);
   return logits;
 }

@@ -11,7 +11,7 @@ namespace archspace {
 Scheduler::Scheduler(const CausalLM& model, std::shared_ptr<const Tokenizer> tokenizer, SchedulerOptions options)
     : model_(model),
       options_(options),
-      executor_(model, std::move(tokenizer), options.prefill_chunk, options.decode_steps),
+      executor_(model, std::move(tokenizer), options.prefill_chunk, options.decode_steps, options.max_batch),
       policy_(options.max_batch, options.max_queue) {
   if (!options.caller_drives) thread_ = std::thread([this] { loop(); });
 }
@@ -76,6 +76,8 @@ SchedulerStats Scheduler::stats() const {
   s.cache_bytes = c.peak_cache_bytes;
   s.cache_sliding_bytes = c.peak_sliding_bytes;
   s.cache_full_bytes = c.peak_full_bytes;
+  s.decode_steps = c.decode_steps;
+  s.rows_computed = c.rows_computed;
   return s;
 }
 

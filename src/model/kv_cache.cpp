@@ -50,7 +50,8 @@ KVCache::KVCache(const ModelConfig& config, std::vector<int64_t> left_padding)
 at::Tensor KVCache::positions(int64_t tokens, const at::Device& device) const {
   if (fixed_shapes()) {  // from the device's slots, one per row: a captured step's positions move with them
     if (tokens != 1) throw Error("KVCache: a fixed-shape step takes one token per row, got " + std::to_string(tokens));
-    return (slot_.to(device).view({-1, 1}) - device_left_padding_.to(device).view({-1, 1})).clamp_min(0);
+    const at::Tensor slot = slot_.narrow(0, 0, active_rows_), padding = device_left_padding_.narrow(0, 0, active_rows_);
+    return (slot.to(device).view({-1, 1}) - padding.to(device).view({-1, 1})).clamp_min(0);
   }
   auto opts = at::TensorOptions().dtype(at::kLong).device(device);
   at::Tensor slots = at::arange(length_, length_ + tokens, opts);
@@ -92,16 +93,17 @@ void KVCache::reserve(LayerCache& c, const at::Tensor& like, int64_t needed, int
 }
 
 KVCache::View KVCache::append(int64_t layer, const at::Tensor& k, const at::Tensor& v) {
-  if (!left_padding_.empty() && k.size(0) != static_cast<int64_t>(left_padding_.size())) {
+  const int64_t rows = fixed_shapes() ? active_rows_ : static_cast<int64_t>(left_padding_.size());
+  if ((fixed_shapes() || !left_padding_.empty()) && k.size(0) != rows) {
     throw Error("KVCache: batch of " + std::to_string(k.size(0)) + " rows, the cache was made for " +
-                std::to_string(left_padding_.size()));
+                std::to_string(rows) + (fixed_shapes() ? " (its active rows)" : ""));
   }
   LayerCache& c = layers_[layer];
   if (fixed_shapes()) return append_fixed(types_[layer], c, k, v);
   return types_[layer] == LayerType::kSliding ? append_sliding(c, k, v) : append_full(c, k, v);
 }
 
-void KVCache::fix_shapes(int64_t end_slot) {
+void KVCache::fix_shapes(int64_t end_slot, int64_t rows) {
   const LayerCache* held = nullptr;
   for (const LayerCache& c : layers_)
     if (c.k.defined()) held = &c;
@@ -128,11 +130,27 @@ void KVCache::fix_shapes(int64_t end_slot) {
   }
   const at::Device device = held->k.device();
   const int64_t B = held->k.size(0);
-  slot_ = at::zeros({B}, at::TensorOptions().dtype(at::kLong).device(device));
-  row_slots_.assign(B, length_);
-  idle_.assign(B, false);
+  if (rows != 0 && rows < B)
+    throw Error("KVCache::fix_shapes: " + std::to_string(rows) + " rows, fewer than the " + std::to_string(B) +
+                " held");
+  const int64_t total = std::max(rows, B);
+  if (total > B) {  // idle rows after the held ones: zeros, as unheld slots are
+    for (LayerCache& c : layers_) {
+      c.k = at::cat({c.k, at::zeros({total - B, c.k.size(1), c.k.size(2), c.k.size(3)}, c.k.options())});
+      c.v = at::cat({c.v, at::zeros({total - B, c.v.size(1), c.v.size(2), c.v.size(3)}, c.v.options())});
+    }
+    if (!left_padding_.empty()) left_padding_.resize(total, 0);
+  }
+  slot_ = at::zeros({total}, at::TensorOptions().dtype(at::kLong).device(device));
+  row_slots_.assign(total, 0);
+  idle_.assign(total, true);
+  for (int64_t b = 0; b < B; ++b) {
+    row_slots_[b] = length_;
+    idle_[b] = false;
+  }
   device_left_padding_ =
-      left_padding_.empty() ? at::zeros({B}, slot_.options()) : at::tensor(left_padding_, at::kLong).to(device);
+      left_padding_.empty() ? at::zeros({total}, slot_.options()) : at::tensor(left_padding_, at::kLong).to(device);
+  active_rows_ = total;
   fixed_end_ = end_slot;
   slot_written_for_ = -1;
   forget_masks();
@@ -195,6 +213,40 @@ void KVCache::place_row(int64_t row, const KVCache& prefilled) {
   forget_masks();
 }
 
+void KVCache::set_active_rows(int64_t rows) {
+  if (!fixed_shapes()) throw Error("KVCache::set_active_rows: the cache's shapes are not fixed (fix_shapes)");
+  const int64_t total = static_cast<int64_t>(idle_.size());
+  if (rows < 1 || rows > total || rows < rows_in_use()) {
+    throw Error("KVCache::set_active_rows: " + std::to_string(rows) + " rows of " + std::to_string(total) + ", " +
+                std::to_string(rows_in_use()) + " in use");
+  }
+  if (rows != active_rows_) forget_masks();
+  active_rows_ = rows;
+}
+
+int64_t KVCache::rows_in_use() const {
+  for (int64_t b = static_cast<int64_t>(idle_.size()); b > 0; --b)
+    if (!idle_[b - 1]) return b;
+  return 0;
+}
+
+void KVCache::move_row(int64_t from, int64_t to) {
+  if (!fixed_shapes()) throw Error("KVCache::move_row: the cache's shapes are not fixed (fix_shapes)");
+  const int64_t total = static_cast<int64_t>(idle_.size());
+  if (from < 0 || from >= total || to < 0 || to >= total || idle_[from] || !idle_[to])
+    throw Error("KVCache::move_row: row " + std::to_string(from) + " to " + std::to_string(to) +
+                " must go from a row in use to an idle one");
+  for (LayerCache& c : layers_) {
+    c.k.select(0, to).copy_(c.k.select(0, from));
+    c.v.select(0, to).copy_(c.v.select(0, from));
+  }
+  row_slots_[to] = row_slots_[from];
+  idle_[to] = false;
+  if (!left_padding_.empty()) left_padding_[to] = left_padding_[from];
+  device_left_padding_[to].copy_(device_left_padding_[from]);
+  leave_row(from);
+}
+
 void KVCache::begin_fixed_step() {
   if (!fixed_shapes()) throw Error("KVCache::begin_fixed_step: the cache's shapes are not fixed (fix_shapes)");
   for (size_t b = 0; b < row_slots_.size(); ++b) {
@@ -213,21 +265,23 @@ KVCache::View KVCache::append_fixed(LayerType type, LayerCache& c, const at::Ten
     throw Error("KVCache: a fixed-shape step takes one token per row, got " + std::to_string(k.size(2)));
   if (slot_written_for_ != fixed_steps_)
     throw Error("KVCache: a fixed-shape step at slot " + std::to_string(length_) + " without begin_fixed_step()");
-  const int64_t capacity = c.k.size(2);
+  const int64_t capacity = c.k.size(2), rows = active_rows_;
+  // The active rows: views of the first rows of the buffers and slots, the same memory at every step with that many.
+  const at::Tensor keys = c.k.narrow(0, 0, rows), values = c.v.narrow(0, 0, rows), slots = slot_.narrow(0, 0, rows);
   // Each row writes at its own slot's index.
-  const at::Tensor index = slot_.remainder(capacity).view({-1, 1, 1, 1}).expand({k.size(0), k.size(1), 1, k.size(3)});
-  c.k.scatter_(2, index, k);
-  c.v.scatter_(2, index, v);
+  const at::Tensor index = slots.remainder(capacity).view({-1, 1, 1, 1}).expand({k.size(0), k.size(1), 1, k.size(3)});
+  keys.scatter_(2, index, k);
+  values.scatter_(2, index, v);
   c.held = std::min(length_ + 1, capacity);
-  View view{c.k, c.v, capacity - 1, {}};
+  View view{keys, values, capacity - 1, {}};
   // In row b, index j holds the latest slot s <= slot_b with s % capacity == j (negative: nothing yet); it is read
   // when it is a real slot of its row, s >= left padding. Every key is within a sliding query's window (capacity
   // <= window).
   view.padding_mask = layer_padding_mask(type, 1, capacity, [&] {
     const at::Tensor j = at::arange(capacity, slot_.options()).view({1, -1});
-    const at::Tensor slot = slot_.view({-1, 1});
-    const at::Tensor slot_of_j = slot - (slot - j).remainder(capacity);  // [B, capacity]
-    return (slot_of_j >= device_left_padding_.view({-1, 1})).view({-1, 1, 1, capacity});
+    const at::Tensor slot = slots.view({-1, 1});
+    const at::Tensor slot_of_j = slot - (slot - j).remainder(capacity);  // [rows, capacity]
+    return (slot_of_j >= device_left_padding_.narrow(0, 0, rows).view({-1, 1})).view({-1, 1, 1, capacity});
   });
   return view;
 }

@@ -2,11 +2,12 @@
 // the cache reserved once after the prefill, each step writing at slot % capacity from a device slot and reading
 // the whole buffer under a device mask. Its logits equal eager decoding (fp32, within tolerance::forward_bound: the
 // same maths, with masked keys adding exact zeros) for both variants, left-padded batches, sliding rings that wrap
-// and ones that never fill, and rows that join and leave the batch (per-row slots); every step launches the same
-// ops on the same memory; misuse is refused by name.
+// and ones that never fill, rows that join and leave the batch (per-row slots), and steps over a bucket of the first
+// rows with rows moved down; every step launches the same ops on the same memory; misuse is refused by name.
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <utility>
 #include <vector>
 
 #include "archspace/infer/decode_step.h"
@@ -150,6 +151,84 @@ TEST_P(FixedShapeDecoding, RowsJoinAndLeaveAFixedBatchAsEagerDecodingAlone) {
   EXPECT_THROW(batch.place_row(0, third), Error);
   EXPECT_TRUE(batch.fits(first, 20));  // 11 + 20 slots: exactly the end slot
   EXPECT_FALSE(batch.fits(first, 21));
+}
+
+// A fixed-shape batch of 4 rows holding 3 prompts (6, 4 and 9 tokens; row 3 idle from the start) computes a bucket
+// of its first rows (decode_rows_bucket: 4, then 2, then 1) as its rows finish and the last one in use moves down
+// into the idle row below it (KVCache::move_row). Every prompt's greedy tokens equal eager decoding of it alone,
+// token for token, the buffers keep their memory, and the steps ran with each bucket.
+TEST_P(FixedShapeDecoding, BucketsOfTheFirstRowsAndRowsMovedDownDecodeAsAlone) {
+  const ModelConfig c = config_for(GetParam());
+  const CausalLM model = random_model(c, 16);
+  auto argmax = [](const at::Tensor& logits) { return logits.reshape({-1}).argmax().item<int64_t>(); };
+  auto prefill = [&](KVCache& cache, const std::vector<int64_t>& prompt) {
+    return argmax(model.forward(at::tensor(prompt, at::kLong).view({1, -1}), {AttentionImpl::kSdpa, &cache, true}));
+  };
+  auto alone = [&](const std::vector<int64_t>& prompt, int64_t n) {
+    KVCache cache(c);
+    std::vector<int64_t> out = {prefill(cache, prompt)};
+    while (static_cast<int64_t>(out.size()) < n)
+      out.push_back(
+          argmax(model.forward(at::tensor({out.back()}, at::kLong).view({1, 1}), {AttentionImpl::kSdpa, &cache})));
+    return out;
+  };
+  auto prompt_of = [&](int64_t n) {
+    const at::Tensor ids = at::randint(0, c.vocab_size, {n}, at::kLong);
+    return std::vector<int64_t>(ids.data_ptr<int64_t>(), ids.data_ptr<int64_t>() + n);
+  };
+  const std::vector<std::vector<int64_t>> prompts = {prompt_of(6), prompt_of(4), prompt_of(9)};
+  const std::vector<int64_t> wanted = {9, 3, 14};  // row 1 finishes first, then row 0, then row 2 (moved to 0)
+
+  KVCache caches[3] = {KVCache(c), KVCache(c), KVCache(c)};
+  std::vector<std::vector<int64_t>> tokens;
+  for (size_t p = 0; p < prompts.size(); ++p) tokens.push_back({prefill(caches[p], prompts[p])});
+  KVCache batch(c);
+  batch.append_rows({&caches[0], &caches[1], &caches[2]});
+  DecodeSteps steps(model, batch, DecodeMode::kFixedShapes, 9 + 16, /*rows=*/4);
+  ASSERT_EQ(batch.batch_size(), 4);
+  EXPECT_TRUE(batch.is_idle(3));
+  EXPECT_EQ(batch.rows_in_use(), 3);
+  std::vector<const void*> buffers;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) buffers.push_back(batch.key_buffer(l).const_data_ptr());
+  std::vector<int64_t> in_row = {0, 1, 2, -1};  // which prompt each batch row decodes (-1: idle)
+  for (int64_t t = 0; batch.rows_in_use() > 0; ++t) {
+    ASSERT_LT(t, 40) << "the rows never finished";
+    const int64_t rows = decode_rows_bucket(batch.rows_in_use(), 4);
+    std::vector<int64_t> feed;
+    for (int64_t b = 0; b < rows; ++b) feed.push_back(in_row[b] >= 0 ? tokens[in_row[b]].back() : 0);
+    const at::Tensor logits = steps.step(feed);
+    ASSERT_EQ(logits.size(0), rows);
+    for (int64_t b = 0; b < rows; ++b) {
+      const int64_t p = in_row[b];
+      if (p < 0) continue;
+      tokens[p].push_back(argmax(logits[b]));
+      if (static_cast<int64_t>(tokens[p].size()) == wanted[p]) {
+        batch.leave_row(b);
+        in_row[b] = -1;
+      }
+    }
+    // The highest row in use moves into the lowest idle row below it.
+    for (int64_t to = 0; to < batch.rows_in_use() - 1; ++to) {
+      if (in_row[to] >= 0) continue;
+      const int64_t from = batch.rows_in_use() - 1;
+      batch.move_row(from, to);
+      std::swap(in_row[to], in_row[from]);
+    }
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l)
+      ASSERT_EQ(batch.key_buffer(l).const_data_ptr(), buffers[l]) << "layer " << l << " step " << t;
+  }
+  for (size_t p = 0; p < prompts.size(); ++p) EXPECT_EQ(tokens[p], alone(prompts[p], wanted[p])) << "prompt " << p;
+  EXPECT_EQ(steps.steps_by_rows().size(), 3u);
+  for (int64_t rows : {4, 2, 1}) EXPECT_GT(steps.steps_by_rows().count(rows), 0u) << rows << " rows";
+  // Misuse: fewer ids than the rows in use, a row moved onto one in use.
+  KVCache again(c);
+  prefill(again, prompts[0]);
+  KVCache two(c);
+  two.append_rows({&again, &again});
+  DecodeSteps more(model, two, DecodeMode::kFixedShapes, 20, 4);
+  EXPECT_THROW(more.step({1}), Error);
+  EXPECT_THROW(two.move_row(1, 0), Error);
+  EXPECT_THROW(two.set_active_rows(5), Error);
 }
 
 INSTANTIATE_TEST_SUITE_P(BothVariants, FixedShapeDecoding, ::testing::Values(Variant::kBase, Variant::kSiameseDepth));

@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 
 #include "archspace/config/model_config.h"
@@ -192,6 +193,47 @@ TEST_F(SchedulerTest, FixedShapeStepsGiveTheEagerTokensWhileRowsJoinAndLeave) {
     EXPECT_EQ(eager[i].size(), static_cast<size_t>(requests[i].max_tokens)) << i;
     EXPECT_EQ(fixed[i], eager[i]) << "request " << i;
   }
+}
+
+// A fixed-shape batch started by 3 sequences with max_batch 8 has 4 rows (a power of two: room to join), and its
+// steps compute a bucket of its first rows (4, 2, 1) as sequences finish, the last in use moved down into an idle
+// row: 6 sequences of different lengths, 3 joining later, give eager decoding's tokens, token for token, and the
+// steps computed fewer rows than the batch holds.
+TEST_F(SchedulerTest, FixedShapeStepsComputeBucketsOfRowsAndGiveTheEagerTokens) {
+  // The longest starts in row 2: once it runs alone, it moves down to row 0.
+  const std::vector<SequenceRequest> requests = {
+      greedy({5, 17, 300, 42, 9}, 7), greedy({7, 8, 9}, 3), greedy({11, 12, 13, 14, 15, 16, 17}, 25), greedy({3, 4}, 5),
+      greedy({21, 22, 23, 24}, 9),    greedy({30, 31}, 4)};
+  SchedulerStats stats;
+  auto run = [&](DecodeMode mode) {
+    SchedulerOptions o;
+    o.max_batch = 8;
+    o.decode_steps = mode;
+    Scheduler s(model, tokenizer, o);
+    auto first = s.submit({requests[0], requests[1], requests[2]});  // start the batch together
+    EXPECT_TRUE(first->next_event());
+    auto later = s.submit({requests[3], requests[4], requests[5]});
+    for (const auto& t : {first, later}) {
+      t->wait();
+      EXPECT_TRUE(t->error().empty()) << t->error();
+    }
+    stats = s.stats();
+    std::vector<std::vector<uint32_t>> out;
+    for (const auto& t : {first, later})
+      for (const auto& r : t->results()) out.push_back(ids_of(r));
+    return out;
+  };
+  const auto eager = run(DecodeMode::kEager);
+  const auto fixed = run(DecodeMode::kFixedShapes);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    EXPECT_EQ(eager[i].size(), static_cast<size_t>(requests[i].max_tokens)) << i;
+    EXPECT_EQ(fixed[i], eager[i]) << "request " << i;
+  }
+  // The longest sequence runs alone at the end: steps of one row, where the batch has 4 (or more, if it grew).
+  EXPECT_GT(stats.decode_steps, 0);
+  EXPECT_LT(stats.rows_computed, 4 * stats.decode_steps);
+  std::printf("fixed shapes: %lld steps computed %lld rows\n", static_cast<long long>(stats.decode_steps),
+              static_cast<long long>(stats.rows_computed));
 }
 
 // caller_drives (what `generate` and `eval downstream` use): the caller's thread runs the steps; the requests'

@@ -5,10 +5,13 @@
 // finished rows leaving. What joins and what leaves is the policy's decision (infer/schedule_policy.h).
 //
 // Decode steps run eagerly (the cache's rows join and leave as they come), or with fixed shapes, optionally
-// replayed as a CUDA graph (infer/decode_step.h): then the batch's shape is fixed at its first step; a row that
-// leaves goes idle (KVCache::leave_row: fed the padding id, its outputs ignored) and a joining sequence takes an
-// idle row (KVCache::place_row) when its steps fit the slots the shapes were fixed for, or else waits for the
-// next batch. room() says how many rows may join now.
+// replayed as a CUDA graph (infer/decode_step.h): then the batch's shape is fixed at its first step, its rows rounded
+// up to a power of two (at most max_rows, and never below the rows it starts with) so that sequences can join; a row
+// that leaves goes idle (KVCache::leave_row: fed the padding id, its outputs ignored) and a joining sequence takes
+// the lowest idle row (KVCache::place_row) when its steps fit the slots the shapes were fixed for, or else waits for
+// the next batch. Each step computes the rows up to the highest in use, in a bucket of 1, 2, 4, ... rows
+// (decode_rows_bucket), after moving rows down into idle ones where that makes the bucket smaller (KVCache::move_row).
+// room() says how many rows may join now.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -33,12 +36,14 @@ struct ExecutorCounters {
   std::atomic<int64_t> prompt_tokens{0}, sampled_tokens{0};          // every sequence, as it goes
   std::atomic<double> prefill_seconds{0}, decode_seconds{0};         // time in prefills, in decode steps
   std::atomic<int64_t> peak_cache_bytes{0}, peak_sliding_bytes{0}, peak_full_bytes{0};  // the batch's cache
+  std::atomic<int64_t> decode_steps{0}, rows_computed{0};  // steps, and their rows summed (idle ones included)
 };
 
 class BatchExecutor {
  public:
+  // max_rows: the most rows the policy runs together (SchedulerOptions::max_batch).
   BatchExecutor(const CausalLM& model, std::shared_ptr<const Tokenizer> tokenizer, int64_t prefill_chunk,
-                DecodeMode mode);
+                DecodeMode mode, int64_t max_rows);
   ~BatchExecutor();
 
   // Prefills each admitted sequence alone and samples its first token; those that go on join the batch (in
@@ -68,11 +73,14 @@ class BatchExecutor {
   // into idle rows of one that is, or kept for the next batch when their steps do not fit it.
   void add_rows(std::vector<std::unique_ptr<KVCache>> caches, std::vector<std::unique_ptr<Row>> rows);
   void note_cache();
+  // Fixed shapes: rows in use move down into idle rows while that makes the step's bucket of rows smaller.
+  void compact_rows();
 
   const CausalLM& model_;
   std::shared_ptr<const Tokenizer> tokenizer_;
   int64_t prefill_chunk_;
   DecodeMode mode_;
+  int64_t max_rows_;
   int64_t sampled_ids_;  // ids the tokenizer has (a vocabulary padded past it holds no tokens)
   int64_t pad_id_;       // what an idle row feeds
   KVCache batch_;

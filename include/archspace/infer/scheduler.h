@@ -52,6 +52,8 @@ struct SchedulerStats {
   int64_t prompt_tokens = 0, sampled_tokens = 0;
   double prefill_seconds = 0, decode_seconds = 0;                          // time in prefills and in decode steps
   int64_t cache_bytes = 0, cache_sliding_bytes = 0, cache_full_bytes = 0;  // the batch's KV cache at its largest
+  // Decode steps run, and their rows summed (a fixed-shape step computes a bucket of rows: infer/batch_executor.h).
+  int64_t decode_steps = 0, rows_computed = 0;
 };
 
 class Scheduler {

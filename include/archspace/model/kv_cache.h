@@ -25,7 +25,10 @@
 // Each row has its own write slot and mask (the slot tensor holds one slot per row), so rows join and leave a
 // fixed-shape batch without reshaping it: a row leaves (leave_row) to an idle state (slot 0, attending to itself
 // only, its slot not advancing), and a prefilled sequence takes an idle row (place_row), its keys and values
-// copied into that row's ring at its own slots. length() is then the largest slot of the rows.
+// copied into that row's ring at its own slots. length() is then the largest slot of the rows. A step may compute the
+// first rows only (set_active_rows: the rest must be idle), on views of the same buffers, so that a batch whose high
+// rows went idle runs a smaller step (infer/decode_step.h: a CUDA graph per number of rows, as vLLM captures one per
+// batch size); move_row brings a row down into an idle one to make that possible.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -73,8 +76,10 @@ class KVCache {
   void append_rows(const std::vector<const KVCache*>& others);
 
   // Fixed-shape decoding (above), for the steps that fill slots length() .. end_slot - 1: after a prefill (the
-  // layers hold something), end_slot in (length(), max_position_embeddings]. Rows cannot join or leave after it.
-  void fix_shapes(int64_t end_slot);
+  // layers hold something), end_slot in (length(), max_position_embeddings]. After it rows leave and join only
+  // through leave_row and place_row (the batch keeps its shape), not keep_rows and append_rows.
+  // rows: the batch's rows from then on (0: those it holds); the added ones are idle.
+  void fix_shapes(int64_t end_slot, int64_t rows = 0);
   bool fixed_shapes() const { return fixed_end_ > 0; }
   int64_t fixed_end() const { return fixed_end_; }  // end_slot of fix_shapes (0: not fixed)
   // Writes each row's slot into the device tensor a fixed-shape step reads them from. Outside a captured graph,
@@ -89,6 +94,15 @@ class KVCache {
   // must stay below fixed_end() (fits says whether `steps` more do).
   void place_row(int64_t row, const KVCache& prefilled);
   bool fits(const KVCache& prefilled, int64_t steps) const;
+  // Fixed shapes: the next steps compute rows 0 .. rows - 1 only (their ids [rows, 1]); every row from `rows` on must
+  // be idle. fix_shapes starts with every row.
+  void set_active_rows(int64_t rows);
+  int64_t active_rows() const { return active_rows_; }
+  // Fixed shapes: 1 + the highest row that is not idle (0 when all are).
+  int64_t rows_in_use() const;
+  // Fixed shapes: row `from` (not idle) moves to the idle row `to` (its keys, values, slot and padding), and `from`
+  // goes idle. Its later steps give what they would have given in `from`.
+  void move_row(int64_t from, int64_t to);
 
   int64_t bytes() const;                          // allocated by all layers
   int64_t bytes(LayerType type) const;            // allocated by layers of one type
@@ -140,6 +154,7 @@ class KVCache {
   std::vector<bool> idle_;          // fixed shapes: rows that left
   int64_t fixed_steps_ = 0;         // fixed-shape steps begun (the mask memo's key)
   int64_t slot_written_for_ = -1;   // the step begin_fixed_step wrote slot_ for
+  int64_t active_rows_ = 0;         // fixed shapes: the rows a step computes (set_active_rows)
 };
 
 }  // namespace archspace
