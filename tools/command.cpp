@@ -86,6 +86,33 @@ CLI::Option* add_device_option(CLI::App* app, std::string& value) {
       ->capture_default_str();
 }
 
+CLI::Option* add_decode_steps_option(CLI::App* app, std::string& value) {
+  return app
+      ->add_option("--decode-steps", value,
+                   "how decoding steps run: eager (the KV cache grows with the length), fixed-shapes (the cache "
+                   "reserved once, each step on the same memory, over a bucket of 1, 2, 4, ... rows), cuda-graph "
+                   "(fixed shapes, each bucket's step captured as a CUDA graph and replayed: fewer kernel launches; "
+                   "--device cuda)")
+      ->check(CLI::Validator(  // CLI11 names the flag; parse_decode_mode's message would name it again
+          [](std::string& s) -> std::string {
+            try {
+              parse_decode_mode(s);
+              return std::string();
+            } catch (const Error&) {
+              return "\"" + s + "\" is not one of eager, fixed-shapes, cuda-graph";
+            }
+          },
+          "eager|fixed-shapes|cuda-graph"))
+      ->capture_default_str();
+}
+
+DecodeMode decode_mode_for(const std::string& decode_steps, const std::string& device) {
+  const DecodeMode mode = parse_decode_mode(decode_steps);
+  if (mode == DecodeMode::kCudaGraph && !parse_device(device, "--device").device().is_cuda())
+    throw Error("--decode-steps cuda-graph: CUDA graphs need --device cuda (got --device " + device + ")");
+  return mode;
+}
+
 CLI::Option* add_profile_option(CLI::App* app, std::string& path) {
   return app
       ->add_option("--profile", path,

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "archspace/config/choices.h"
+#include "archspace/infer/decode_step.h"
 #include "archspace/util/profiler.h"
 
 namespace archspace::cli {
@@ -35,6 +36,11 @@ CLI::Option* add_dtype_option(CLI::App* app, std::string& value, const std::stri
 CLI::Option* add_device_option(CLI::App* app, std::string& value);
 // --quantization none|int8 (default none): weight-only int8 matmul weights for inference (kernels/int8_weights.h).
 CLI::Option* add_quantization_option(CLI::App* app, std::string& value);
+
+// --decode-steps eager|fixed-shapes|cuda-graph (default eager): how the decoding engine runs its steps
+// (infer/decode_step.h). decode_mode_for parses it against the command's --device (cuda-graph needs a CUDA one).
+CLI::Option* add_decode_steps_option(CLI::App* app, std::string& value);
+DecodeMode decode_mode_for(const std::string& decode_steps, const std::string& device);
 
 // --profile FILE: a Kineto trace of the command's work (util/profiler.h). CommandProfile starts it (nothing
 // when the path is empty) and finish() writes the trace and prints the top ops by self time on stderr.

@@ -57,7 +57,7 @@ void check_writable(const std::string& path) {
 struct DownstreamArgs {
   std::string model, tasks, format = "rc", out, requests_out, tokenizer, dtype = "fp32", device = "cpu", rescore, suite,
                             profile;
-  std::string quantization = "none";
+  std::string quantization = "none", decode_steps = "eager";
   std::vector<std::string> tasks_dirs;
   bool chat = false, no_prefix_sharing = false;
   std::optional<int64_t> shots;
@@ -207,6 +207,7 @@ int run_downstream(const DownstreamArgs& a, bool limit_given) {
     throw Error("--model and one of --tasks or --suite are required (unless --rescore)");
   if (limit_given && a.limit < 1) throw Error("--limit must be at least 1 (got " + std::to_string(a.limit) + ")");
   if (a.batch_size < 0 || a.batch_tokens < 1) throw Error("--batch-size must be >= 0 and --batch-tokens >= 1");
+  const DecodeMode decode_steps = decode_mode_for(a.decode_steps, a.device);
   for (const auto* path : {&a.out, &a.requests_out}) {
     if (!path->empty()) check_writable(*path);
   }
@@ -241,6 +242,7 @@ int run_downstream(const DownstreamArgs& a, bool limit_given) {
   options.score.share_prefixes = !a.no_prefix_sharing;
   options.generation.max_batch = a.batch_size > 0 ? a.batch_size : 8;
   options.generation.max_length = a.max_length;
+  options.generation.decode_steps = decode_steps;
   options.scorers = cli_scorers(progress);
   options.note = note;
   // A progress callback whose rate counts from when its phase starts (scoring, then generation).
@@ -430,6 +432,7 @@ Command add(CLI::App& parent) {
   ds->add_option("--shots", d->shots, "few-shot examples (default: 5 where the task has them, else its only count)");
   auto* limit = ds->add_option("--limit", d->limit, "evaluate only each task's first N documents");
   ds->add_option("--batch-size", d->batch_size, "sequences per forward (default: as many as --batch-tokens allows)");
+  add_decode_steps_option(ds, d->decode_steps);
   ds->add_option("--batch-tokens", d->batch_tokens, "padded tokens per forward")->capture_default_str();
   ds->add_flag("--no-prefix-sharing", d->no_prefix_sharing,
                "score every request as a whole sequence (default: the choices of a document run their shared "

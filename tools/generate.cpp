@@ -67,9 +67,7 @@ void report(const GenerateResult& r, size_t batch) {
 int run(GenerateArgs a) {
   a.options.stop_strings = a.stops;
   a.options.validate();  // before loading anything
-  a.options.decode_steps = parse_decode_mode(a.decode_steps);
-  if (a.options.decode_steps == DecodeMode::kCudaGraph && !parse_device(a.device, "--device").device().is_cuda())
-    throw Error("--decode-steps cuda-graph: CUDA graphs need --device cuda (got --device " + a.device + ")");
+  a.options.decode_steps = decode_mode_for(a.decode_steps, a.device);
   a.model = resolve_model_dir(a.model);  // a run directory or checkpoint names its model
   const ModelConfig config = load_model_config(a.model);
   auto tokenizer = model_tokenizer(a.model, a.tokenizer, config.vocab_size);
@@ -125,11 +123,7 @@ Command add(CLI::App& parent) {
   app->add_option("--seed", s.seed, "sampling seed")->capture_default_str();
   app->add_option("--stop", a->stops, "stop when the text contains this string (repeatable)");
   app->add_option("--tokenizer", a->tokenizer, "tokenizer (default: the one the model directory carries)");
-  app->add_option("--decode-steps", a->decode_steps,
-                  "how decoding steps run: eager (the KV cache grows with the length), fixed-shapes (the cache "
-                  "reserved once, each step on the same memory), cuda-graph (fixed shapes, one step captured as a "
-                  "CUDA graph and replayed: fewer kernel launches; --device cuda)")
-      ->capture_default_str();
+  add_decode_steps_option(app, a->decode_steps);
   add_dtype_option(app, a->dtype, "compute dtype");
   add_quantization_option(app, a->quantization);
   add_device_option(app, a->device);

@@ -18,7 +18,7 @@ namespace {
 
 struct ServeArgs {
   std::string model, tokenizer, model_name, dtype = "fp32", device = "cpu";
-  std::string quantization = "none";
+  std::string quantization = "none", decode_steps = "eager";
   bool log_stats = true;
   serve::ServerOptions server;
 };
@@ -50,6 +50,7 @@ int run(ServeArgs a) {
   if (a.model.empty())
     throw Error("serve: which model? archspace serve MODEL (a run, checkpoint or model directory), or --model MODEL");
   if (a.model_name.empty()) a.model_name = default_model_id(a.model);
+  a.server.scheduler.decode_steps = decode_mode_for(a.decode_steps, a.device);  // before loading anything
   a.model = resolve_model_dir(a.model);
   const ModelConfig config = load_model_config(a.model);
   auto tokenizer = model_tokenizer(a.model, a.tokenizer, config.vocab_size);
@@ -116,6 +117,7 @@ Command add(CLI::App& parent) {
   app->add_option("--max-batch", s.scheduler.max_batch, "sequences decoded together")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{4096}));
+  add_decode_steps_option(app, a->decode_steps);
   app->add_option("--max-queue", s.scheduler.max_queue,
                   "sequences (prompts x n of each request) waiting to start; beyond, 429 (a request of more: 400)")
       ->capture_default_str()

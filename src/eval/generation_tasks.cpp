@@ -65,6 +65,7 @@ std::vector<std::vector<GeneratedAnswer>> generate_answers(const CausalLM& model
   so.max_batch = options.max_batch;
   so.max_queue = total;  // one submission holds every sequence; the scheduler admits them as rows free up
   so.prefill_chunk = options.prefill_chunk;
+  so.decode_steps = options.decode_steps;
   so.caller_drives = true;  // the steps run on this thread (infer/scheduler.h)
   Scheduler scheduler(model, std::move(tokenizer), so);
   const std::shared_ptr<Ticket> ticket = scheduler.submit(std::move(sequences));

@@ -77,6 +77,10 @@ def test_dry_run_passes_every_check_and_measures_every_figure(tmp_path):
     assert gsm8k["engine_requests_per_s"] > 0 and gsm8k["transformers_requests_per_s"] > 0
     assert gsm8k["engine_generated_tokens"] > 0 and gsm8k["transformers_generated_tokens"] > 0
     assert 0 <= gsm8k["same_texts"] <= 4
+    # eval downstream --decode-steps: eager and the fastest mode the device has (fixed shapes here), both timed.
+    assert gsm8k["decode_steps"] == "fixed-shapes" and set(gsm8k["engine_requests_per_s_by_decode_steps"]) == {
+        "eager", "fixed-shapes"}
+    assert 0 <= gsm8k["same_texts_eager_and_fixed_shapes"] <= 4
     assert m["sharded_1b"]["world"] == 2 and m["sharded_1b"]["tokens_per_s_per_gpu"] > 0
     assert m["sharded_1b"]["planned_bytes_per_rank"]["sharding_buffers"] > 0  # plan's FSDP figures, 2 ranks
     assert m["sharded_1b"]["mfu"] is None and m["sharded_1b"]["peak_gpu_memory_mib_per_rank"] is None

@@ -94,6 +94,23 @@ def test_greedy_generations_equal_lm_eval_hf(models, variant):
     assert values(json.loads(rescored_out.read_text())["results"]) == values(out["results"])
 
 
+def test_fixed_shape_steps_give_the_eager_steps_generations(models):
+    """--decode-steps fixed-shapes (the CPU reference of CUDA graphs: one reserved cache, steps over buckets of its
+    first rows, rows moved down, later requests taking idle rows) generates what eager steps generate, text for
+    text, with more requests than --batch-size; eager's texts are lm-eval's (above). A bad mode names the flag."""
+    tmp, hf = models
+    _, _, eager = ds.engine(hf["base"], tmp, tasks=GENERATION_TASKS, limit=3, fmt="rc", name="steps-eager")
+    _, _, fixed = ds.engine(hf["base"], tmp, "--decode-steps", "fixed-shapes", tasks=GENERATION_TASKS, limit=3,
+                            fmt="rc", name="steps-fixed")
+    assert len(eager) == 6
+    assert [(r["task"], r["doc_id"], r["generation"]) for r in fixed] == [
+        (r["task"], r["doc_id"], r["generation"]) for r in eager]
+    assert [r["metrics"] for r in fixed] == [r["metrics"] for r in eager]
+    bad = run_cli("eval", "downstream", "--model", hf["base"], "--tasks", "gsm8k", "--decode-steps", "cuda-graph",
+                  check=False)
+    assert bad.returncode != 0 and "CUDA graphs need --device cuda" in bad.stderr
+
+
 def test_contexts_are_left_truncated_as_lm_eval(models):
     """--max-length 600 leaves gsm8k's 512 new tokens 88 of its ~800-token 8-shot context: its last 88."""
     from tokenizers import Tokenizer

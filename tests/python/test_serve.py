@@ -120,6 +120,29 @@ def test_greedy_tokens_do_not_depend_on_batching(server):
     assert together == alone
 
 
+def test_fixed_shape_steps_give_the_eager_servers_tokens(model_dir, server):
+    """serve --decode-steps fixed-shapes (the CPU reference of CUDA graphs: a fixed batch of 4 rows for --max-batch 4,
+    steps over buckets of its first rows, rows moved down, later requests taking idle rows or waiting for the next
+    batch): the 8 prompts of different lengths and max_tokens sent at once from 8 threads get the eager server's
+    greedy tokens. --decode-steps cuda-graph on the CPU is refused naming the device."""
+    def ask(url, i):
+        body = {"prompt": PROMPTS[i], "max_tokens": 12 + 3 * i, "temperature": 0, "logprobs": 0}
+        r = requests.post(url + "/v1/completions", json=body, timeout=120)
+        r.raise_for_status()
+        return r.json()["choices"][0]["logprobs"]["tokens"]
+
+    eager = [ask(server.url, i) for i in range(8)]
+    fixed_server = Server(model_dir[0], "--max-batch", 4, "--decode-steps", "fixed-shapes")
+    try:
+        with ThreadPoolExecutor(8) as pool:
+            fixed = list(pool.map(lambda i: ask(fixed_server.url, i), range(8)))
+    finally:
+        assert fixed_server.stop() == 0
+    assert fixed == eager
+    r = run_cli("serve", "--model", model_dir[0], "--decode-steps", "cuda-graph", check=False)
+    assert r.returncode != 0 and "CUDA graphs need --device cuda" in r.stderr
+
+
 def test_seeded_sampling_is_the_same_from_generate_and_serve(model_dir, server):
     """One sampler: a prompt, its sampling settings and its seed give the same tokens from `archspace generate`,
     from serve alone, and from serve while 7 other sampled requests decode beside it (each row draws from its

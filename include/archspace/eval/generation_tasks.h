@@ -24,6 +24,7 @@
 
 #include "archspace/eval/chat_format.h"
 #include "archspace/eval/generation_task_family.h"
+#include "archspace/infer/decode_step.h"
 #include "archspace/model/causal_lm.h"
 #include "archspace/tokenizer/tokenizer.h"
 
@@ -59,6 +60,7 @@ struct GenerationOptions {
   int64_t max_batch = 8;   // sequences decoded together
   int64_t max_length = 0;  // prompt + generation; 0: the model's max_position_embeddings (as lm-eval's HFLM)
   int64_t prefill_chunk = 1024;
+  DecodeMode decode_steps = DecodeMode::kEager;  // how the engine runs its steps (infer/decode_step.h)
 };
 
 struct GeneratedAnswer {
