@@ -168,15 +168,8 @@ int run_rescore(const DownstreamArgs& a) {
   std::cout << results_table(results) << std::flush;
 
   if (!a.requests_out.empty()) {
-    std::vector<nlohmann::json> rows = file.rows;
-    for (size_t i = 0; i < file.instances.size(); ++i) {
-      nlohmann::json& row = rows[file.instance_rows[i]];
-      row["metrics"] = metrics_json(metrics[i]);
-      row.erase("scoring_errors");  // an earlier scoring's, replaced by this one's
-      if (!metrics[i].scoring_errors.empty()) row["scoring_errors"] = metrics[i].scoring_errors;
-    }
     std::string text;
-    for (const auto& row : rows) text += row.dump() + "\n";
+    for (const auto& row : rescored_rows(file, metrics)) text += row.dump() + "\n";
     write_text_file_atomically(a.requests_out, text);
   }
   if (!a.out.empty()) {

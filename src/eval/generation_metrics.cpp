@@ -272,4 +272,18 @@ RescoreFile read_rescore_file(const std::string& path) {
   return f;
 }
 
+std::vector<nlohmann::json> rescored_rows(const RescoreFile& file, const std::vector<InstanceMetrics>& metrics) {
+  if (metrics.size() != file.instances.size())
+    throw Error("rescored_rows: " + std::to_string(metrics.size()) + " metrics for " +
+                std::to_string(file.instances.size()) + " instances");
+  std::vector<nlohmann::json> rows = file.rows;
+  for (size_t i = 0; i < file.instances.size(); ++i) {
+    nlohmann::json& row = rows[file.instance_rows[i]];
+    row["metrics"] = metrics_json(metrics[i]);
+    row.erase("scoring_errors");  // an earlier scoring's, replaced by this one's
+    if (!metrics[i].scoring_errors.empty()) row["scoring_errors"] = metrics[i].scoring_errors;
+  }
+  return rows;
+}
+
 }  // namespace archspace

@@ -129,6 +129,9 @@ struct RescoreFile {
   int64_t loglikelihood_rows = 0;
 };
 RescoreFile read_rescore_file(const std::string& path);
+// The file's rows in their order with each generation row's "metrics" (and "scoring_errors", when scoring it raised)
+// replaced by `metrics` (one per file.instances), what `--rescore --requests-out` writes.
+std::vector<nlohmann::json> rescored_rows(const RescoreFile& file, const std::vector<InstanceMetrics>& metrics);
 
 // The pure functions the families share (exposed for the unit tests); each family's own are in its header under
 // include/archspace/eval/tasks/.
