@@ -40,6 +40,29 @@ std::vector<at::Tensor> decode(const CausalLM& model, const at::Tensor& batch, c
   return out;
 }
 
+// The greedy token of one row's logits.
+int64_t greedy_token(const at::Tensor& logits) { return logits.reshape({-1}).argmax().item<int64_t>(); }
+
+// Prefills `prompt` alone into `cache`; its first greedy token.
+int64_t prefill_greedy(const CausalLM& model, KVCache& cache, const std::vector<int64_t>& prompt) {
+  return greedy_token(model.forward(at::tensor(prompt, at::kLong).view({1, -1}), {AttentionImpl::kSdpa, &cache, true}));
+}
+
+// The first n greedy tokens of `prompt` decoded alone, eagerly: what a row of a batch must give.
+std::vector<int64_t> greedy_alone(const CausalLM& model, const std::vector<int64_t>& prompt, int64_t n) {
+  KVCache cache(model.config());
+  std::vector<int64_t> out = {prefill_greedy(model, cache, prompt)};
+  while (static_cast<int64_t>(out.size()) < n)
+    out.push_back(
+        greedy_token(model.forward(at::tensor({out.back()}, at::kLong).view({1, 1}), {AttentionImpl::kSdpa, &cache})));
+  return out;
+}
+
+std::vector<int64_t> random_prompt(const ModelConfig& c, int64_t n) {
+  const at::Tensor ids = at::randint(0, c.vocab_size, {n}, at::kLong);
+  return std::vector<int64_t>(ids.data_ptr<int64_t>(), ids.data_ptr<int64_t>() + n);
+}
+
 }  // namespace
 
 class FixedShapeDecoding : public ::testing::TestWithParam<Variant> {};
@@ -90,22 +113,12 @@ TEST_P(FixedShapeDecoding, ShortUnpaddedRunEqualsEagerDecoding) {
 TEST_P(FixedShapeDecoding, RowsJoinAndLeaveAFixedBatchAsEagerDecodingAlone) {
   const ModelConfig c = config_for(GetParam());
   const CausalLM model = random_model(c, 15);
-  auto argmax = [](const at::Tensor& logits) { return logits.reshape({-1}).argmax().item<int64_t>(); };
+  auto argmax = [](const at::Tensor& logits) { return greedy_token(logits); };
   auto prefill = [&](KVCache& cache, const std::vector<int64_t>& prompt) {
-    return argmax(model.forward(at::tensor(prompt, at::kLong).view({1, -1}), {AttentionImpl::kSdpa, &cache, true}));
+    return prefill_greedy(model, cache, prompt);
   };
-  auto alone = [&](const std::vector<int64_t>& prompt, int64_t n) {
-    KVCache cache(c);
-    std::vector<int64_t> out = {prefill(cache, prompt)};
-    while (static_cast<int64_t>(out.size()) < n)
-      out.push_back(
-          argmax(model.forward(at::tensor({out.back()}, at::kLong).view({1, 1}), {AttentionImpl::kSdpa, &cache})));
-    return out;
-  };
-  auto prompt_of = [&](int64_t n) {
-    const at::Tensor ids = at::randint(0, c.vocab_size, {n}, at::kLong);
-    return std::vector<int64_t>(ids.data_ptr<int64_t>(), ids.data_ptr<int64_t>() + n);
-  };
+  auto alone = [&](const std::vector<int64_t>& prompt, int64_t n) { return greedy_alone(model, prompt, n); };
+  auto prompt_of = [&](int64_t n) { return random_prompt(c, n); };
   const std::vector<std::vector<int64_t>> prompts = {prompt_of(11), prompt_of(3), prompt_of(5)};
   const std::vector<int64_t> wanted = {18, 4, 10};
 
@@ -160,22 +173,12 @@ TEST_P(FixedShapeDecoding, RowsJoinAndLeaveAFixedBatchAsEagerDecodingAlone) {
 TEST_P(FixedShapeDecoding, BucketsOfTheFirstRowsAndRowsMovedDownDecodeAsAlone) {
   const ModelConfig c = config_for(GetParam());
   const CausalLM model = random_model(c, 16);
-  auto argmax = [](const at::Tensor& logits) { return logits.reshape({-1}).argmax().item<int64_t>(); };
+  auto argmax = [](const at::Tensor& logits) { return greedy_token(logits); };
   auto prefill = [&](KVCache& cache, const std::vector<int64_t>& prompt) {
-    return argmax(model.forward(at::tensor(prompt, at::kLong).view({1, -1}), {AttentionImpl::kSdpa, &cache, true}));
+    return prefill_greedy(model, cache, prompt);
   };
-  auto alone = [&](const std::vector<int64_t>& prompt, int64_t n) {
-    KVCache cache(c);
-    std::vector<int64_t> out = {prefill(cache, prompt)};
-    while (static_cast<int64_t>(out.size()) < n)
-      out.push_back(
-          argmax(model.forward(at::tensor({out.back()}, at::kLong).view({1, 1}), {AttentionImpl::kSdpa, &cache})));
-    return out;
-  };
-  auto prompt_of = [&](int64_t n) {
-    const at::Tensor ids = at::randint(0, c.vocab_size, {n}, at::kLong);
-    return std::vector<int64_t>(ids.data_ptr<int64_t>(), ids.data_ptr<int64_t>() + n);
-  };
+  auto alone = [&](const std::vector<int64_t>& prompt, int64_t n) { return greedy_alone(model, prompt, n); };
+  auto prompt_of = [&](int64_t n) { return random_prompt(c, n); };
   const std::vector<std::vector<int64_t>> prompts = {prompt_of(6), prompt_of(4), prompt_of(9)};
   const std::vector<int64_t> wanted = {9, 3, 14};  // row 1 finishes first, then row 0, then row 2 (moved to 0)
 
