@@ -31,7 +31,9 @@ Measurements (no pass/fail): 1B training tokens/s and MFU (training_1b_fp8: the 
 tokens/s and its last loss against bf16's; issue 49's goal 65,000 tokens/s; training_1b_fused: the same with
 train.fused_kernels, its tokens/s over bf16's and its last loss against bf16's), each run's peak GPU memory against
 `archspace plan --json` for the same options (issue 49: within 10%; the fp8 run against `plan --fp8`, the fused
-run against `plan --fused-kernels`);
+run against `plan --fused-kernels`); training_1b_siamese_depth (its tokens/s over base's, issue 49's goal within
+5%), training_1b_8192 and training_1b_plan_micro_batch (8,192 tokens, and 4,096 with the largest micro-batch
+`plan --gpu-memory` says fits this GPU: 8 where it does);
 training_1b_transformers_compiled: the same shapes trained by transformers' Olmo3ForCausalLM under torch.compile
 with fused AdamW (scripts/transformers_baseline.py), its tokens/s and engine_over_transformers_compiled, the engine's bf16 tokens/s over it (issue 49's goal >= 1.2);
 decode tokens/s against transformers `generate`; decode_batched: decode tokens/s at 16 and 64 rows in every decoding
@@ -244,9 +246,11 @@ def synthetic_tokens(n, seed=0):
     return np.where(rng.random(n) < 0.3, rng.integers(2, 1000, n), base)
 
 
-def train_config(path, run_dir, shards, model=None, preset=None, optim=None, **train):
+def train_config(path, run_dir, shards, model=None, preset=None, optim=None, variant=None, **train):
     lines = ["[model]"]
     lines.append(f'init_from = "{model}"' if model else f'preset = "{preset}"')
+    if variant:
+        lines.append(f'variant = "{variant}"')
     lines += ["[data]", f'train = "{shards}"', "shuffle = false", "[train]", f'run_dir = "{run_dir}"']
     for k, v in train.items():
         lines.append(f"{k} = {json.dumps(v) if not isinstance(v, bool) else str(v).lower()}")
@@ -419,7 +423,19 @@ class GpuMemoryPeaks:
         return False
 
 
-def plan_training(engine, s, preset, seq, micro_batch, world, sharding=None, fp8=False, fused=False):
+def measure_training_shape(engine, s, work, gpu_name, seq, candidates, name):
+    """Issue 49 item 1's other shapes: the 1B at `seq` tokens with the largest micro-batch of `candidates` that
+    `archspace plan` says fits this GPU (8 x 4,096 where it does); the perf run's shape again is not rerun."""
+    batch, how = plan_micro_batch(engine, s, seq, candidates)
+    if batch is None:
+        return {"sequence_length": seq, "skipped": "no micro-batch of " + str(candidates) + " fits", **how}
+    if seq == s["perf_seq"] and batch == s["perf_batch"]:
+        return {"sequence_length": seq, "micro_batch": batch, "same_as": "training_1b", **how}
+    return {**measure_training(engine, s, work, gpu_name, seq=seq, batch=batch, name=name), "chosen_by": how}
+
+
+def plan_training(engine, s, preset, seq, micro_batch, world, sharding=None, fp8=False, fused=False, variant=None,
+                  gpu_memory=None):
     """`archspace plan --json` for a bf16 training run of these options on the run's device (fp8: train.fp8;
     fused: train.fused_kernels)."""
     args = ["plan", "--preset", preset, "--world", world, "--sequence-length", seq, "--micro-batch", micro_batch,
@@ -430,7 +446,35 @@ def plan_training(engine, s, preset, seq, micro_batch, world, sharding=None, fp8
         args += ["--fp8"]
     if fused:
         args += ["--fused-kernels"]
+    if variant:
+        args += ["--variant", variant]
+    if gpu_memory:
+        args += ["--gpu-memory", gpu_memory]
     return json.loads(engine.run(*args).stdout)
+
+
+def gpu_memory_size(s):
+    """The GPU's memory as `plan --gpu-memory` takes it (None on the CPU)."""
+    if not s["device"].startswith("cuda"):
+        return None
+    import torch
+
+    return f"{torch.cuda.get_device_properties(0).total_memory // 2**20}MiB"
+
+
+def plan_micro_batch(engine, s, seq, candidates):
+    """The largest of `candidates` (descending) that `archspace plan` says fits the GPU's memory in bf16 without
+    activation checkpointing, with the plan's verdicts; on the CPU (no memory to fit) the first."""
+    memory = gpu_memory_size(s)
+    verdicts = {}
+    for batch in candidates:
+        if memory is None:
+            return batch, {"gpu_memory": None}
+        fit = plan_training(engine, s, s["perf_preset"], seq, batch, 1, gpu_memory=memory)["fit"]
+        verdicts[batch] = {"fits": fit["fits"], "margin_bytes": fit["margin"]}
+        if fit["fits"]:
+            return batch, {"gpu_memory": memory, "plan": verdicts}
+    return None, {"gpu_memory": memory, "plan": verdicts}
 
 
 def measure_sharded(engine, s, work, gpu_name):
@@ -508,20 +552,24 @@ def model_flops_per_token(cfg, seq):
     return 6 * matmul_params + attn
 
 
-def measure_training(engine, s, work, gpu_name, fp8=False, fused=False):
+def measure_training(engine, s, work, gpu_name, fp8=False, fused=False, variant=None, seq=None, batch=None,
+                     name=None):
     """fp8: train.fp8 on the same preset, seed and data as the bf16 run (which must have run first: its last loss
-    is the comparison); fused: train.fused_kernels, likewise. The run's peak GPU memory against `archspace plan --json` for the same options (issue 49:
-    within 10%): the engine's share is the peak less the GPU's figure before the run (this process's CUDA context
+    is the comparison); fused: train.fused_kernels, likewise. variant (siamese_depth: its tokens/s over the bf16
+    base run's, issue 49's goal within 5%), seq and batch (another shape than the perf run's) and name (its run's).
+    The run's peak GPU memory against `archspace plan --json` for the same options (issue 49: within 10%): the
+    engine's share is the peak less the GPU's figure before the run (this process's CUDA context
     and what its earlier checks left in torch's cache are not the engine's)."""
-    tokens = synthetic_tokens(s["perf_seq"] * s["perf_batch"] * (s["perf_steps"] + 1) + 1, seed=5)
-    shards = write_shards(work / "perf-shards", tokens, 1000)
-    name = "perf-fp8" if fp8 else "perf-fused" if fused else "perf"
+    seq, batch = seq or s["perf_seq"], batch or s["perf_batch"]
+    tokens = synthetic_tokens(seq * batch * (s["perf_steps"] + 1) + 1, seed=5)
+    name = name or ("perf-fp8" if fp8 else "perf-fused" if fused else "perf")
+    shards = write_shards(work / f"{name}-shards", tokens, 1000)
     extra = {"fp8": True} if fp8 else {"fused_kernels": True} if fused else {}
-    cfg = train_config(work / f"{name}.toml", work / f"run-{name}", shards, preset=s["perf_preset"],
-                       sequence_length=s["perf_seq"], micro_batch=s["perf_batch"], max_steps=s["perf_steps"],
-                       device=s["device"], dtype="bf16", **extra)
+    cfg = train_config(work / f"{name}.toml", work / f"run-{name}", shards, preset=s["perf_preset"], variant=variant,
+                       sequence_length=seq, micro_batch=batch, max_steps=s["perf_steps"], device=s["device"],
+                       dtype="bf16", **extra)
     on_gpu = s["device"].startswith("cuda")
-    plan = plan_training(engine, s, s["perf_preset"], s["perf_seq"], s["perf_batch"], 1, fp8=fp8, fused=fused)
+    plan = plan_training(engine, s, s["perf_preset"], seq, batch, 1, fp8=fp8, fused=fused, variant=variant)
     start = time.time()
     with GpuMemoryPeaks([0], on_gpu) as memory:
         engine.run("train", "--config", cfg, timeout=900)
@@ -530,12 +578,16 @@ def measure_training(engine, s, work, gpu_name, fp8=False, fused=False):
     timed = steps[2:] if len(steps) > 2 else steps  # the first steps warm up kernels and the allocator
     tok_s = float(np.median([m["tokens_per_s"] for m in timed]))
     cfg_json = json.loads((work / "perf-model" / "config.json").read_text())
-    flops = model_flops_per_token(cfg_json, s["perf_seq"])
+    flops = model_flops_per_token(cfg_json, seq)  # the base model's (Depth-Attention's few extra FLOPs not counted)
     peak = next((v for k, v in PEAK_BF16_FLOPS.items() if k in gpu_name), None)
-    result = {"preset": s["perf_preset"], "sequence_length": s["perf_seq"], "micro_batch": s["perf_batch"],
+    result = {"preset": s["perf_preset"], "variant": variant or "base", "sequence_length": seq, "micro_batch": batch,
               "steps": len(steps), "tokens_per_s_median": tok_s, "wall_s": wall,
               "model_flops_per_token": flops, "peak_bf16_flops": peak,
               "mfu": tok_s * flops / peak if flops and peak else None}
+    if variant == "siamese_depth":
+        base = losses(work / "run-perf")
+        base_tok_s = float(np.median([m["tokens_per_s"] for m in (base[2:] if len(base) > 2 else base)]))
+        result.update({"tokens_per_s_over_base": tok_s / base_tok_s, "goal": "within 5% of base"})
     planned = plan["bytes"]["total"] / 2**20
     engine_peak = memory.peaks[0] - memory.before[0] if on_gpu and 0 in memory.peaks and 0 in memory.before else None
     result.update({"planned_bytes": plan["bytes"], "planned_total_mib": planned,
@@ -973,6 +1025,12 @@ def main():
             step("measurements", "decode", lambda: measure_decode(engine, s, work))
             step("measurements", "decode_batched", lambda: measure_decode_batched(engine, s, work))
             step("measurements", "gsm8k_generation", lambda: measure_gsm8k_generation(engine, s, work))
+            step("measurements", "training_1b_siamese_depth", lambda: measure_training(
+                engine, s, work, gpu_name, variant="siamese_depth", name="perf-siamese"))
+            step("measurements", "training_1b_8192", lambda: measure_training_shape(engine, s, work, gpu_name, 2 * s[
+                "perf_seq"], [4, 2, 1], "perf-8192"))
+            step("measurements", "training_1b_plan_micro_batch", lambda: measure_training_shape(
+                engine, s, work, gpu_name, s["perf_seq"], [8, 4, 2, 1], "perf-plan-batch"))
             step("measurements", "decode_profile", lambda: profile_decode(engine, s, work))
             if s["device"] == "cuda":
                 step("measurements", "decode_profile_cuda_graph",

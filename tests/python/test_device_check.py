@@ -48,6 +48,13 @@ def test_dry_run_passes_every_check_and_measures_every_figure(tmp_path):
     assert m["training_1b"]["mfu"] is None  # no GPU peak to divide by on the CPU
     assert m["training_1b_fp8"]["tokens_per_s_median"] > 0 and m["training_1b_fp8"]["last_loss_vs_bf16_relative"] > 0
     # train.fused_kernels on the same run: its speed over bf16's, and a loss that the kernels' roundings move little.
+    # Item 1's other runs: siamese_depth beside base, 2 x the sequence, and the micro-batch plan says fits (on the
+    # CPU, where there is no memory to fit, the largest candidate: 8).
+    assert m["training_1b_siamese_depth"]["variant"] == "siamese_depth"
+    assert m["training_1b_siamese_depth"]["tokens_per_s_over_base"] > 0
+    assert m["training_1b_8192"]["sequence_length"] == 128 and m["training_1b_8192"]["tokens_per_s_median"] > 0
+    assert m["training_1b_plan_micro_batch"]["micro_batch"] == 8
+    assert m["training_1b_plan_micro_batch"]["tokens_per_s_median"] > 0
     fused_run = m["training_1b_fused"]
     assert fused_run["fused_kernels"] is True and fused_run["tokens_per_s_over_bf16"] > 0
     assert fused_run["last_loss_vs_bf16_relative"] < 0.01
