@@ -172,14 +172,26 @@ CausalLM in_bf16(const CausalLM& model) {
   return CausalLM(model.config(), params);
 }
 
-// The best of a few runs (the first one warms the kernels and the allocator).
-StepValues best_of(int runs, const std::function<StepValues()>& f) {
-  StepValues best = f();
-  for (int i = 1; i < runs; ++i) {
-    StepValues r = f();
-    if (r.seconds < best.seconds) best = r;
+// Two computations timed side by side: `rounds` rounds, each running `fp32` and then `chosen` (after one
+// warm-up round for the kernels and the allocator). A machine that slows down for a while (a busy neighbour, CPU
+// steal: seen in CI to cost 80x for half a minute) slows both runs of a round, so each round's pair is judged on
+// its own and the test takes the median round's verdict; the best run of each is kept for values and printing.
+struct SideBySide {
+  StepValues fp32, chosen;
+  int rounds_within = 0, rounds = 0;
+};
+
+SideBySide side_by_side(int rounds, const std::function<StepValues()>& fp32, const std::function<StepValues()>& chosen,
+                        const std::function<bool(double fp32_seconds, double chosen_seconds)>& within) {
+  SideBySide r{fp32(), chosen()};
+  for (int i = 0; i < rounds; ++i) {
+    StepValues a = fp32(), b = chosen();
+    r.rounds_within += within(a.seconds, b.seconds) ? 1 : 0;
+    ++r.rounds;
+    if (a.seconds < r.fp32.seconds) r.fp32 = std::move(a);
+    if (b.seconds < r.chosen.seconds) r.chosen = std::move(b);
   }
-  return best;
+  return r;
 }
 
 double l2_norm(const at::Tensor& t) { return t.to(at::kDouble).norm().item<double>(); }
@@ -193,18 +205,24 @@ TEST(Bf16Matmuls, TrainingStepAndScoringEqualTheNativePathAndAreNotSlow) {
     const at::Tensor ids = at::randint(model.config().vocab_size, {2, 65}, at::kLong);
     const CausalLM bf16_model = in_bf16(model);
 
-    // The process's own choice (widened under the avx2 and baseline kernel paths) against fp32.
-    const StepValues fp32 = best_of(3, [&] { return train_step(model, ids, false); });
-    const StepValues chosen = best_of(3, [&] { return train_step(model, ids, true); });
-    const StepValues fp32_scoring = best_of(3, [&] { return score(model, ids); });
-    const StepValues chosen_scoring = best_of(3, [&] { return score(bf16_model, ids); });
-    std::printf("%s (%s): training step fp32 %.1f ms, bf16 %.1f ms; scoring fp32 %.1f ms, bf16 %.1f ms\n", what.c_str(),
-                bf16_matmuls_widened() ? "widened" : "native", 1e3 * fp32.seconds, 1e3 * chosen.seconds,
-                1e3 * fp32_scoring.seconds, 1e3 * chosen_scoring.seconds);
-    // Generous (a busy machine's timings scatter): bf16's casts cost a few passes over small tensors; the slow path
-    // cost 15x to 500x.
-    EXPECT_LT(chosen.seconds, 10 * fp32.seconds + 1.0) << what;
-    EXPECT_LT(chosen_scoring.seconds, 10 * fp32_scoring.seconds + 1.0) << what;
+    // The process's own choice (widened under the avx2 and baseline kernel paths) against fp32. Not slow, in a
+    // round: generous (a busy machine's timings scatter): bf16's casts cost a few passes over small tensors; the
+    // slow path cost 15x to 500x, in every round.
+    auto not_slow = [](double fp32_seconds, double chosen_seconds) { return chosen_seconds < 10 * fp32_seconds + 1.0; };
+    const SideBySide steps = side_by_side(
+        5, [&] { return train_step(model, ids, false); }, [&] { return train_step(model, ids, true); }, not_slow);
+    const SideBySide scorings = side_by_side(
+        5, [&] { return score(model, ids); }, [&] { return score(bf16_model, ids); }, not_slow);
+    const StepValues &fp32 = steps.fp32, &chosen = steps.chosen;
+    const StepValues &fp32_scoring = scorings.fp32, &chosen_scoring = scorings.chosen;
+    std::printf(
+        "%s (%s): training step fp32 %.1f ms, bf16 %.1f ms (%d of %d rounds not slow); scoring fp32 %.1f ms, bf16 "
+        "%.1f ms (%d of %d)\n",
+        what.c_str(), bf16_matmuls_widened() ? "widened" : "native", 1e3 * fp32.seconds, 1e3 * chosen.seconds,
+        steps.rounds_within, steps.rounds, 1e3 * fp32_scoring.seconds, 1e3 * chosen_scoring.seconds,
+        scorings.rounds_within, scorings.rounds);
+    EXPECT_GT(2 * steps.rounds_within, steps.rounds) << what;
+    EXPECT_GT(2 * scorings.rounds_within, scorings.rounds) << what;
 
     // The other path's values (one run: on a CPU without native bf16 the native path is the slow one). Both are
     // bf16 computations of the fp32 step: each is its own bf16 rounding error away from fp32, so the two may differ
