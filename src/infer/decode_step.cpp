@@ -39,7 +39,6 @@ int64_t decode_rows_bucket(int64_t rows_in_use, int64_t rows) {
 struct DecodeSteps::Graph {
   explicit Graph(at::Device device) : step(device) {}
   CudaGraphStep step;
-  int64_t steps = 0;  // steps run with this number of rows
 };
 
 DecodeSteps::DecodeSteps(const CausalLM& model, KVCache& cache, DecodeMode mode, int64_t end_slot, int64_t rows)
@@ -75,14 +74,13 @@ at::Tensor DecodeSteps::step(const std::vector<int64_t>& next_ids) {
   rows_ids.copy_(ids);
   cache_.set_active_rows(n);
   cache_.begin_fixed_step();
-  ++steps_by_rows_[n];
+  const int64_t k = steps_by_rows_[n]++;  // steps run before this one with n rows
   if (mode_ == DecodeMode::kFixedShapes) return forward(rows_ids);
   // CUDA graphs, one per number of rows: its first step warms up (eagerly, on the capture's stream), the second is
   // captured (its forward runs on the host, advancing the cache's length, while its kernels are only recorded) and
   // replayed, and every later step is a replay and the length's advance the forward would have made.
   std::unique_ptr<Graph>& graph = graphs_[n];
   if (!graph) graph = std::make_unique<Graph>(model_.device());
-  const int64_t k = graph->steps++;
   if (k == 0) return graph->step.warm_up([&] { return forward(rows_ids); });
   if (k == 1) {
     graph->step.capture([&] { return forward(rows_ids); });
