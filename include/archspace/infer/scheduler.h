@@ -34,8 +34,9 @@ struct SchedulerOptions {
   int64_t max_batch = 8;    // sequences decoded together
   int64_t max_queue = 256;  // sequences (prompts x n of each request) waiting to start; beyond: 429
   int64_t prefill_chunk = 1024;
-  // How decode steps run (infer/decode_step.h). Other than eager, a batch's rows are fixed from its first step
-  // until all have finished (`generate`'s static batch); waiting sequences start with the next batch.
+  // How decode steps run (infer/decode_step.h). Other than eager, a batch's shape is fixed at its first step (its
+  // rows rounded up to a power of two, at most max_batch): a waiting sequence joins an idle row when its steps fit
+  // the batch's slots, else it starts the next batch (docs/inference.md, "fixed-shapes").
   DecodeMode decode_steps = DecodeMode::kEager;
   // No engine thread: the caller submits its work, then runs the steps itself (drive), as vLLM's LLMEngine
   // serves offline `generate` where its AsyncLLMEngine serves HTTP. For a caller that waits anyway (`generate`,

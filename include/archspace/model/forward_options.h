@@ -57,7 +57,7 @@ struct SequenceOptions {
   // positions it had there (tests of document masking). >= 0.
   int64_t first_position = 0;
   // The embedding lookup's gradient as sparse rows (one per input token) that autograd adds into the table's
-  // dense gradient, which the caller keeps allocated and zeroes row by row (train/trainer.cpp): no [V, d] zero
+  // dense gradient, which the caller keeps allocated and zeroes row by row (train/embedding_gradient.h): no [V, d] zero
   // fill per backward. The caller must have set the dense gradient before backward.
   bool sparse_embedding_gradient = false;
   // Each unit's weights from this source instead of the model's own tensors (model/parameter_source.h: FSDP's
