@@ -19,6 +19,7 @@
 
 #include "archspace/dist/process_group.h"
 #include "archspace/util/error.h"
+#include "archspace/util/python_scripts.h"
 #include "archspace/util/strings.h"
 
 extern char** environ;
@@ -26,11 +27,6 @@ extern char** environ;
 namespace archspace::cli {
 
 namespace {
-
-const char* script_python() {
-  const char* python = std::getenv("ARCHSPACE_PYTHON");
-  return python ? python : ARCHSPACE_PLOT_PYTHON;
-}
 
 std::vector<std::pair<int, AddCommand>>& registry() {
   static std::vector<std::pair<int, AddCommand>> commands;  // a function-local static: safe during static init
@@ -441,25 +437,6 @@ std::string human_count(int64_t n) {
   return buf;
 }
 
-int run_python_script(const std::string& script, const std::vector<std::string>& args) {
-  std::vector<std::string> words = {script_python(), script};
-  words.insert(words.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (auto& w : words) argv.push_back(w.data());
-  argv.push_back(nullptr);
-  std::cout.flush();  // the script writes to the same terminal: our lines first
-  std::fflush(stdout);
-  pid_t pid = 0;
-  // posix_spawnp reports a python that cannot start as an error number, unlike fork + exec's child.
-  if (const int err = ::posix_spawnp(&pid, argv[0], nullptr, nullptr, argv.data(), environ); err != 0) {
-    throw Error(std::string("cannot run ") + words[0] + " " + script + ": " + std::strerror(err) +
-                " (scripts/setup.sh installs it; ARCHSPACE_PYTHON overrides it)");
-  }
-  int status = 0;
-  if (::waitpid(pid, &status, 0) < 0) throw Error(std::string("waiting for ") + script + ": " + std::strerror(errno));
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
-
 void plot_or_warn(const std::string& script, const std::vector<std::string>& args, const std::string& what) {
   std::string why;
   try {
@@ -469,7 +446,7 @@ void plot_or_warn(const std::string& script, const std::vector<std::string>& arg
   } catch (const Error& e) {
     why = e.what();
   }
-  std::cerr << "warning: " << what << " was not drawn (" << script_python() << " " << script << ": " << why << ")\n";
+  std::cerr << "warning: " << what << " was not drawn (" << scripts_python() << " " << script << ": " << why << ")\n";
 }
 
 }  // namespace archspace::cli

@@ -12,6 +12,7 @@
 #include "archspace/config/choices.h"
 #include "archspace/infer/decode_step.h"
 #include "archspace/util/profiler.h"
+#include "archspace/util/python_scripts.h"  // run_python_script, for the commands that draw
 
 namespace archspace::cli {
 
@@ -93,11 +94,6 @@ void report_error(const std::string& message, const std::string& label = "error"
 
 // 1234567 -> "1.2M".
 std::string human_count(int64_t n);
-
-// Runs one of the project's Python scripts (scripts/plot_runs.py, scripts/plot_analysis.py, scripts/minerva_equiv.py)
-// with the venv's python, which has matplotlib and lm-eval ($ARCHSPACE_PYTHON, else the build's venv), and waits:
-// its exit status, or 128 + the signal that ended it. Throws when python cannot be started.
-int run_python_script(const std::string& script, const std::vector<std::string>& args);
 
 // A plot drawn as a by-product of a command (sweep.png, analysis.png): a failure is a warning naming `what`,
 // because the command's results are already written.

@@ -1,7 +1,7 @@
 // archspace eval ppl: perplexity with strided sliding windows on token shards or a text file.
 // archspace eval downstream: OLMES multiple-choice tasks (eval/downstream.h) and generation tasks
 // (eval/generation_tasks.h, scored by eval/generation_metrics.h) through the library's pipeline
-// (eval/downstream_pipeline.h); here the flags, the Python scorers, a table and a JSON file;
+// (eval/downstream_pipeline.h, with eval/external_scorers.h's scorers); here the flags, a table and a JSON file;
 // --rescore: the metrics of a requests-out file's generations recomputed (eval/generation_metrics.h), no model.
 // The code tasks' programs run in eval/code_sandbox.h's sandbox.
 #include <stdlib.h>
@@ -15,6 +15,7 @@
 #include "archspace/eval/code_sandbox.h"
 #include "archspace/eval/downstream.h"
 #include "archspace/eval/downstream_pipeline.h"
+#include "archspace/eval/external_scorers.h"
 #include "archspace/eval/generation_metrics.h"
 #include "archspace/eval/generation_tasks.h"
 #include "archspace/eval/perplexity.h"
@@ -64,91 +65,6 @@ struct DownstreamArgs {
   int64_t limit = 0, batch_size = 0, batch_tokens = 8192, max_length = 0;
 };
 
-// One call of a project Python scorer (scripts/minerva_equiv.py, scripts/ifeval_score.py) with the venv's python:
-// `input` written to a file of a scratch directory (removed afterwards), the script's JSON answer read back.
-// `what` says in errors what could not be scored.
-nlohmann::json run_scorer(const char* script, const std::string& input, const std::string& what) {
-  namespace fs = std::filesystem;
-  std::string tmpl = (fs::temp_directory_path() / "archspace-scorer-XXXXXX").string();
-  if (!::mkdtemp(tmpl.data())) throw Error("cannot create a scratch directory: " + what + " could not be scored");
-  const fs::path dir(tmpl);
-  struct Cleanup {
-    fs::path dir;
-    ~Cleanup() {
-      std::error_code ec;
-      fs::remove_all(dir, ec);
-    }
-  } cleanup{dir};
-  const std::string in_path = (dir / "input.json").string(), out_path = (dir / "output.json").string();
-  write_text_file_atomically(in_path, input);
-  const int status = run_python_script(script, {in_path, out_path});
-  if (status != 0)
-    throw Error(std::string(script) + " failed (exit status " + std::to_string(status) + "): " + what +
-                " could not be scored");
-  return parse_json_text(read_text_file(out_path), out_path);
-}
-
-// Minerva's is_equiv as OLMES runs it, lm-eval 0.4.3's (scripts/minerva_equiv.py).
-std::vector<bool> minerva_equivalence(const std::vector<std::pair<std::string, std::string>>& pairs) {
-  nlohmann::json in = {{"pairs", nlohmann::json::array()}};
-  for (const auto& [answer, gold] : pairs) in["pairs"].push_back({answer, gold});
-  const nlohmann::json answer = run_scorer(ARCHSPACE_MINERVA_SCORER, in.dump(), "the Minerva MATH answers");
-  try {
-    return answer.at("equivalent").get<std::vector<bool>>();
-  } catch (const nlohmann::json::exception& e) {
-    throw Error(std::string(ARCHSPACE_MINERVA_SCORER) + ": not the scorer's answer (" + e.what() + ")");
-  }
-}
-
-// IFEval's instruction checks through lm-eval's own code (scripts/ifeval_score.py).
-std::vector<InstructionResult> ifeval_checks(const std::vector<std::pair<nlohmann::json, std::string>>& pairs) {
-  nlohmann::json in = {{"instances", nlohmann::json::array()}};
-  for (const auto& [doc, response] : pairs) in["instances"].push_back({{"doc", doc}, {"response", response}});
-  const nlohmann::json answer =
-      run_scorer(ARCHSPACE_IFEVAL_SCORER, in.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
-                 "the IFEval responses");
-  std::vector<InstructionResult> results;
-  try {
-    for (const auto& r : answer.at("results")) {
-      InstructionResult x;
-      x.prompt_strict = r.at("prompt_level_strict_acc").get<bool>();
-      x.prompt_loose = r.at("prompt_level_loose_acc").get<bool>();
-      x.inst_strict = r.at("inst_level_strict_acc").get<std::vector<bool>>();
-      x.inst_loose = r.at("inst_level_loose_acc").get<std::vector<bool>>();
-      if (r.contains("scoring_errors")) x.scoring_errors = r.at("scoring_errors").get<std::vector<std::string>>();
-      results.push_back(std::move(x));
-    }
-  } catch (const nlohmann::json::exception& e) {
-    throw Error(std::string(ARCHSPACE_IFEVAL_SCORER) + ": not the scorer's answer (" + e.what() + ")");
-  }
-  return results;
-}
-
-// The code tasks' programs in the sandbox (eval/code_sandbox.h), OLMES' 3 s each, a few at a time; a note counts
-// the outcomes. Fails closed: without isolation nothing runs and the error says what is missing.
-CodeExecutor sandbox_executor(ProgressLine& progress) {
-  return [&progress](const std::vector<std::string>& programs) {
-    const std::vector<SandboxResult> results = run_python_sandboxed(programs, SandboxLimits{});
-    std::vector<bool> passed;
-    int64_t n_passed = 0, n_timed_out = 0;
-    for (const auto& r : results) {
-      passed.push_back(r.passed);
-      n_passed += r.passed;
-      n_timed_out += r.status == "timed out";
-    }
-    progress.note(std::to_string(programs.size()) + " programs run in the sandbox: " + std::to_string(n_passed) +
-                  " passed, " + std::to_string(n_timed_out) + " timed out, " +
-                  std::to_string(static_cast<int64_t>(programs.size()) - n_passed - n_timed_out) + " failed");
-    return passed;
-  };
-}
-
-// The external scorers of the generation metrics (eval/generation_task_family.h): lm-eval's own Python where C++
-// cannot reproduce it, and the sandbox.
-ExternalScorers cli_scorers(ProgressLine& progress) {
-  return {minerva_equivalence, ifeval_checks, sandbox_executor(progress)};
-}
-
 int run_rescore(const DownstreamArgs& a) {
   for (const auto* path : {&a.out, &a.requests_out}) {
     if (!path->empty()) check_writable(*path);
@@ -160,8 +76,8 @@ int run_rescore(const DownstreamArgs& a) {
   if (file.loglikelihood_rows > 0)
     progress.note(std::to_string(file.loglikelihood_rows) +
                   " log-likelihood rows kept as they are (their metrics need the task files: run eval downstream)");
-  const GenerationScores scored = score_and_aggregate(file.instances, file.shots, cli_scorers(progress),
-                                                      [&](const std::string& n) { progress.note(n); });
+  const NoteFn note = [&progress](const std::string& text) { progress.note(text); };
+  const GenerationScores scored = score_and_aggregate(file.instances, file.shots, project_scorers(note), note);
   const std::vector<InstanceMetrics>& metrics = scored.metrics;
   const std::vector<TaskResult>& results = scored.results;
   progress.finish();
@@ -236,7 +152,7 @@ int run_downstream(const DownstreamArgs& a, bool limit_given) {
   options.generation.max_batch = a.batch_size > 0 ? a.batch_size : 8;
   options.generation.max_length = a.max_length;
   options.generation.decode_steps = decode_steps;
-  options.scorers = cli_scorers(progress);
+  options.scorers = project_scorers(note);
   options.note = note;
   // A progress callback whose rate counts from when its phase starts (scoring, then generation).
   options.phase_progress = [&progress](const char* what) -> ProgressFn {

@@ -88,6 +88,9 @@ struct HttpServer::Impl {
   ServerOptions options;
   ServedModel model;
   Scheduler scheduler;
+  // /v1/models' "created": when this server began serving the model, so that the list is the same bytes on every
+  // request (a client or cache comparing two answers; per-request time made two reads a second apart differ).
+  const int64_t served_since = now_seconds();
   GuardedServer server;
   std::atomic<int64_t> next_id{1};
 
@@ -335,7 +338,7 @@ struct HttpServer::Impl {
                       {"sampled_tokens", s.sampled_tokens}});
     });
     server.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
-      send_json(res, models_response(model, now_seconds()));
+      send_json(res, models_response(model, served_since));
     });
     server.Get("/tokenizer_info",
                [this](const httplib::Request&, httplib::Response& res) { send_json(res, tokenizer_info(model)); });

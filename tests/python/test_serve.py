@@ -266,8 +266,15 @@ def test_stop_strings_and_sampling(client):
 def test_models_health_and_tokenizer_routes(server):
     from tokenizers import Tokenizer
 
-    models = requests.get(server.url + "/v1/models", timeout=10).json()
+    import time
+
+    first = requests.get(server.url + "/v1/models", timeout=10)
+    models = first.json()
     assert [m["id"] for m in models["data"]] == ["tiny-olmo3"]
+    # "created" is when the server began serving the model: the same bytes a second later.
+    assert models["data"][0]["created"] <= time.time()
+    time.sleep(1.1)
+    assert requests.get(server.url + "/v1/models", timeout=10).content == first.content
     assert requests.get(server.url + "/health", timeout=10).json()["status"] == "ok"
     text = "Hello world, 1907 caf\u00e9s<|endoftext|>"
     r = requests.post(server.url + "/tokenize", json={"prompt": text, "add_special_tokens": False}, timeout=10)

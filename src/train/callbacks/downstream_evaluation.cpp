@@ -7,6 +7,7 @@
 #include <cstdio>
 
 #include "archspace/eval/downstream_pipeline.h"
+#include "archspace/eval/external_scorers.h"
 #include "archspace/tokenizer/tokenizer.h"
 #include "archspace/train/callbacks/callbacks.h"
 #include "archspace/train/trainer.h"
@@ -40,10 +41,16 @@ class DownstreamEvaluationCallback final : public TrainCallback {
     } catch (const Error& e) {
       throw Error(key + ": " + e.what());
     }
-    if (const auto needing = pipeline_->tasks_needing_external_scorers(); !needing.empty())
-      throw Error(key + ": " + join(needing) +
-                  " are scored by lm-eval's Python code (or the code sandbox), which training does not run: evaluate "
-                  "them with `archspace eval downstream` on a checkpoint");
+    // Minerva MATH and IFEval are scored by lm-eval's Python, as `eval downstream` scores them: checked here with
+    // one known pair each, so that a missing package fails before the first step, not at the first evaluation (the
+    // code tasks' sandbox is checked by the pipeline itself).
+    if (const auto needing = pipeline_->tasks_needing_external_scorers(); !needing.empty()) {
+      try {
+        check_python_scorers();
+      } catch (const Error& e) {
+        throw Error(key + ": " + join(needing) + " need lm-eval's Python scorers, which cannot run here: " + e.what());
+      }
+    }
     pipeline_->prepare(*tokenizer, t.model().config(), cfg.sequence_length);
     tokenizer_ = tokenizer;
   }
@@ -56,7 +63,9 @@ class DownstreamEvaluationCallback final : public TrainCallback {
     // memory of one unsharded model, for the evaluation only).
     const std::unique_ptr<CausalLM> whole = t.strategy().whole_model(t.model(), t.device());
     // The generation tasks decode within the model's whole context (as `eval downstream` does by default).
-    const DownstreamResult scored = pipeline_->run(whole ? *whole : t.model(), tokenizer_, {});
+    DownstreamOptions options;
+    options.scorers = project_scorers([&t](const std::string& text) { t.progress().note(text); });
+    const DownstreamResult scored = pipeline_->run(whole ? *whole : t.model(), tokenizer_, options);
     std::vector<TaskResult> results = scored.choice_results;
     results.insert(results.end(), scored.generation.results.begin(), scored.generation.results.end());
     nlohmann::json tasks = nlohmann::json::object();
