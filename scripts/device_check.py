@@ -264,6 +264,12 @@ def losses(run_dir):
     return [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines() if '"loss"' in l]
 
 
+def median_tokens_per_s(steps):
+    """A run's tokens/s: the median over its steps after the first two (which warm up kernels and the allocator)."""
+    timed = steps[2:] if len(steps) > 2 else steps
+    return float(np.median([m["tokens_per_s"] for m in timed]))
+
+
 def hf_first_step_loss(model_dir, tokens, s, autocast):
     """transformers' loss on the first micro-batch (the engine's first step sees the same windows)."""
     import torch
@@ -506,8 +512,7 @@ def measure_sharded(engine, s, work, gpu_name):
     wall = time.time() - start
     peaks, baseline = memory.peaks, memory.before
     steps_run = losses(work / "run-shard-perf")
-    timed = steps_run[2:] if len(steps_run) > 2 else steps_run  # the first steps warm up kernels and the allocator
-    tok_s = float(np.median([m["tokens_per_s"] for m in timed]))  # the global batch's
+    tok_s = median_tokens_per_s(steps_run)  # the global batch's
     peak_flops = next((v for k, v in PEAK_BF16_FLOPS.items() if k in gpu_name), None)
     per_gpu = tok_s / world
     planned = plan["bytes"]["total"]
@@ -575,8 +580,7 @@ def measure_training(engine, s, work, gpu_name, fp8=False, fused=False, variant=
         engine.run("train", "--config", cfg, timeout=900)
     wall = time.time() - start
     steps = losses(work / f"run-{name}")
-    timed = steps[2:] if len(steps) > 2 else steps  # the first steps warm up kernels and the allocator
-    tok_s = float(np.median([m["tokens_per_s"] for m in timed]))
+    tok_s = median_tokens_per_s(steps)
     cfg_json = json.loads((work / "perf-model" / "config.json").read_text())
     flops = model_flops_per_token(cfg_json, seq)  # the base model's (Depth-Attention's few extra FLOPs not counted)
     peak = next((v for k, v in PEAK_BF16_FLOPS.items() if k in gpu_name), None)
@@ -585,9 +589,8 @@ def measure_training(engine, s, work, gpu_name, fp8=False, fused=False, variant=
               "model_flops_per_token": flops, "peak_bf16_flops": peak,
               "mfu": tok_s * flops / peak if flops and peak else None}
     if variant == "siamese_depth":
-        base = losses(work / "run-perf")
-        base_tok_s = float(np.median([m["tokens_per_s"] for m in (base[2:] if len(base) > 2 else base)]))
-        result.update({"tokens_per_s_over_base": tok_s / base_tok_s, "goal": "within 5% of base"})
+        result.update({"tokens_per_s_over_base": tok_s / median_tokens_per_s(losses(work / "run-perf")),
+                       "goal": "within 5% of base"})
     planned = plan["bytes"]["total"] / 2**20
     engine_peak = memory.peaks[0] - memory.before[0] if on_gpu and 0 in memory.peaks and 0 in memory.before else None
     result.update({"planned_bytes": plan["bytes"], "planned_total_mib": planned,
@@ -606,10 +609,9 @@ def measure_training(engine, s, work, gpu_name, fp8=False, fused=False, variant=
     if fused:
         result["plan_counts_fused"] = plan["options"]["fused_kernels"]  # plan --fused-kernels: inputs and rstd kept
         bf16 = losses(work / "run-perf")
-        bf16_tok_s = float(np.median([m["tokens_per_s"] for m in (bf16[2:] if len(bf16) > 2 else bf16)]))
         result.update({"fused_kernels": True, "last_loss": steps[-1]["loss"], "last_loss_bf16": bf16[-1]["loss"],
                        "last_loss_vs_bf16_relative": abs(steps[-1]["loss"] - bf16[-1]["loss"]) / abs(bf16[-1]["loss"]),
-                       "tokens_per_s_over_bf16": tok_s / bf16_tok_s})
+                       "tokens_per_s_over_bf16": tok_s / median_tokens_per_s(bf16)})
     return result
 
 
