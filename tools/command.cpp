@@ -1,7 +1,5 @@
 #include "command.h"
 
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -21,8 +19,6 @@
 #include "archspace/util/error.h"
 #include "archspace/util/python_scripts.h"
 #include "archspace/util/strings.h"
-
-extern char** environ;
 
 namespace archspace::cli {
 
