@@ -70,6 +70,17 @@ def bounded_test_time(request):
 RUN_CLI_TIMEOUT_S = 300
 
 
+# What a command that computes says first on stderr where bf16 matmuls are widened (a CPU without AVX512-BF16/AMX, or
+# a capped kernel path: docs/reference.md), before any error or work.
+WIDENED_BF16_LINE = "bf16 matmuls: widened to fp32 on this CPU (no AVX512-BF16/AMX)"
+
+
+def without_startup_note(stderr):
+    """stderr without the widened-bf16 start-up line, so that "the error is the first thing said" reads the same on
+    every CPU."""
+    return stderr[len(WIDENED_BF16_LINE) + 1:] if stderr.startswith(WIDENED_BF16_LINE + "\n") else stderr
+
+
 def run_cli(*args, check=True, timeout=RUN_CLI_TIMEOUT_S):
     """Runs build/archspace with the given arguments; returns the CompletedProcess."""
     try:

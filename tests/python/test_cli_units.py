@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from conftest import run_cli
+from conftest import run_cli, without_startup_note
 
 # Words that mark a flag as possibly taking a memory size, a duration or a token count.
 QUANTITY_WORDS = re.compile(r"\b(memory|bytes|seconds|timeout|interval|deadline|duration|tokens|length|stride|window|"
@@ -155,7 +155,7 @@ def test_every_flag_that_takes_a_quantity_is_classified_and_says_its_unit(comman
 def test_a_bare_memory_size_is_refused_with_the_accepted_forms(command, flag, args, bare):
     r = run_cli(*command, *args, flag, bare, check=False)
     assert r.returncode == 1, r.stdout
-    assert r.stderr.startswith("error"), r.stderr
+    assert without_startup_note(r.stderr).startswith("error"), r.stderr
     assert flag in r.stderr and f"'{bare}'" in r.stderr, r.stderr
     for form in ("80GiB", "80GB", "81920MiB"):
         assert form in r.stderr, r.stderr

@@ -1,13 +1,13 @@
 """`archspace plan`: the per-rank memory figures, their JSON form, and errors that name the flag."""
 import json
 
-from conftest import run_cli
+from conftest import run_cli, without_startup_note
 
 
 def expect_error(args, *fragments):
     result = run_cli(*args, check=False)
     assert result.returncode == 1, f"exit {result.returncode}; stderr:\n{result.stderr}"
-    assert result.stderr.startswith("error"), result.stderr
+    assert without_startup_note(result.stderr).startswith("error"), result.stderr
     for f in fragments:
         assert f in result.stderr, f"'{f}' not in:\n{result.stderr}"
 
