@@ -83,6 +83,14 @@ if [ ! -f "$eval_stamp" ]; then
   "$venv/bin/pip" install --quiet -r requirements-eval.txt -c requirements.txt
   touch "$eval_stamp"
 fi
+# The field trainers' own classes that tests hold the training recipes to (OLMo-core's schedulers, SkipStepAdamW and
+# init), pinned by requirements-recipes.txt, constrained likewise.
+recipes_stamp="$venv/.recipes-$(sha256sum requirements-recipes.txt | cut -c1-16)"
+if [ ! -f "$recipes_stamp" ]; then
+  say "installing recipe references: $(grep -v '^#' requirements-recipes.txt | tr '\n' ' ')"
+  "$venv/bin/pip" install --quiet -r requirements-recipes.txt -c requirements.txt
+  touch "$recipes_stamp"
+fi
 # Experiment trackers for [log] (docs/training.md, "Tracking"): the W&B SDK the sidecar drives and TensorBoard, whose
 # readers the tests read the engine's event files with; pinned by requirements-tracking.txt, constrained likewise.
 tracking_stamp="$venv/.tracking-$(sha256sum requirements-tracking.txt | cut -c1-16)"

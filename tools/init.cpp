@@ -1,4 +1,6 @@
 // archspace init: a randomly initialised model directory (SPEC.md init) from a preset or a config.json.
+#include "archspace/model/init.h"
+
 #include <iostream>
 
 #include "archspace/model/model_io.h"
@@ -9,7 +11,7 @@ namespace archspace::cli {
 namespace {
 
 struct InitArgs {
-  std::string preset, config, out, variant = "base", dtype = "fp32";
+  std::string preset, config, out, variant = "base", dtype = "fp32", init = "olmo-core";
   uint64_t seed = 0;
   bool no_siamese_norm = false, no_depth_attention = false;
   std::optional<int64_t> depth_stride, depth_recent_window;
@@ -31,11 +33,11 @@ int run(const InitArgs& a) {
   if (a.no_siamese_normalized_input) switches.siamese_normalized_input = false;
   switches.apply_to(config, "init");
   config.validate("init");
-  CausalLM model = CausalLM::random_init(config, a.seed);
+  CausalLM model = initialised_model(config, a.seed, parse_init_scheme(a.init, "--init"));
   save_model(model, a.out, scalar_type(parse_dtype(a.dtype, "--dtype")));
   std::cerr << "wrote a randomly initialised " << variant_name(config.variant) << " model (norm topology "
-            << norm_topology_name(config.topology()) << ", " << human_count(parameter_count(config))
-            << " parameters, seed " << a.seed << ") to " << a.out << "\n";
+            << norm_topology_name(config.topology()) << ", " << human_count(parameter_count(config)) << " parameters, "
+            << a.init << " init, seed " << a.seed << ") to " << a.out << "\n";
   return 0;
 }
 
@@ -50,6 +52,11 @@ Command add(CLI::App& parent) {
       ->check(CLI::IsMember(variant_choices()))
       ->capture_default_str();
   app->add_option("--seed", a->seed, "random seed")->capture_default_str();
+  app->add_option("--init", a->init,
+                  "how the weights are drawn: olmo-core (truncated normal 0.02 at +-3 std, SPEC.md's) or megatron "
+                  "(normal 0.02, output projections at 0.02 / sqrt(2 x layers)); docs/training.md, \"Init\"")
+      ->check(CLI::IsMember(init_scheme_choices()))
+      ->capture_default_str();
   add_dtype_option(app, a->dtype, "dtype of the saved weights");
   app->add_flag("--no-siamese-norm", a->no_siamese_norm, "siamese_depth ablation: SiameseNorm off");
   app->add_flag("--no-depth-attention", a->no_depth_attention, "siamese_depth ablation: Depth-Attention off");

@@ -172,6 +172,12 @@ struct ChoiceTexts {
   std::optional<std::string> norm_topology, sharding;
   std::optional<bool> shard_optimizer;          // the older spelling of sharding = "optimizer"
   std::optional<bool> reduce_each_micro_batch;  // only with sharding = "full"
+  // [optim]: the recipe, and the keys whose defaults are the recipe's (config/recipe.h).
+  std::string recipe = "olmo-core", schedule = "cosine", wsd_decay_shape = "linear";
+  std::optional<std::string> schedule_convention;
+  std::optional<bool> decay_norms, decay_embeddings, skip_steps;
+  std::string data_order = "archspace";
+  std::optional<std::string> init;  // model.init
 };
 
 // Reads every key of `root` into `c` (no cross-key validation). With `schema`, records the keys read.
@@ -192,6 +198,7 @@ ChoiceTexts read_keys(const toml::table& root, TrainConfig& c, const std::string
   model.get("depth_attention_stride", c.switches.depth_attention_stride);
   model.get("depth_attention_recent_window", c.switches.depth_attention_recent_window);
   model.get("norm_topology", choices.norm_topology);
+  model.get("init", choices.init);
   model.get("siamese_depth_scaling", c.switches.siamese_depth_scaling);
   model.get("siamese_normalized_input", c.switches.siamese_normalized_input);
   model.get("init_from", c.init_from);
@@ -269,6 +276,7 @@ ChoiceTexts read_keys(const toml::table& root, TrainConfig& c, const std::string
   train.get("document_masking", c.document_masking);
   train.get("profile_steps", c.profile_steps);
   train.get("loss_chunk_tokens", c.loss_chunk_tokens);
+  train.get("data_order", choices.data_order);
   train.check_unknown();
 
   Section optim(optim_t, "optim", path, schema);
@@ -278,10 +286,18 @@ ChoiceTexts read_keys(const toml::table& root, TrainConfig& c, const std::string
   optim.get("eps", c.eps);
   optim.get("weight_decay", c.weight_decay);
   optim.get("fused", c.fused);
-  optim.get("decay_norms", c.decay_norms);
-  optim.get("decay_embeddings", c.decay_embeddings);
+  optim.get("recipe", choices.recipe);
+  optim.get("decay_norms", choices.decay_norms);
+  optim.get("decay_embeddings", choices.decay_embeddings);
+  optim.get("schedule", choices.schedule);
+  optim.get("schedule_convention", choices.schedule_convention);
   optim.get("warmup_steps", c.warmup_steps);
   optim.get("final_lr_factor", c.final_lr_factor);
+  optim.get("decay_steps", c.decay_steps);
+  optim.get("wsd_decay_shape", choices.wsd_decay_shape);
+  optim.get("skip_steps", choices.skip_steps);
+  optim.get("skip_step_window", c.skip_step_window);
+  optim.get("skip_step_sigma", c.skip_step_sigma);
   optim.get("clip_grad_norm", c.clip_grad_norm);
   optim.get("z_loss", c.z_loss);
   optim.check_unknown();
@@ -539,6 +555,52 @@ void validate_mixture(const TrainConfig& c, const std::string& path, const Key& 
     throw Error(key("data.format") + " must be \"tokens\" for [[eval.sources]]");
 }
 
+// optim.recipe sets the defaults of the keys it names (config/recipe.h); the keys given override them. Then the
+// schedule's own limits, as its trainer's class asserts them.
+template <typename Key>
+void resolve_recipe(TrainConfig& c, const ChoiceTexts& choices, const Key& key) {
+  c.recipe = parse_recipe(choices.recipe, key("optim.recipe"));
+  const RecipeDefaults d = recipe_defaults(c.recipe);
+  c.schedule_convention = choices.schedule_convention ? parse_schedule_convention(*choices.schedule_convention,
+                                                                                  key("optim.schedule_convention"))
+                                                      : d.convention;
+  c.decay_norms = choices.decay_norms.value_or(d.decay_norms);
+  c.decay_embeddings = choices.decay_embeddings.value_or(d.decay_embeddings);
+  c.skip_steps = choices.skip_steps.value_or(d.skip_steps);
+  c.schedule = parse_schedule_shape(choices.schedule, key("optim.schedule"));
+  c.wsd_decay_shape = parse_wsd_decay_shape(choices.wsd_decay_shape, key("optim.wsd_decay_shape"));
+  const std::string convention = std::string("\"") + convention_name(c.schedule_convention) + "\"";
+  if (c.schedule_convention == ScheduleConvention::kArchspace && c.schedule != ScheduleShape::kCosine)
+    throw Error(key("optim.schedule") + " = \"" + choices.schedule +
+                "\" has no archspace form (that convention is its cosine only); use optim.schedule_convention = " +
+                "\"olmo-core\" or \"megatron\"");
+  if (c.schedule_convention == ScheduleConvention::kOlmoCore && c.wsd_decay_shape != WsdDecayShape::kLinear)
+    throw Error(key("optim.wsd_decay_shape") + " = \"" + choices.wsd_decay_shape +
+                "\": OLMo-core's WSD decays linearly; the other shapes are Megatron's (optim.schedule_convention = "
+                "\"megatron\")");
+  // OptimizerParamScheduler asserts lr_warmup_steps < lr_decay_steps.
+  if (c.schedule_convention == ScheduleConvention::kMegatron && c.warmup_steps >= c.max_steps)
+    throw Error(key("optim.warmup_steps") + " = " + std::to_string(c.warmup_steps) +
+                " must be below train.max_steps (" + std::to_string(c.max_steps) + ") under the " + convention +
+                " schedule convention (Megatron's warm-up ends before its decay)");
+  if (c.schedule == ScheduleShape::kWsd) {
+    const int64_t decay = c.decay_steps.value_or(default_wsd_decay_steps(c.max_steps));
+    if (decay < 1 || decay > c.max_steps)
+      throw Error(key("optim.decay_steps") + " = " + std::to_string(decay) +
+                  (c.decay_steps ? "" : " (10% of train.max_steps, rounded)") + " must be in [1, train.max_steps = " +
+                  std::to_string(c.max_steps) + "] for optim.schedule = \"wsd\"");
+  } else if (c.decay_steps) {
+    throw Error(key("optim.decay_steps") + " applies to optim.schedule = \"wsd\" only (it is \"" + choices.schedule +
+                "\")");
+  }
+  // Judging starts at window / 2 values: below 6, one earlier value would give an undefined deviation (NaN), which
+  // OLMo-core's rule reads as "skip" for every step.
+  if (c.skip_step_window < 6)
+    throw Error(key("optim.skip_step_window") + " must be >= 6, got " + std::to_string(c.skip_step_window));
+  if (!(std::isfinite(c.skip_step_sigma) && c.skip_step_sigma > 0))
+    throw Error(key("optim.skip_step_sigma") + " must be a finite number > 0");
+}
+
 void validate(TrainConfig& c, const ChoiceTexts& choices, const std::string& path, const Overrides& set) {
   // A key given by --set is blamed on the override, not on the file.
   auto key = [&](const char* k) {
@@ -631,6 +693,17 @@ void validate(TrainConfig& c, const ChoiceTexts& choices, const std::string& pat
              static_cast<double>(c.max_steps), "must be in [0, train.max_steps]", fix);
   }
   require(c.final_lr_factor >= 0 && c.final_lr_factor <= 1, "optim.final_lr_factor", "must be in [0, 1]");
+  resolve_recipe(c, choices, key);
+  c.data_order = parse_data_order(choices.data_order, key("train.data_order"));
+  if (choices.init) {
+    c.init = parse_init_scheme(*choices.init, key("model.init"));
+    require(c.init_from.empty(), "model.init", "applies to a model trained from scratch, not one from model.init_from");
+  }
+  // OLMo-core's order is its NumpyFSLDataLoader's over one dataset's files; a mixture is the engine's own schedule.
+  require(c.data_order == DataOrder::kArchspace || (c.sources.empty() && c.format == DataFormat::kTokens),
+          "train.data_order",
+          "= \"olmo-core\" applies to token data from data.train (not a [[data.sources]] mixture "
+          "or chat data)");
   require(c.keep_last >= 1, "checkpoint.keep_last", "must be >= 1");
   require(c.downstream_format == "rc" || c.downstream_format == "mc", "eval.downstream_format",
           "must be rc or mc, not '" + c.downstream_format + "'");

@@ -1,7 +1,9 @@
 #include "archspace/data/instance_loader.h"
 
 #include <algorithm>
+#include <mutex>
 
+#include "archspace/data/numpy_random.h"
 #include "archspace/util/error.h"
 
 namespace archspace {
@@ -40,8 +42,13 @@ uint64_t IndexPermutation::operator()(uint64_t i) const {
 }
 
 InstanceLoader::InstanceLoader(std::shared_ptr<const TokenShards> shards, int64_t sequence_length, uint64_t seed,
-                               bool shuffle)
-    : shards_(std::move(shards)), sequence_length_(sequence_length), seed_(seed), shuffle_(shuffle) {
+                               bool shuffle, DataOrder order, int64_t global_batch)
+    : shards_(std::move(shards)),
+      sequence_length_(sequence_length),
+      seed_(seed),
+      shuffle_(shuffle),
+      order_(order),
+      permutation_(std::make_shared<PermutationCache>()) {
   if (sequence_length_ <= 0) throw Error("sequence length must be positive");
   for (size_t s = 0; s < shards_->num_shards(); ++s) {
     window_starts_.push_back(total_windows_);
@@ -51,11 +58,43 @@ InstanceLoader::InstanceLoader(std::shared_ptr<const TokenShards> shards, int64_
     throw Error(shards_->dir() + ": " + std::to_string(shards_->manifest().total_tokens()) +
                 " tokens hold no complete instance of length " + std::to_string(sequence_length_));
   }
+  epoch_instances_ = total_windows_;
+  if (order_ == DataOrder::kOlmoCore) {
+    // NumpyFSLDataLoader.total_size: the instances of whole global batches; its indices are uint32.
+    if (global_batch < 1) throw Error("InstanceLoader: the global batch must be >= 1");
+    epoch_instances_ = total_windows_ / static_cast<uint64_t>(global_batch) * static_cast<uint64_t>(global_batch);
+    if (epoch_instances_ == 0)
+      throw Error(shards_->dir() + ": " + std::to_string(total_windows_) + " instances of length " +
+                  std::to_string(sequence_length_) + " are fewer than one global batch (" +
+                  std::to_string(global_batch) + "), which the olmo-core data order reads whole");
+    if (total_windows_ >= UINT32_MAX)
+      throw Error(shards_->dir() + ": " + std::to_string(total_windows_) +
+                  " instances: OLMo-core's data order indexes them with uint32, below 4,294,967,295");
+  }
+}
+
+struct InstanceLoader::PermutationCache {
+  std::mutex mutex;
+  uint64_t epoch = UINT64_MAX;
+  std::vector<uint32_t> indices;
+};
+
+uint64_t InstanceLoader::olmo_core_window(uint64_t epoch, uint64_t position) const {
+  std::lock_guard<std::mutex> lock(permutation_->mutex);
+  if (permutation_->epoch != epoch) {
+    std::vector<uint32_t> indices(total_windows_);
+    for (uint64_t i = 0; i < total_windows_; ++i) indices[i] = static_cast<uint32_t>(i);
+    NumpyGenerator(seed_ + epoch + 1).shuffle(indices);  // get_rng(seed + epoch), epochs counted from 1
+    permutation_->indices = std::move(indices);
+    permutation_->epoch = epoch;
+  }
+  return permutation_->indices[position];
 }
 
 uint64_t InstanceLoader::window_of(uint64_t index) const {
-  const uint64_t epoch = index / total_windows_, position = index % total_windows_;
+  const uint64_t epoch = index / epoch_instances_, position = index % epoch_instances_;
   if (!shuffle_) return position;
+  if (order_ == DataOrder::kOlmoCore) return olmo_core_window(epoch, position);
   return IndexPermutation(total_windows_, mix64(seed_) ^ mix64(epoch + 0x5EED))(position);
 }
 

@@ -139,15 +139,6 @@ void AdamW::shard(const std::vector<bool>& owned) {
   }
 }
 
-double scheduled_lr(int64_t step, int64_t max_steps, int64_t warmup, double lr, double final_factor) {
-  if (step < warmup) return lr * static_cast<double>(step + 1) / static_cast<double>(warmup);
-  const int64_t decay_steps = max_steps - warmup;
-  if (decay_steps <= 1) return lr;
-  const double progress = static_cast<double>(step - warmup) / static_cast<double>(decay_steps - 1);
-  const double kPi = 3.14159265358979323846;
-  return lr * (final_factor + (1 - final_factor) * 0.5 * (1 + std::cos(kPi * progress)));
-}
-
 GradientClip clip_gradient_norm(const std::vector<at::Tensor>& params, double max_norm,
                                 const std::vector<at::Tensor>& nonzero_rows) {
   c10::NoGradGuard no_grad;

@@ -62,7 +62,8 @@ TokenData open_token_data(const TrainConfig& cfg, const ModelConfig& model, int6
     auto shards = open_token_source(cfg.train_data, options);
     check_source(*shards, cfg.train_data, cfg, model, sha, verify, progress);
     check_document_eos(*shards, cfg.train_data, cfg, data.document_eos);
-    data.train = std::make_shared<InstanceLoader>(shards, cfg.sequence_length, cfg.seed, cfg.shuffle);
+    data.train = std::make_shared<InstanceLoader>(shards, cfg.sequence_length, cfg.seed, cfg.shuffle, cfg.data_order,
+                                                  global_batch);
     first = shards;
   } else {
     MixtureSpec spec;

@@ -16,11 +16,13 @@
 #include "archspace/dist/test_fault.h"
 #include "archspace/io/run_dir.h"
 #include "archspace/kernels/fused_training.h"
+#include "archspace/model/init.h"
 #include "archspace/model/model_io.h"
 #include "archspace/tokenizer/tokenizer.h"
 #include "archspace/train/autocast.h"
 #include "archspace/train/callbacks/callbacks.h"
 #include "archspace/train/checkpoint.h"
+#include "archspace/train/lr_schedule.h"
 #include "archspace/train/run_tokenizer.h"
 #include "archspace/util/error.h"
 #include "archspace/util/files.h"
@@ -35,7 +37,7 @@ namespace {
 
 // The model of this stage: fresh, or the previous stage's weights with only RoPE/length changes allowed.
 CausalLM build_stage_model(const TrainConfig& cfg, at::Device device) {
-  if (cfg.init_from.empty()) return CausalLM::random_init(cfg.model(), cfg.seed, at::kFloat, device);
+  if (cfg.init_from.empty()) return initialised_model(cfg.model(), cfg.seed, cfg.init, at::kFloat, device);
   const std::string model_dir = resolve_model_dir(cfg.init_from);
   if (const std::string checkpoint = checkpoint_of_model_dir(model_dir); !checkpoint.empty())
     verify_checkpoint(checkpoint);
@@ -245,6 +247,53 @@ void Trainer::setup_strategy() {
 
 // ---- resume ---------------------------------------------------------------------------------------
 
+namespace {
+
+// What a run's recipe decides (config/recipe.h), as checkpoints record it.
+json recipe_fingerprint(const TrainConfig& c) {
+  return {{"recipe", recipe_name(c.recipe)},
+          {"schedule", schedule_shape_name(c.schedule)},
+          {"schedule_convention", convention_name(c.schedule_convention)},
+          {"decay_norms", c.decay_norms},
+          {"decay_embeddings", c.decay_embeddings},
+          {"skip_steps", c.skip_steps},
+          {"data_order", data_order_name(c.data_order)}};
+}
+
+}  // namespace
+
+// A resumed run keeps the recipe it began with: another schedule convention, other decay groups, step skipping or
+// data order from here on would make it a run of no recipe. Checkpoints written before optim.recipe existed followed
+// the archspace rule.
+void Trainer::check_recipe(const json& state) const {
+  json had = state.value("optim_recipe", json());
+  const bool before_recipes = had.is_null();
+  if (before_recipes) {
+    const RecipeDefaults old = recipe_defaults(Recipe::kArchspace);
+    had = {{"schedule_convention", convention_name(old.convention)},
+           {"decay_norms", old.decay_norms},
+           {"decay_embeddings", old.decay_embeddings},
+           {"skip_steps", old.skip_steps},
+           {"data_order", data_order_name(DataOrder::kArchspace)}};
+  }
+  const json now = recipe_fingerprint(cfg_);
+  std::string differs;
+  for (const auto& [key, value] : had.items()) {
+    if (key == "recipe" || (now.contains(key) && now[key] == value)) continue;
+    const std::string section = key == "data_order" ? "train." : "optim.";
+    differs +=
+        (differs.empty() ? "" : ", ") + section + key + " " + value.dump() + " -> " + now.value(key, json()).dump();
+  }
+  if (differs.empty()) return;
+  throw Error(cfg_.source + ": cannot resume " + resume_from_ + ": it was trained " +
+              (before_recipes ? std::string("before optim.recipe existed, under the archspace rule")
+                              : "under optim.recipe = " + had.value("recipe", json()).dump()) +
+              ", and this config changes " + differs + "; set " +
+              (before_recipes ? std::string("optim.recipe = \"archspace\"")
+                              : "optim.recipe = " + had.value("recipe", json()).dump() + " (and the keys above)") +
+              " to continue it as it began");
+}
+
 void Trainer::resume() {
   if (resume_from_.empty()) return;
   try {
@@ -278,6 +327,7 @@ void Trainer::resume() {
                 state["data_mixture"].dump() + ", this config gives " + mixture_fingerprint_.dump() +
                 " ([[data.sources]] or data.mix_tokens changed)");
   }
+  check_recipe(state);
   CausalLM saved = load_model((fs::path(resume_from_) / "model").string(), {at::kFloat, device_});
   // The TOML may have been edited since (another preset, variant or switches): say so, not a shape error.
   const auto have = parameter_specs(model_->config()), had = parameter_specs(saved.config());
@@ -409,7 +459,7 @@ int Trainer::stop_signal_received(int64_t step) {
 StepStats Trainer::train_step(int64_t step) {
   RECORD_USER_SCOPE("archspace::train_step");  // one span per step in a profile (train.profile_steps)
   StepStats stats;
-  stats.lr = scheduled_lr(step, cfg_.max_steps, cfg_.warmup_steps, cfg_.lr, cfg_.final_lr_factor);
+  stats.lr = LrSchedule::of(cfg_).at(step);
   std::vector<at::Tensor> ids;
   const std::vector<Batch> micro = assemble_micro_batches(step, ids);
   const int64_t labelled = global_labelled_tokens(step, micro);
@@ -565,7 +615,8 @@ void Trainer::save_checkpoint(int64_t step, bool is_final) {
                   {"shard_optimizer", strategy_->shards_optimizer()},
                   {"sharding", sharding_name(world_ > 1 ? cfg_.sharding : Sharding::kNone)},
                   {"replicate_groups", strategy_->replicate_groups()},
-                  {"threads", at::get_num_threads()}};
+                  {"threads", at::get_num_threads()},
+                  {"optim_recipe", recipe_fingerprint(cfg_)}};
     callbacks_.save_state(state);  // e.g. the spike policy's recent losses
     if (!mixture_fingerprint_.is_null()) state["data_mixture"] = mixture_fingerprint_;
     std::string config_text = cfg_.text;

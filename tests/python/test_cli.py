@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from safetensors import safe_open
 
-from conftest import REPO, engine_logits, hf_logits, run_cli, save_random_olmo3, tiny_olmo3_config
+from conftest import (REPO, engine_logits, hf_logits, run_cli, save_random_olmo3, tiny_olmo3_config,
+                      without_startup_note)
 from tolerances import forward_bound
 
 REFERENCE = REPO / "tests" / "data"
@@ -24,7 +25,7 @@ def model_dir(tmp_path):
 def expect_error(args, *fragments):
     result = run_cli(*args, check=False)
     assert result.returncode == 1, f"exit {result.returncode}; stderr:\n{result.stderr}"
-    assert result.stderr.startswith("error"), result.stderr
+    assert without_startup_note(result.stderr).startswith("error"), result.stderr
     for f in fragments:
         assert str(f) in result.stderr, f"'{f}' not in:\n{result.stderr}"
     assert "Exception raised from" not in result.stderr  # no LibTorch backtrace for user errors
@@ -204,7 +205,7 @@ def test_help_lists_every_command():
     """`archspace --help` lists each command with its line; a command file that forgot to register shows."""
     out = run_cli("--help").stdout
     commands = [line.split()[0] for line in out.split("Subcommands:")[1].strip().splitlines() if line.strip()]
-    assert commands == ["info", "logits", "trace", "init", "encode", "tokenize", "train", "sweep", "plan", "export-hf", "plot", "compare", "generate",
+    assert commands == ["info", "logits", "trace", "init", "encode", "tokenize", "train", "schedule", "sweep", "plan", "export-hf", "plot", "compare", "generate",
                         "eval", "analyze", "serve"]
     for tool in (REPO / "tools").glob("*.cpp"):
         if tool.stem not in ("main", "command"):

@@ -92,7 +92,11 @@ def test_fp8_step_against_the_bf16_step_and_its_loss_curve(tmp_path):
     tokens = synthetic_tokens(2000)
     write_shards(tmp_path / "shards", tokens)
     model = save_random_olmo3(tiny_olmo3_config(num_key_value_heads=2), tmp_path / "init")
-    sections = base_sections(tmp_path, tmp_path / "init", train={"dtype": "bf16"}, debug={"dump_gradients_steps": 1})
+    # The engine's schedule and decay groups before recipes, which the loss-curve bound below was calibrated under
+    # (under the olmo-core recipe the two 5-step curves end 1.7% apart on an AVX2-only CPU): this test is about FP8
+    # against bf16, not about the recipe.
+    sections = base_sections(tmp_path, tmp_path / "init", train={"dtype": "bf16"}, debug={"dump_gradients_steps": 1},
+                             optim={"recipe": "archspace"})
     config = write_toml(tmp_path / "run.toml", sections)
     run_cli("train", "--config", config, "--set", f"train.run_dir={tmp_path / 'bf16'}")
     run_cli("train", "--config", config, "--set", f"train.run_dir={tmp_path / 'fp8'}", "--set", "train.fp8=true")

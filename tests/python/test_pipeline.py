@@ -156,6 +156,18 @@ def test_tiny_pipeline(variant, workdir, tmp_path):
     assert any("valid_loss" in m for m in losses("stage2"))
     # Stage 2 continues from stage 1's weights: it starts near where stage 1 ended, not from scratch.
     assert [m["loss"] for m in losses("stage2") if "loss" in m][0] < first[0] - 0.5
+    # Each stage's schedule starts again from its own warm-up (a stage is a run of its own, as in OLMo-core's
+    # stage scripts): every logged lr is OLMo-core's CosWithWarmup's for that stage's file (recipe "olmo-core").
+    import tomllib
+
+    from test_recipes import assert_same_lrs, olmo_core_lrs
+    for stage in STAGES:
+        cfg = tomllib.loads((REPO / "reproduce" / "tiny" / f"{stage}.toml").read_text())
+        assert cfg["optim"]["recipe"] == "olmo-core"
+        logged = [m["lr"] for m in losses(stage) if "loss" in m]
+        expected = olmo_core_lrs("cosine", cfg["optim"]["lr"], cfg["train"]["max_steps"], cfg["optim"]["warmup_steps"],
+                                 cfg["optim"]["final_lr_factor"])
+        assert_same_lrs(logged, expected, stage)
     for stage in ("stage4-think", "stage4-instruct"):
         # SFT starts from stage 3's weights on chat data: its first step's loss is transformers' on that batch.
         check_first_sft_step(workdir, runs / stage, variant, tmp_path)

@@ -20,6 +20,7 @@
 #include "archspace/model/loss.h"
 #include "archspace/train/autocast.h"
 #include "archspace/train/batches.h"
+#include "archspace/train/lr_schedule.h"
 #include "archspace/train/metrics_log.h"
 #include "archspace/train/optimizer.h"
 #include "archspace/train/run_tokenizer.h"

@@ -86,7 +86,13 @@ std::vector<std::string> names(const Trainer& t) {
 TEST(TrainCallbacks, TheConfigsCallbacksAreRegisteredInTheOrderOfTheirSideEffects) {
   const fs::path dir = archspace::testing::fresh_dir("callbacks_registered");
   Trainer trainer(tiny_run(dir, 2), quiet());
-  EXPECT_EQ(names(trainer),
+  EXPECT_EQ(names(trainer), (std::vector<std::string>{"metrics_log", "progress", "nonfinite_policy", "skip_step",
+                                                      "spike_policy", "checkpointing"}));
+  // Step skipping is the olmo-core recipe's (the default); the others leave it out.
+  TrainConfig megatron = tiny_run(archspace::testing::fresh_dir("callbacks_registered_megatron"), 2);
+  megatron.skip_steps = false;
+  Trainer without(megatron, quiet());
+  EXPECT_EQ(names(without),
             (std::vector<std::string>{"metrics_log", "progress", "nonfinite_policy", "spike_policy", "checkpointing"}));
 }
 

@@ -9,6 +9,7 @@
 
 #include "archspace/config/choices.h"
 #include "archspace/config/model_config.h"
+#include "archspace/config/recipe.h"
 
 namespace archspace {
 
@@ -54,6 +55,7 @@ struct TrainConfig {
   Variant variant = Variant::kBase;
   VariantSwitches switches;  // use_siamese_norm, use_depth_attention, depth_attention_stride/_recent_window
   std::string init_from;     // a checkpoint (or model directory) whose weights start this stage
+  InitScheme init = InitScheme::kOlmoCore;  // without init_from: how the weights are drawn (model.init)
   std::optional<YarnScaling> rope_scaling;  // switch YaRN on for full layers
   std::optional<int64_t> max_position_embeddings;
 
@@ -70,6 +72,8 @@ struct TrainConfig {
   DataFormat format = DataFormat::kTokens;
   std::string tokenizer = "dolma2";  // for chat data
   bool shuffle = true;
+  // train.data_order: whose order token instances are read in (config/recipe.h; one data.train source).
+  DataOrder data_order = DataOrder::kArchspace;
 
   // [train]
   std::string run_dir;
@@ -128,14 +132,27 @@ struct TrainConfig {
                                         // checkpoint write) may last before it fails
 
   // [optim]
+  // optim.recipe: whose conventions the run follows (config/recipe.h); it sets the defaults of schedule_convention,
+  // decay_norms, decay_embeddings and skip_steps below, which explicit keys override.
+  Recipe recipe = Recipe::kOlmoCore;
   double lr = 1e-3;
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
   double weight_decay = 0.1;
-  bool fused = true;         // one-pass AdamW (kernels/adamw.h on the CPU, LibTorch's on CUDA); false: the loop
-  bool decay_norms = false;  // norms and SiameseNorm scale vectors
-  bool decay_embeddings = true;
+  bool fused = true;        // one-pass AdamW (kernels/adamw.h on the CPU, LibTorch's on CUDA); false: the loop
+  bool decay_norms = true;  // norms and SiameseNorm scale vectors (the 1-D parameters)
+  bool decay_embeddings = false;
+  // The learning-rate schedule (train/lr_schedule.h): its shape, and whose step counting and formulas compute it.
+  ScheduleShape schedule = ScheduleShape::kCosine;
+  ScheduleConvention schedule_convention = ScheduleConvention::kOlmoCore;
   int64_t warmup_steps = 0;
   double final_lr_factor = 0.1;
+  std::optional<int64_t> decay_steps;  // WSD's decay phase; unset: round(0.1 x max_steps), OLMo-core's default
+  WsdDecayShape wsd_decay_shape = WsdDecayShape::kLinear;
+  // OLMo-core's SkipStepAdamW rule (train/skip_step.h): skip an update whose loss or gradient norm exceeds the mean
+  // of the last skip_step_window steps by more than skip_step_sigma standard deviations, once half a window is seen.
+  bool skip_steps = true;
+  int64_t skip_step_window = 128;
+  double skip_step_sigma = 6;
   double clip_grad_norm = 1.0;  // 0: off
   double z_loss = 1e-5;
 

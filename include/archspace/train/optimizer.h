@@ -1,6 +1,6 @@
-// AdamW with decoupled weight decay, computed exactly as torch.optim.AdamW (single-tensor path), the
-// learning-rate schedule (linear warm-up, then cosine decay to final_lr_factor * lr), and gradient
-// clipping by global norm: what happens between backward() and the next step's forward.
+// AdamW with decoupled weight decay, computed exactly as torch.optim.AdamW (single-tensor path), and gradient
+// clipping by global norm: what happens between backward() and the next step's forward (the learning rate of each
+// step is train/lr_schedule.h's).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -66,10 +66,6 @@ class AdamW {
   AdamWOptions o_;
   int64_t step_ = 0;
 };
-
-// lr at (0-based) step: (step + 1) / warmup * lr during warm-up, then a cosine from lr down to
-// final_factor * lr at the last step.
-double scheduled_lr(int64_t step, int64_t max_steps, int64_t warmup, double lr, double final_factor);
 
 // The global L2 norm of the gradients of `params` and the coefficient clipping to max_norm multiplies them by,
 // min(1, max_norm / (norm + 1e-6)) (1 when max_norm <= 0), without scaling them: AdamW::step applies it.

@@ -102,6 +102,7 @@ class Trainer {
   void setup_data();
   void setup_strategy();
   void resume();
+  void check_recipe(const nlohmann::json& state) const;  // the checkpoint's optim.recipe is the config's
   void sync_ranks();
   int64_t data_parallel_size() const { return cp_ ? cp_->data_parallel_size() : world_; }
   int64_t data_parallel_rank() const { return cp_ ? cp_->data_parallel_rank() : rank_; }

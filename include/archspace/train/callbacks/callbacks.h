@@ -1,7 +1,7 @@
 // The training callbacks (train/callback.h), one file each under src/train/callbacks/, and the registry that
 // builds a run's list from its config (ARCHSPACE_TRAIN_CALLBACKS below). Registration order is the order of their side
 // effects: in each step the profiler, the metrics line, the progress line, downstream evaluation, validation, then the
-// checkpoint; before the update the non-finite policy, then the spike policy.
+// checkpoint; before the update the non-finite policy, OLMo-core's step skipping, then the spike policy.
 #pragma once
 
 #include <memory>
@@ -33,6 +33,8 @@ nlohmann::json spike_line(const Trainer& trainer, int64_t step, const StepStats&
 //   progress               the progress line: "step N/M | loss | lr | grad | tok/s"
 //   gradient_dump          train.dump_gradients_steps: RUN/debug/grads-step-N.safetensors
 //   nonfinite_policy       train.nonfinite: a non-finite loss or gradient norm stops the run or skips the update
+//   skip_step              optim.skip_steps: OLMo-core's SkipStepAdamW rule skips an update whose loss or gradient
+//                          norm exceeds the recent mean by skip_step_sigma standard deviations (train/skip_step.h)
 //   spike_policy           train.spike / spike_factor / spike_window: loss spikes recorded, skipped or stopping the
 //                          run (always registered: checkpoints carry its window)
 //   downstream_evaluation  eval.downstream: the tasks, read and tokenized at setup, run at each evaluation step
@@ -44,6 +46,7 @@ nlohmann::json spike_line(const Trainer& trainer, int64_t step, const StepStats&
   X(progress)                        \
   X(gradient_dump)                   \
   X(nonfinite_policy)                \
+  X(skip_step)                       \
   X(spike_policy)                    \
   X(downstream_evaluation)           \
   X(validation)                      \
