@@ -24,6 +24,7 @@ using nlohmann::json;
 
 struct AnalyzeArgs {
   std::string model, data, tokenizer, out, dtype = "fp32", device = "cpu";
+  bool skip_checksums = false;
   int64_t sequences = 8, sequence_length = 256;
   bool no_plot = false;
 };
@@ -91,7 +92,8 @@ std::string default_out(const std::string& model_dir) {
 }
 
 int run(AnalyzeArgs a) {
-  const std::string model_dir = resolve_model_dir(a.model);  // a run directory, checkpoint or model directory
+  const std::string model_dir =
+      model_dir_to_use(a.model, a.skip_checksums);  // a run directory, checkpoint or model directory
   if (a.out.empty()) a.out = default_out(model_dir);
   fs::create_directories(a.out);
   CausalLM model = load_model(
@@ -122,6 +124,7 @@ Command add(CLI::App& parent) {
   auto* app = parent.add_subcommand(
       "analyze", "Stream norms, layer pruning, logit lens, input intensity and Depth-Attention weights of a model");
   add_model_option(app, a->model, "a run directory, checkpoint or model directory");
+  add_skip_checksums_option(app, a->skip_checksums);
   app->add_option("--data", a->data, "held-out token shards (or Megatron / OLMo-core token files), or a text file")
       ->required();
   app->add_option("--out", a->out,

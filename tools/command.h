@@ -62,6 +62,14 @@ std::vector<int64_t> parse_token_ids(const std::string& text, int64_t vocab_size
 // vLLM's `serve MODEL`); giving both is an error. `required`: one of them must be there.
 void add_model_option(CLI::App* app, std::string& model, const std::string& what, bool required = true);
 
+// --skip-checksums: a checkpoint's files are verified against its checksums.json before its model is used (as
+// `train --resume` does) unless this is given; verification reads every byte once more (docs/faults.md has its cost).
+void add_skip_checksums_option(CLI::App* app, bool& skip);
+
+// The model directory a command uses (io/run_dir.h's model_dir_for_use); says on stderr when a checkpoint goes
+// unverified because of --skip-checksums.
+std::string model_dir_to_use(const std::string& model, bool skip_checksums);
+
 // The flags as users of transformers, lm-eval and vLLM type them, before CLI11 reads them: every flag that the
 // command it follows does not know is tried with dashes for underscores (--batch_size) and then as a synonym
 // with the same meaning (lm-eval's --num_fewshot is --shots, --output_path is --out; --model_path,

@@ -39,6 +39,7 @@ struct PplArgs {
   std::string model, data, tokenizer, out, dtype = "fp32", device = "cpu", token_dtype, profile;
   std::string quantization = "none";
   int64_t max_tokens = 0;
+  bool skip_checksums = false;
   PerplexityOptions options;
 };
 
@@ -60,7 +61,7 @@ struct DownstreamArgs {
                             profile;
   std::string quantization = "none", decode_steps = "eager";
   std::vector<std::string> tasks_dirs;
-  bool chat = false, no_prefix_sharing = false;
+  bool chat = false, no_prefix_sharing = false, skip_checksums = false;
   std::optional<int64_t> shots;
   int64_t limit = 0, batch_size = 0, batch_tokens = 8192, max_length = 0;
 };
@@ -137,7 +138,7 @@ int run_downstream(const DownstreamArgs& a, bool limit_given) {
   for (const auto& n : plan.notes) progress.note(n);
   DownstreamPipeline pipeline(selection, std::move(plan), note);
 
-  const std::string model_dir = resolve_model_dir(a.model);
+  const std::string model_dir = model_dir_to_use(a.model, a.skip_checksums);
   CausalLM model =
       load_model(model_dir, {scalar_type(parse_dtype(a.dtype, "--dtype")), parse_device(a.device, "--device").device(),
                              false, parse_quantization(a.quantization, "--quantization")});
@@ -210,7 +211,8 @@ int run_downstream(const DownstreamArgs& a, bool limit_given) {
 int run_ppl(const PplArgs& a) {
   namespace fs = std::filesystem;
   if (!a.out.empty()) check_writable(a.out);
-  const std::string model_dir = resolve_model_dir(a.model);  // a run directory or checkpoint names its model
+  const std::string model_dir =
+      model_dir_to_use(a.model, a.skip_checksums);  // a run directory or checkpoint names its model
   CausalLM model =
       load_model(model_dir, {scalar_type(parse_dtype(a.dtype, "--dtype")), parse_device(a.device, "--device").device(),
                              false, parse_quantization(a.quantization, "--quantization")});
@@ -294,6 +296,7 @@ Command add(CLI::App& parent) {
   eval->require_subcommand(1);
   auto* ppl = eval->add_subcommand("ppl", "Perplexity on token shards or a text file (JSON result)");
   add_model_option(ppl, a->model, "model directory, or a checkpoint or finished run directory holding one");
+  add_skip_checksums_option(ppl, a->skip_checksums);
   ppl->add_option("--data", a->data,
                   "token shards, a Megatron prefix DIR/NAME, OLMo-core .npy file(s), or a text file (tokenized with "
                   "the model's tokenizer)")
@@ -324,6 +327,7 @@ Command add(CLI::App& parent) {
   add_model_option(ds, d->model,
                    "model directory, or a checkpoint or finished run directory holding one (required unless --rescore)",
                    /*required=*/false);
+  add_skip_checksums_option(ds, d->skip_checksums);
   ds->add_option("--tasks", d->tasks,
                  "comma-separated tasks or groups: arc_easy,arc_challenge,hellaswag,piqa,winogrande,openbookqa,"
                  "basic_arithmetic,mmlu (its 57 mmlu_<subject> tasks and their macro average),... "

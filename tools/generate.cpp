@@ -17,7 +17,7 @@ struct GenerateArgs {
   std::string model, prompt_tokens, messages, prompts_file, tokenizer, dtype = "fp32", device = "cpu", profile;
   std::string quantization = "none", decode_steps = "eager";
   std::vector<std::string> prompts, stops;
-  bool chat = false;
+  bool chat = false, skip_checksums = false;
   GenerateOptions options;
 };
 
@@ -68,7 +68,7 @@ int run(GenerateArgs a) {
   a.options.stop_strings = a.stops;
   a.options.validate();  // before loading anything
   a.options.decode_steps = decode_mode_for(a.decode_steps, a.device);
-  a.model = resolve_model_dir(a.model);  // a run directory or checkpoint names its model
+  a.model = model_dir_to_use(a.model, a.skip_checksums);  // a run directory or checkpoint names its model
   const ModelConfig config = load_model_config(a.model);
   auto tokenizer = model_tokenizer(a.model, a.tokenizer, config.vocab_size);
   const Prompts prompts = gather_prompts(a, *tokenizer, config.vocab_size);
@@ -108,6 +108,7 @@ Command add(CLI::App& parent) {
   auto* app =
       parent.add_subcommand("generate", "Generate text from a prompt (streams; reports tokens/s and cache memory)");
   add_model_option(app, a->model, "model directory, or a checkpoint or finished run directory holding one");
+  add_skip_checksums_option(app, a->skip_checksums);
   app->add_option("--prompt", a->prompts, "prompt text (with --chat: the user message); repeat it to decode a batch");
   app->add_option("--prompt-tokens", a->prompt_tokens, "prompt as token ids instead");
   app->add_flag("--chat", a->chat, "format as a chat (SPEC.md section 6) and answer as the assistant");

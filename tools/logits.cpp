@@ -15,14 +15,15 @@ struct LogitsArgs {
   std::string model, tokens, out, dtype = "fp32", device = "cpu", attention = "sdpa";
   std::string quantization = "none";
   int repeat = 1;  // >1: run the forward again and report each run's time (for bench/)
-  bool allow_nonfinite = false;
+  bool allow_nonfinite = false, skip_checksums = false;
 };
 
 int run(const LogitsArgs& a) {
   const at::Device device = parse_device(a.device, "--device").device();
   const AttentionImpl impl = a.attention == "reference" ? AttentionImpl::kReference : AttentionImpl::kSdpa;
-  CausalLM model = load_model(a.model, {scalar_type(parse_dtype(a.dtype, "--dtype")), device, a.allow_nonfinite,
-                                        parse_quantization(a.quantization, "--quantization")});
+  CausalLM model = load_model(model_dir_to_use(a.model, a.skip_checksums),
+                              {scalar_type(parse_dtype(a.dtype, "--dtype")), device, a.allow_nonfinite,
+                               parse_quantization(a.quantization, "--quantization")});
   const std::vector<int64_t> ids = parse_token_ids(a.tokens, model.config().vocab_size, "--tokens");
   const at::Tensor input = at::tensor(ids, at::kLong).unsqueeze(0);
   at::Tensor logits;
@@ -48,7 +49,8 @@ Command add(CLI::App& parent) {
   auto a = std::make_shared<LogitsArgs>();
   auto* app = parent.add_subcommand("logits",
                                     "Run the forward on token ids and write fp32 logits [T, vocab] as tensor 'logits'");
-  add_model_option(app, a->model, "model directory");
+  add_model_option(app, a->model, "model directory, or a checkpoint holding one");
+  add_skip_checksums_option(app, a->skip_checksums);
   app->add_option("--tokens", a->tokens, "token ids, space or comma separated, e.g. \"1 2 3\"")->required();
   app->add_option("--out", a->out, "output .safetensors file")->required();
   add_dtype_option(app, a->dtype, "compute dtype (the file is always fp32)");

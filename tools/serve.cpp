@@ -19,7 +19,7 @@ namespace {
 struct ServeArgs {
   std::string model, tokenizer, model_name, dtype = "fp32", device = "cpu";
   std::string quantization = "none", decode_steps = "eager";
-  bool log_stats = true;
+  bool log_stats = true, skip_checksums = false;
   serve::ServerOptions server;
 };
 
@@ -51,7 +51,7 @@ int run(ServeArgs a) {
     throw Error("serve: which model? archspace serve MODEL (a run, checkpoint or model directory), or --model MODEL");
   if (a.model_name.empty()) a.model_name = default_model_id(a.model);
   a.server.scheduler.decode_steps = decode_mode_for(a.decode_steps, a.device);  // before loading anything
-  a.model = resolve_model_dir(a.model);
+  a.model = model_dir_to_use(a.model, a.skip_checksums);
   const ModelConfig config = load_model_config(a.model);
   auto tokenizer = model_tokenizer(a.model, a.tokenizer, config.vocab_size);
   CausalLM model =
@@ -99,6 +99,7 @@ Command add(CLI::App& parent) {
   auto* positional =
       app->add_option("MODEL", a->model, "a finished run directory, a checkpoint, or a model directory (or --model)");
   app->add_option("--model", a->model, "the same as MODEL, as a flag")->excludes(positional);
+  add_skip_checksums_option(app, a->skip_checksums);
   app->add_option("--host", s.host, "address to listen on (loopback by default; 0.0.0.0 for all)")
       ->capture_default_str();
   app->add_option("--port", s.port, "TCP port (0: any free port, printed at start)")

@@ -14,12 +14,13 @@ namespace {
 
 struct TraceArgs {
   std::string model, tokens, out, attention = "sdpa", dtype = "fp32", device = "cpu";
+  bool skip_checksums = false;
   bool allow_nonfinite = false;
 };
 
 int run(const TraceArgs& a) {
   CausalLM model = load_model(
-      resolve_model_dir(a.model),
+      model_dir_to_use(a.model, a.skip_checksums),
       {scalar_type(parse_dtype(a.dtype, "--dtype")), parse_device(a.device, "--device").device(), a.allow_nonfinite});
   const at::Tensor ids =
       at::tensor(parse_token_ids(a.tokens, model.config().vocab_size, "--tokens"), at::kLong).unsqueeze(0);
@@ -35,6 +36,7 @@ Command add(CLI::App& parent) {
   auto* app =
       parent.add_subcommand("trace", "Write every named activation of one forward and the logits (fp32 safetensors)");
   add_model_option(app, a->model, "model directory, or a checkpoint or finished run directory holding one");
+  add_skip_checksums_option(app, a->skip_checksums);
   app->add_option("--tokens", a->tokens, "token ids, space or comma separated, e.g. \"1 2 3\"")->required();
   app->add_option("--out", a->out, "output .safetensors file")->required();
   app->add_option("--attention", a->attention, "sdpa (fused kernels) or reference (plain fp32 path)")

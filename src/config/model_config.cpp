@@ -9,6 +9,7 @@
 
 #include "archspace/config/choices.h"
 #include "archspace/util/error.h"
+#include "archspace/util/file_writer.h"
 #include "archspace/util/json_file.h"
 #include "archspace/util/strings.h"
 
@@ -495,12 +496,7 @@ json ModelConfig::to_json() const {
 
 ModelConfig ModelConfig::load(const std::string& path) { return from_json(read_json_file(path), path); }
 
-void ModelConfig::save(const std::string& path) const {
-  std::ofstream out(path);
-  if (!out) throw Error(path + ": cannot write the config file");
-  out << to_json().dump(2) << "\n";
-  if (!out) throw Error(path + ": write failed");
-}
+void ModelConfig::save(const std::string& path) const { write_file(path, to_json().dump(2) + "\n"); }
 
 void VariantSwitches::apply_to(ModelConfig& c, const std::string& where) const {
   if (!any()) return;

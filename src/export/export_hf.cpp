@@ -15,6 +15,7 @@
 #include "archspace/remote_code.h"
 #include "archspace/tokenizer/tokenizer.h"
 #include "archspace/util/error.h"
+#include "archspace/util/file_writer.h"
 #include "archspace/util/json_file.h"
 
 namespace archspace {
@@ -25,12 +26,6 @@ using nlohmann::json;
 namespace {
 
 constexpr const char* kTransformersVersion = "5.17.0";
-
-void write_file(const fs::path& p, const std::string& text) {
-  std::ofstream out(p, std::ios::binary);
-  out << text;
-  if (!out) throw Error(p.string() + ": write failed");
-}
 
 // SPEC.md section 6 as a Jinja chat template: what encode_chat produces (a finished conversation ends in
 // <|endoftext|>), or with a generation prompt what encode_chat_prompt produces (every turn ends in <|im_end|>).
@@ -86,21 +81,21 @@ void export_hf(const std::string& checkpoint, const std::string& out_dir, const 
     const fs::path config_path = out / "config.json";
     json config = read_json_file(config_path.string());
     config["transformers_version"] = kTransformersVersion;
-    write_file(config_path, config.dump(2) + "\n");
+    write_file(config_path.string(), config.dump(2) + "\n");
   }
-  fs::copy_file(tokenizer->path(), out / "tokenizer.json", fs::copy_options::overwrite_existing);
+  copy_file_contents(tokenizer->path(), (out / "tokenizer.json").string());
   auto token_or_null = [&](const char* t) { return tokenizer->token_to_id(t) ? json(t) : json(nullptr); };
   json tok_config = {{"tokenizer_class", "PreTrainedTokenizerFast"},  {"eos_token", token_or_null("<|endoftext|>")},
                      {"pad_token", token_or_null("<|pad|>")},         {"bos_token", nullptr},
                      {"model_max_length", c.max_position_embeddings}, {"clean_up_tokenization_spaces", false}};
   if (tokenizer->token_to_id("<|im_start|>")) tok_config["chat_template"] = chat_template();
-  write_file(out / "tokenizer_config.json", tok_config.dump(2) + "\n");
+  write_file((out / "tokenizer_config.json").string(), tok_config.dump(2) + "\n");
   json gen = {{"eos_token_id", c.eos_token_id ? json(*c.eos_token_id) : json(nullptr)},
               {"pad_token_id", c.pad_token_id ? json(*c.pad_token_id) : json(nullptr)}};
-  write_file(out / "generation_config.json", gen.dump(2) + "\n");
+  write_file((out / "generation_config.json").string(), gen.dump(2) + "\n");
   if (c.variant == Variant::kSiameseDepth) {
-    write_file(out / "configuration_olmo3_siamese_depth.py", kRemoteConfigurationPy);
-    write_file(out / "modeling_olmo3_siamese_depth.py", kRemoteModelingPy);
+    write_file((out / "configuration_olmo3_siamese_depth.py").string(), kRemoteConfigurationPy);
+    write_file((out / "modeling_olmo3_siamese_depth.py").string(), kRemoteModelingPy);
   }
   // Into place: an old directory is moved aside first and removed only once the new one is there.
   if (replace) {

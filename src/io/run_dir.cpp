@@ -106,15 +106,49 @@ void verify_checkpoint(const std::string& dir) {
 }
 
 std::string resolve_model_dir(const std::string& path) {
-  const fs::path p(path);
-  if (fs::exists(p / "checkpoints" / "final")) {
+  const fs::path p(path), root = p / "checkpoints";
+  if (fs::exists(root / "final")) {
     std::string name;
-    std::ifstream(p / "checkpoints" / "final") >> name;
-    return (p / "checkpoints" / name / "model").string();
+    std::ifstream(root / "final") >> name;
+    const fs::path model = root / name / "model";
+    if (name.empty() || name.find('/') != std::string::npos || !fs::exists(model / "config.json"))
+      throw Error((root / "final").string() + ": names '" + name + "', which is not a checkpoint of the run");
+    return model.string();
   }
   if (fs::exists(p / "model" / "config.json")) return (p / "model").string();
   if (fs::exists(p / "config.json")) return p.string();
+  if (fs::is_directory(root)) {
+    // A run directory without `final`: a run still training or stopped early, or one whose final save was cut short.
+    const std::string newest = latest_checkpoint(path);
+    if (newest.empty()) throw Error(path + ": a run directory with no checkpoint yet (checkpoints/ is empty)");
+    throw Error(path + ": the run has not finished: checkpoints/final is missing (its newest checkpoint is " + newest +
+                "). If it stopped at its last step (a final save cut short by a kill or a full disk), `archspace train "
+                "--config CONFIG --resume` with the run's config (saved as " +
+                newest + "/train_config.toml) completes it; or name that checkpoint to use it as it is");
+  }
   throw Error(path + ": not a checkpoint, a finished run directory, or a model directory");
+}
+
+std::string intact_checkpoint_note(const std::string& checkpoint_dir) {
+  const std::string run = run_dir_of_checkpoint(checkpoint_dir);
+  if (run.empty()) return "";
+  const std::string intact = newest_intact_checkpoint(run, checkpoint_dir);
+  return intact.empty() ? "no other checkpoint of " + run + " verifies"
+                        : "the newest intact checkpoint of the run is " + intact;
+}
+
+std::string model_dir_for_use(const std::string& path, bool verify_checksums, const std::string& skip_hint) {
+  const std::string model_dir = resolve_model_dir(path);
+  const std::string checkpoint = checkpoint_of_model_dir(model_dir);
+  if (checkpoint.empty() || !verify_checksums) return model_dir;
+  try {
+    verify_checkpoint(checkpoint);
+  } catch (const Error& e) {
+    const std::string intact = intact_checkpoint_note(checkpoint);
+    throw Error(std::string(e.what()) + (intact.empty() ? "" : "; " + intact) +
+                (skip_hint.empty() ? "" : " (" + skip_hint + ")"));
+  }
+  return model_dir;
 }
 
 std::string checkpoint_of_model_dir(const std::string& model_dir) {

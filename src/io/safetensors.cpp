@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "archspace/util/error.h"
+#include "archspace/util/file_writer.h"
 #include "archspace/util/json_file.h"
 
 namespace archspace {
@@ -49,10 +50,6 @@ const DTypeInfo& dtype_by_scalar(at::ScalarType s) {
   for (const auto& d : dtype_table())
     if (d.scalar == s) return d;
   throw Error(std::string("safetensors: cannot write tensors of dtype ") + c10::toString(s));
-}
-
-void write_all(std::FILE* f, const void* data, size_t n, const std::string& path) {
-  if (n && std::fwrite(data, 1, n, f) != n) throw Error(path + ": write failed (disk full?)");
 }
 
 }  // namespace
@@ -320,25 +317,16 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
 
   // Write beside the target and rename, so an interrupted write never leaves a half file under the name.
   const std::string tmp = path + ".tmp";
-  std::FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (!f) throw Error(tmp + ": cannot open for writing: " + std::strerror(errno));
   try {
-    write_all(f, len_bytes, 8, tmp);
-    write_all(f, text.data(), text.size(), tmp);
-    for (const auto& c : contiguous) write_all(f, c.data_ptr(), c.numel() * c.element_size(), tmp);
-    if (std::fflush(f) != 0 || ::fsync(fileno(f)) != 0) throw Error(tmp + ": flush failed (disk full?)");
+    FileWriter out(tmp);
+    out.write(len_bytes, 8);
+    out.write(text);
+    for (const auto& c : contiguous) out.write(c.data_ptr(), c.numel() * c.element_size());
+    out.finish();
+    rename_file(tmp, path);
   } catch (...) {
-    std::fclose(f);
     std::remove(tmp.c_str());
     throw;
-  }
-  if (std::fclose(f) != 0) {
-    std::remove(tmp.c_str());
-    throw Error(tmp + ": close failed (disk full?)");
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    throw Error(path + ": rename failed: " + std::strerror(errno));
   }
 }
 
@@ -368,9 +356,7 @@ void save_model_weights(const std::string& dir, const NamedTensors& tensors, uin
     for (const auto& nt : shards[i]) weight_map[nt.first] = name;
   }
   json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
-  std::ofstream out(fs::path(dir) / "model.safetensors.index.json");
-  out << index.dump(2) << "\n";
-  if (!out) throw Error(dir + "/model.safetensors.index.json: write failed");
+  write_file((fs::path(dir) / "model.safetensors.index.json").string(), index.dump(2) + "\n");
 }
 
 }  // namespace archspace

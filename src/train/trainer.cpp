@@ -38,9 +38,12 @@ namespace {
 // The model of this stage: fresh, or the previous stage's weights with only RoPE/length changes allowed.
 CausalLM build_stage_model(const TrainConfig& cfg, at::Device device) {
   if (cfg.init_from.empty()) return initialised_model(cfg.model(), cfg.seed, cfg.init, at::kFloat, device);
-  const std::string model_dir = resolve_model_dir(cfg.init_from);
-  if (const std::string checkpoint = checkpoint_of_model_dir(model_dir); !checkpoint.empty())
-    verify_checkpoint(checkpoint);
+  std::string model_dir;
+  try {
+    model_dir = model_dir_for_use(cfg.init_from);  // a checkpoint's checksums verified first
+  } catch (const Error& e) {
+    throw Error(cfg.source + ": model.init_from: " + e.what());
+  }
   CausalLM prev = load_model(model_dir, {at::kFloat, device});
   ModelConfig next = prev.config();
   if (!cfg.preset.empty() || !cfg.model_config.empty()) {
@@ -370,6 +373,30 @@ void Trainer::sync_ranks() {
   strategy_->broadcast_parameters();
 }
 
+// A run resumed at its last step has its final checkpoint written, but a kill or a full disk may have come before
+// `latest`, `final` or the pruning of older checkpoints named it final: publishing it again completes the save as an
+// uninterrupted run ends it, and changes nothing where the run had finished.
+void Trainer::complete_final_save() {
+  const std::string step = std::to_string(start_step_);
+  const fs::path own = fs::path(cfg_.run_dir) / "checkpoints" / fs::path(resume_from_).filename();
+  const bool of_this_run = !resume_from_.empty() && fs::exists(own) && fs::equivalent(own, resume_from_);
+  if (start_step_ != cfg_.max_steps || !of_this_run) {  // past max_steps, or resumed from another run's checkpoint
+    progress_->note("already at step " + step + " of train.max_steps " + std::to_string(cfg_.max_steps) +
+                    ": nothing to train");
+    return;
+  }
+  if (rank_ == 0) {
+    const std::vector<std::string> changed =
+        publish_checkpoint(cfg_.run_dir, fs::path(resume_from_).filename().string(), cfg_.keep_last, true);
+    std::string what;
+    for (const auto& c : changed) what += (what.empty() ? "" : ", ") + c;
+    progress_->note(changed.empty() ? "already finished (step " + step + ")"
+                                    : "completed the interrupted final save of step " + step + " (" + what + ")");
+  }
+  if (dist_) dist_->barrier("the barrier after completing the final save", dist_->timeout());
+  last_checkpoint_ = resume_from_;
+}
+
 // ---- the loop -------------------------------------------------------------------------------------
 
 TrainResult Trainer::run() {
@@ -407,7 +434,7 @@ TrainResult Trainer::run() {
       }
       if (options_.stop_after_step > 0 && step + 1 == options_.stop_after_step) break;
     }
-    if (start_step_ >= cfg_.max_steps) progress_->note("already finished (step " + std::to_string(start_step_) + ")");
+    if (start_step_ >= cfg_.max_steps) complete_final_save();
     callbacks_.post_train(*this);
   } catch (const std::exception& e) {
     callbacks_.on_error(*this, e);

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "archspace/util/error.h"
+#include "archspace/util/file_writer.h"
 
 namespace archspace {
 
@@ -28,19 +29,14 @@ std::string read_text_file(const std::string& path) {
 
 void write_text_file_atomically(const std::string& path, const std::string& text) {
   const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << text;
-    out.flush();
-    if (!out) {
-      std::error_code ec;
-      std::filesystem::remove(tmp, ec);
-      throw Error(path + ": write failed (disk full?)");
-    }
+  try {
+    write_file(tmp, text);
+    rename_file(tmp, path);
+  } catch (...) {
+    std::error_code ec;
+    std::filesystem::remove(tmp, ec);
+    throw;
   }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) throw Error(path + ": cannot replace it with " + tmp + " (" + ec.message() + ")");
 }
 
 }  // namespace archspace

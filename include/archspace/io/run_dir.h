@@ -24,8 +24,18 @@ std::string resolve_checkpoint(const std::string& run_dir, const std::string& sp
 void verify_checkpoint(const std::string& checkpoint_dir);
 
 // A model directory from: a checkpoint (its model/), a run directory (its final checkpoint), or a Hugging
-// Face model directory itself.
+// Face model directory itself. A run directory without `final` is refused, saying how to complete it.
 std::string resolve_model_dir(const std::string& path);
+
+// resolve_model_dir for a command that uses the model (eval, generate, serve, init_from): the checkpoint holding it
+// is verified against its checksums.json first, unless verify_checksums is false (--skip-checksums); a plain model
+// directory (a Hugging Face export) has none and loads as it is. A mismatch names the file and the run's newest
+// intact checkpoint, and `skip_hint` (how the command skips verification) where given.
+std::string model_dir_for_use(const std::string& path, bool verify_checksums = true, const std::string& skip_hint = "");
+
+// "the newest intact checkpoint of the run is RUN/checkpoints/step-N" (or that none verifies), for the message of a
+// checkpoint that failed verification; "" for a checkpoint outside a run directory.
+std::string intact_checkpoint_note(const std::string& checkpoint_dir);
 
 // One training process per run directory: an OS lock on RUN_DIR/.lock (released when the process dies, however
 // it dies). A second process fails at once, naming the holder's pid.

@@ -104,6 +104,7 @@ class Trainer {
   void resume();
   void check_recipe(const nlohmann::json& state) const;  // the checkpoint's optim.recipe is the config's
   void sync_ranks();
+  void complete_final_save();  // a run resumed at its last step: `final`, `latest` and pruning as a save ends them
   int64_t data_parallel_size() const { return cp_ ? cp_->data_parallel_size() : world_; }
   int64_t data_parallel_rank() const { return cp_ ? cp_->data_parallel_rank() : rank_; }
   // The step's micro-batches for this rank: the instances of its data-parallel rank, each sequence cut to its

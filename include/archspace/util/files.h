@@ -13,7 +13,8 @@ std::string read_text_file(const std::string& path);
 void check_readable_file(const std::string& path);
 
 // Writes `text` to PATH.tmp and renames it over `path`: a reader, or a crash, sees the old file or the new one,
-// never half of one. Throws archspace::Error "PATH: write failed (disk full?)", leaving `path` as it was.
+// never half of one. Throws archspace::Error naming the file and the system's reason (util/file_writer.h), leaving
+// `path` as it was.
 void write_text_file_atomically(const std::string& path, const std::string& text);
 
 }  // namespace archspace
