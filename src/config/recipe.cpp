@@ -14,7 +14,7 @@ namespace {
 const std::vector<std::string> kRecipes = {"olmo-core", "megatron", "archspace"};
 const std::vector<std::string> kShapes = {"cosine", "linear", "wsd", "constant"};
 const std::vector<std::string> kWsdShapes = {"linear", "cosine", "exponential", "minus_sqrt"};
-const std::vector<std::string> kDataOrders = {"archspace", "olmo-core"};
+const std::vector<std::string> kDataOrders = {"archspace", "olmo-core", "megatron"};
 const std::vector<std::string> kInitSchemes = {"olmo-core", "megatron"};
 
 template <typename E>

@@ -699,11 +699,14 @@ void validate(TrainConfig& c, const ChoiceTexts& choices, const std::string& pat
     c.init = parse_init_scheme(*choices.init, key("model.init"));
     require(c.init_from.empty(), "model.init", "applies to a model trained from scratch, not one from model.init_from");
   }
-  // OLMo-core's order is its NumpyFSLDataLoader's over one dataset's files; a mixture is the engine's own schedule.
+  // OLMo-core's order is its NumpyFSLDataLoader's over one dataset's files, Megatron's its GPTDataset's over one
+  // indexed dataset; a mixture is the engine's own schedule.
   require(c.data_order == DataOrder::kArchspace || (c.sources.empty() && c.format == DataFormat::kTokens),
           "train.data_order",
-          "= \"olmo-core\" applies to token data from data.train (not a [[data.sources]] mixture "
-          "or chat data)");
+          std::string("= \"") + data_order_name(c.data_order) +
+              "\" applies to token data from data.train (not a [[data.sources]] mixture or chat data)");
+  require(c.data_order != DataOrder::kMegatron || c.shuffle, "data.shuffle",
+          "must be true under train.data_order = \"megatron\" (Megatron's GPTDataset always shuffles)");
   require(c.keep_last >= 1, "checkpoint.keep_last", "must be >= 1");
   require(c.downstream_format == "rc" || c.downstream_format == "mc", "eval.downstream_format",
           "must be rc or mc, not '" + c.downstream_format + "'");

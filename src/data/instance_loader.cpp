@@ -50,6 +50,8 @@ InstanceLoader::InstanceLoader(std::shared_ptr<const TokenShards> shards, int64_
       order_(order),
       permutation_(std::make_shared<PermutationCache>()) {
   if (sequence_length_ <= 0) throw Error("sequence length must be positive");
+  if (order_ == DataOrder::kMegatron)
+    throw Error("InstanceLoader: the megatron order's samples cross documents (data/megatron_order.h), not windows");
   for (size_t s = 0; s < shards_->num_shards(); ++s) {
     window_starts_.push_back(total_windows_);
     total_windows_ += shards_->shard_tokens(s) / sequence_length_;
@@ -108,7 +110,7 @@ std::vector<uint32_t> InstanceLoader::instance(uint64_t index) const {
 }
 
 at::Tensor Instances::batch(uint64_t first, int64_t count) const {
-  const int64_t length = sequence_length();
+  const int64_t length = sequence_length() + label_tokens();
   at::Tensor out = at::empty({count, length}, at::kLong);
   int64_t* dst = out.data_ptr<int64_t>();
   for (int64_t b = 0; b < count; ++b) {

@@ -194,6 +194,15 @@ MegatronIndex parse_megatron_index(const uint8_t* data, size_t size, const std::
   return idx;
 }
 
+std::vector<int32_t> megatron_sequence_lengths(const std::string& prefix) {
+  const std::string idx_path = prefix + ".idx";
+  const Mapping mapping(idx_path);
+  const MegatronIndex idx = parse_megatron_index(mapping.data, mapping.size, idx_path);
+  std::vector<int32_t> lengths(idx.sequences);
+  for (uint64_t i = 0; i < idx.sequences; ++i) lengths[i] = idx.length(i);
+  return lengths;
+}
+
 std::shared_ptr<TokenShards> open_megatron_dataset(const std::string& prefix, int64_t vocab_size,
                                                    int64_t eos_token_id) {
   const std::string idx_path = prefix + ".idx", bin_path = prefix + ".bin", manifest_path = prefix + ".manifest.json";

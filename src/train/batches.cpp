@@ -21,6 +21,10 @@ std::string batch_hash(const at::Tensor& ids) {
 
 Batch window_batch(const Instances& instances, uint64_t first, int64_t count) {
   at::Tensor ids = instances.batch(first, count);
+  if (instances.label_tokens() > 0) {  // S + 1 ids: the first S are the input, the last S its labels (Megatron's)
+    const int64_t S = instances.sequence_length();
+    return {ids.narrow(1, 0, S).contiguous(), ids.narrow(1, 1, S).contiguous()};
+  }
   at::Tensor labels = at::full_like(ids, kIgnoreIndex);
   labels.narrow(1, 0, ids.size(1) - 1).copy_(ids.narrow(1, 1, ids.size(1) - 1));
   return {ids, labels};

@@ -1,5 +1,8 @@
 #include "archspace/train/token_data.h"
 
+#include "archspace/data/instance_loader.h"
+#include "archspace/data/megatron_dataset.h"
+#include "archspace/data/megatron_order.h"
 #include "archspace/data/source_mixture.h"
 #include "archspace/data/token_source.h"
 #include "archspace/train/run_tokenizer.h"
@@ -47,6 +50,26 @@ void check_document_eos(const TokenShards& source, const std::string& what, cons
 
 }  // namespace
 
+namespace {
+
+// The run's instances from one source: windows in the engine's or OLMo-core's order, or Megatron's samples (which
+// need a Megatron dataset: its sequences are the documents the order is made of).
+std::shared_ptr<const Instances> train_instances(const std::shared_ptr<const TokenShards>& shards,
+                                                 const TrainConfig& cfg, int64_t global_batch) {
+  if (cfg.data_order != DataOrder::kMegatron)
+    return std::make_shared<InstanceLoader>(shards, cfg.sequence_length, cfg.seed, cfg.shuffle, cfg.data_order,
+                                            global_batch);
+  if (detect_token_format(cfg.train_data) != TokenFormat::kMegatron) {
+    throw Error(cfg.source + ": train.data_order = \"megatron\" reads a Megatron indexed dataset (PREFIX.bin + " +
+                "PREFIX.idx: `archspace tokenize --format megatron` writes one), but data.train " + cfg.train_data +
+                " is in the " + token_format_name(*detect_token_format(cfg.train_data)) + " format");
+  }
+  return std::make_shared<MegatronOrderInstances>(shards, megatron_sequence_lengths(shards->dir()), cfg.sequence_length,
+                                                  static_cast<uint64_t>(cfg.max_steps) * global_batch, cfg.seed);
+}
+
+}  // namespace
+
 TokenData open_token_data(const TrainConfig& cfg, const ModelConfig& model, int64_t global_batch, bool verify,
                           ProgressLine& progress) {
   // The model's vocabulary and EOS stand in for a tokenizer where the files carry no manifest.
@@ -62,8 +85,7 @@ TokenData open_token_data(const TrainConfig& cfg, const ModelConfig& model, int6
     auto shards = open_token_source(cfg.train_data, options);
     check_source(*shards, cfg.train_data, cfg, model, sha, verify, progress);
     check_document_eos(*shards, cfg.train_data, cfg, data.document_eos);
-    data.train = std::make_shared<InstanceLoader>(shards, cfg.sequence_length, cfg.seed, cfg.shuffle, cfg.data_order,
-                                                  global_batch);
+    data.train = train_instances(shards, cfg, global_batch);
     first = shards;
   } else {
     MixtureSpec spec;

@@ -24,9 +24,10 @@ enum class ScheduleConvention { kOlmoCore, kMegatron, kArchspace };
 // The shape of WSD's decay phase (optim.wsd_decay_shape): OLMo-core's WSD decays linearly; Megatron offers four.
 enum class WsdDecayShape { kLinear, kCosine, kExponential, kMinusSqrt };
 
-// The order instances are read in (train.data_order): the engine's keyed permutation of each epoch, or OLMo-core's
-// NumpyFSLDataLoader order (numpy's default_rng(seed + epoch) shuffle of the instance indices; data/instance_loader.h).
-enum class DataOrder { kArchspace, kOlmoCore };
+// The order instances are read in (train.data_order): the engine's keyed permutation of each epoch, OLMo-core's
+// NumpyFSLDataLoader order (numpy's default_rng(seed + epoch) shuffle of the instance indices; data/instance_loader.h),
+// or Megatron-Core's GPTDataset order (samples of S + 1 tokens across documents; data/megatron_order.h).
+enum class DataOrder { kArchspace, kOlmoCore, kMegatron };
 // How a model trained from scratch is initialised (model.init; model/init.h): OLMo-core's OLMo 3 init (InitMethod
 // "normal": every linear layer and the embedding truncated normal, std 0.02 cut at +-3 std; norms 1), which is
 // SPEC.md's; or Megatron-Core's default (normal std 0.02, the attention output and MLP down projections at
@@ -57,7 +58,7 @@ const char* recipe_name(Recipe r);                  // "olmo-core", "megatron", 
 const char* schedule_shape_name(ScheduleShape s);   // "cosine", "linear", "wsd", "constant"
 const char* convention_name(ScheduleConvention c);  // as recipe_name
 const char* wsd_decay_shape_name(WsdDecayShape s);  // "linear", "cosine", "exponential", "minus_sqrt"
-const char* data_order_name(DataOrder o);           // "archspace", "olmo-core"
+const char* data_order_name(DataOrder o);           // "archspace", "olmo-core", "megatron"
 const char* init_scheme_name(InitScheme s);         // "olmo-core", "megatron"
 
 }  // namespace archspace

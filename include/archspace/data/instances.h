@@ -18,7 +18,10 @@ class Instances {
 
   virtual uint64_t instances_per_epoch() const = 0;
   virtual int64_t sequence_length() const = 0;
-  virtual std::vector<uint32_t> instance(uint64_t index) const = 0;  // sequence_length ids
+  virtual std::vector<uint32_t> instance(uint64_t index) const = 0;  // sequence_length + label_tokens() ids
+  // Ids past the sequence that serve only as labels: Megatron's samples carry one (the next sample's first id), so
+  // that all sequence_length positions are trained; windows carry none (the last position has no label).
+  virtual int64_t label_tokens() const { return 0; }
 
   // The named sources instances [first, first + count) came from, with how many instances each (in the
   // sources' own order); empty for a single unnamed source.
@@ -28,7 +31,7 @@ class Instances {
     return {};
   }
 
-  // Instances [first, first + count) as an int64 tensor [count, sequence_length].
+  // Instances [first, first + count) as an int64 tensor [count, sequence_length + label_tokens()].
   at::Tensor batch(uint64_t first, int64_t count) const;
 
   // The slice of global step `step` that data-parallel `rank` of `world` reads: instances

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "archspace/data/token_shards.h"
 
@@ -42,6 +43,10 @@ MegatronIndex parse_megatron_index(const uint8_t* data, size_t size, const std::
 // PREFIX.idx and PREFIX.bin, with PREFIX.manifest.json when archspace wrote them (tokenizer, checksums).
 // Without it, `vocab_size` and `eos_token_id` (the model's) stand in for the tokenizer's.
 std::shared_ptr<TokenShards> open_megatron_dataset(const std::string& prefix, int64_t vocab_size, int64_t eos_token_id);
+
+// The sequence lengths of PREFIX.idx (checked as parse_megatron_index checks them): the documents of Megatron's
+// GPTDataset.
+std::vector<int32_t> megatron_sequence_lengths(const std::string& prefix);
 
 // One sequence per document (as Megatron's preprocess_data.py writes without sentence splitting, with
 // --append-eod), in the dtype Megatron picks for the vocabulary (uint16 below 65500 ids, else int32).
