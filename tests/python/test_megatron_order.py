@@ -2,7 +2,7 @@
 datasets written by Megatron's own IndexedDatasetBuilder, the engine's document, sample and shuffle indices
 (build/megatron_samples_dump, src/data/megatron_samples.cpp) equal the ones GPTDataset builds, over sequence lengths,
 sample counts and seeds that take one epoch, several, and a separate final epoch; and a run reads, step after step and
-across a resume on another number of ranks, the global batches Megatron's samples make (input ids through
+across a resume on another number of ranks, the first 50 global batches Megatron's samples make (input ids through
 metrics.jsonl's batch_hash), with Megatron's labels (the sample's extra token: the first step's loss equals
 transformers' on GPTDataset's tokens and labels)."""
 import json
@@ -110,13 +110,13 @@ def test_indices_equal_gpt_datasets(tmp_path, seed):
     assert separate_seen == {(False, False), (True, True), (True, False)}, separate_seen
 
 
-SEQ, GLOBAL_BATCH, STEPS = 16, 4, 30
+SEQ, GLOBAL_BATCH, STEPS = 16, 4, 50
 
 
 @pytest.fixture(scope="module")
 def megatron_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("megatron-order")
-    lengths = np.random.default_rng(2).integers(3, 90, 25)  # ~1,100 tokens: 30 steps of 4 x 17 read two epochs
+    lengths = np.random.default_rng(2).integers(3, 90, 25)  # ~1,160 tokens: 50 steps of 4 x 16 (+1) read three epochs
     write_megatron_dataset(tmp / "data", lengths)
     model = save_random_olmo3(tiny_olmo3_config(num_key_value_heads=2), tmp / "init")
 
@@ -163,12 +163,12 @@ def test_a_run_reads_gpt_datasets_batches_with_its_labels(megatron_run, seed):
 
 
 def test_the_order_holds_across_a_resume_on_another_world_size(megatron_run):
-    """10 steps on two data-parallel ranks (micro-batch 2 each), resumed alone (2 x accumulation 2): GPTDataset's
+    """20 steps on two data-parallel ranks (micro-batch 2 each), resumed alone (2 x accumulation 2): GPTDataset's
     global batches throughout (Megatron's sampler splits a global batch over ranks otherwise, the batch is the same)."""
     tmp, _, sections = megatron_run
     config = write_toml(tmp / "resumed.toml", sections("resumed", 5))
-    torchrun("train", "--config", config, "--set", "train.grad_accum=1", "--stop-after", "10")
-    assert "at step 10" in run_cli("train", "--config", config, "--resume").stderr
+    torchrun("train", "--config", config, "--set", "train.grad_accum=1", "--stop-after", "20")
+    assert "at step 20" in run_cli("train", "--config", config, "--resume").stderr
     got = {m["step"]: m["batch_hash"] for m in metrics_rows(tmp / "resumed") if "batch_hash" in m}
     _, batches = megatron_batches(tmp, 5)
     assert [got[s] for s in range(1, STEPS + 1)] == [
