@@ -34,8 +34,8 @@ int main() {
       if (!in) throw archspace::Error("bad request: " + line);
       std::vector<int32_t> lengths;
       for (int32_t n; in >> n;) lengths.push_back(n);
-      const archspace::MegatronSampleIndex index = archspace::build_megatron_sample_index(
-          lengths, static_cast<int32_t>(sequence_length), samples, seed);
+      const archspace::MegatronSampleIndex index =
+          archspace::build_megatron_sample_index(lengths, static_cast<int32_t>(sequence_length), samples, seed);
       std::cout << index.epochs << ' ' << (index.separate_final_epoch ? 1 : 0) << '\n';
       print(index.document_index);
       std::vector<int64_t> pairs;
