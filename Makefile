@@ -19,8 +19,9 @@ build: setup $(BUILD)/Makefile
 unit: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
+# --durations: the slowest tests in every log, where CI time goes (CI must stay under 60 minutes).
 pytest: build
-	$(PY) -m pytest -q tests/python
+	$(PY) -m pytest -q --durations=25 tests/python
 
 # The unit tests and pytest's numerics tests again on the other CPU kernel paths (scripts/kernel_paths.sh:
 # ATen's AVX2 and scalar kernels, MKL's compatible GEMM, oneDNN capped, the engine's GEMV off), so that no
