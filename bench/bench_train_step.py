@@ -34,6 +34,7 @@ import json
 import os
 import pathlib
 import statistics
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -96,9 +97,15 @@ def engine_step_seconds(tmp, model_dir, seq, steps, threads, dtype, tag, kernel_
         "optim": {"lr": 1e-4, "warmup_steps": 0, "weight_decay": 0.1, "clip_grad_norm": 1.0, "z_loss": 1e-4,
                   "fused": True},
     })
-    subprocess.run(["bash", str(REPO / "scripts" / "kernel_paths.sh"), kernel_path, str(binary), "train", "--config",
-                    str(toml)], check=True, capture_output=True)
-    return [seq / m["tokens_per_s"] for m in metrics(run)[WARMUP:]]
+    done = subprocess.run(["bash", str(REPO / "scripts" / "kernel_paths.sh"), kernel_path, str(binary), "train",
+                           "--config", str(toml)], capture_output=True, text=True)
+    if done.returncode != 0:  # say why: a bench that stops without the engine's message cannot be acted on
+        raise RuntimeError(f"{binary} train --config {toml} exited {done.returncode}:\n{done.stderr[-2000:]}")
+    seconds = [seq / m["tokens_per_s"] for m in metrics(run)[WARMUP:]]
+    # Each run leaves a final checkpoint (2.3 GB at 190M with AdamW's moments): compare_builds' 20 runs filled a 53 GB
+    # disk before this removal.
+    shutil.rmtree(run)
+    return seconds
 
 
 def torch_step_seconds(model_dir, tokens_file, seq, steps, threads, dtype, glibc_tunables):
