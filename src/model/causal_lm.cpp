@@ -9,6 +9,7 @@
 
 #include "archspace/kernels/int8_weights.h"
 #include "archspace/kernels/linear.h"
+#include "archspace/model/init.h"
 #include "archspace/model/rms_norm.h"
 #include "archspace/model/trace.h"
 #include "archspace/util/error.h"
@@ -116,25 +117,13 @@ const at::Tensor& CausalLM::parameter(const std::string& name) const {
 }
 
 CausalLM CausalLM::random_init(const ModelConfig& config, uint64_t seed, at::ScalarType dtype, at::Device device) {
-  config.validate();
-  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
   const double std_dev = 0.02, cut = config.truncated_normal_factor;
   // Truncated normal by inverse CDF, as torch.nn.init.trunc_normal_ does: uniform in [Phi(-cut), Phi(cut)]
   // mapped through sqrt(2) * erfinv(2u - 1).
   const double lo = std::erf(-cut / std::sqrt(2.0)), hi = std::erf(cut / std::sqrt(2.0));
-  NamedTensors params;
-  for (const auto& spec : parameter_specs(config)) {
-    at::Tensor t;
-    if (spec.kind == ParamKind::kNorm) {
-      t = at::ones(spec.shape, at::kFloat);
-    } else {
-      t = at::empty(spec.shape, at::kFloat);
-      t.uniform_(lo, hi, gen).erfinv_().mul_(std_dev * std::sqrt(2.0)).clamp_(-cut * std_dev, cut * std_dev);
-      if (spec.init_scale != 1.0) t.mul_(spec.init_scale);
-    }
-    params.emplace_back(spec.name, t.to(device, dtype));
-  }
-  return CausalLM(config, std::move(params));
+  return model_from_draws(config, seed, dtype, device, [&](at::Tensor& t, const ParamSpec&, at::Generator& gen) {
+    t.uniform_(lo, hi, gen).erfinv_().mul_(std_dev * std::sqrt(2.0)).clamp_(-cut * std_dev, cut * std_dev);
+  });
 }
 
 std::vector<at::Tensor> CausalLM::block_parameters(int64_t l) const {

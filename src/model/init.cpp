@@ -20,10 +20,19 @@ bool megatron_output_projection(const std::string& name) {
 }
 
 CausalLM megatron_init(const ModelConfig& config, uint64_t seed, at::ScalarType dtype, at::Device device) {
-  config.validate();
-  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
   const double std_dev = 0.02;
   const double output_std = std_dev / std::sqrt(2.0 * static_cast<double>(config.num_hidden_layers));
+  return model_from_draws(config, seed, dtype, device, [&](at::Tensor& t, const ParamSpec& spec, at::Generator& gen) {
+    t.normal_(0.0, megatron_output_projection(spec.name) ? output_std : std_dev, gen);
+  });
+}
+
+}  // namespace
+
+CausalLM model_from_draws(const ModelConfig& config, uint64_t seed, at::ScalarType dtype, at::Device device,
+                          const InitFill& fill) {
+  config.validate();
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
   NamedTensors params;
   for (const auto& spec : parameter_specs(config)) {
     at::Tensor t;
@@ -31,15 +40,13 @@ CausalLM megatron_init(const ModelConfig& config, uint64_t seed, at::ScalarType 
       t = at::ones(spec.shape, at::kFloat);
     } else {
       t = at::empty(spec.shape, at::kFloat);
-      t.normal_(0.0, megatron_output_projection(spec.name) ? output_std : std_dev, gen);
+      fill(t, spec, gen);
       if (spec.init_scale != 1.0) t.mul_(spec.init_scale);
     }
     params.emplace_back(spec.name, t.to(device, dtype));
   }
   return CausalLM(config, std::move(params));
 }
-
-}  // namespace
 
 CausalLM initialised_model(const ModelConfig& config, uint64_t seed, InitScheme scheme, at::ScalarType dtype,
                            at::Device device) {

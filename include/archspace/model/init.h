@@ -10,12 +10,22 @@
 
 #include <ATen/ATen.h>
 
+#include <functional>
+
 #include "archspace/config/recipe.h"
 #include "archspace/model/causal_lm.h"
+#include "archspace/model/parameters.h"
 
 namespace archspace {
 
 CausalLM initialised_model(const ModelConfig& config, uint64_t seed, InitScheme scheme,
                            at::ScalarType dtype = at::kFloat, at::Device device = at::kCPU);
+
+// The loop every initialisation shares: the parameters of `config` in order, from one CPU generator seeded with
+// `seed`; norms 1, every other tensor an fp32 tensor of its shape that `fill` draws into, then multiplied by its
+// spec's init_scale; each cast to `dtype` on `device`.
+using InitFill = std::function<void(at::Tensor& t, const ParamSpec& spec, at::Generator& gen)>;
+CausalLM model_from_draws(const ModelConfig& config, uint64_t seed, at::ScalarType dtype, at::Device device,
+                          const InitFill& fill);
 
 }  // namespace archspace
