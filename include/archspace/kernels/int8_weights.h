@@ -26,7 +26,8 @@ bool is_int8_weight(const at::Tensor& t);
 at::Tensor dequantize_int8_rows(const at::Tensor& q, at::ScalarType dtype = at::kFloat);
 
 // y = x W^T for an int8 W, in x's dtype (fp32 or bf16). Up to kStreamingLinearMaxRows (64) rows without autograd take
-// the streaming kernel; more rows (prefill) dequantize a block of weight rows at a time into at::linear.
+// the streaming kernel; more rows (prefill) widen a block of int8 rows at a time to x's dtype (exactly) for x's GEMM,
+// and scale its output columns: (x q^T) * scale, the order of the streaming kernel.
 at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& weight);
 
 // Whether int8_linear would take the streaming kernel for x and this weight (an int8 weight, few rows, no grad).
