@@ -92,6 +92,30 @@ def test_engine_logits_on_every_path_stay_within_the_bound(length, tmp_path, rng
     assert not np.array_equal(seen["native"], seen["baseline"]), "the engine ran the same kernels on both paths"
 
 
+def cpu_has(flag):
+    return any(line.startswith("flags") and flag in line.split() for line in open("/proc/cpuinfo"))
+
+
+@pytest.mark.skipif(not cpu_has("avx512f"), reason="MKL has no path above AVX2 to leave on this CPU")
+def test_mkl_picks_its_path_by_the_cpu_features_whatever_the_vendor(tmp_path, rng):
+    """kernels/cpu_isa.cpp answers MKL's vendor check, so MKL chooses its GEMM path from the CPU's features on AMD
+    CPUs as on Intel ones, and MKL_ENABLE_INSTRUCTIONS=AVX2 (part of the avx2 setting) moves the engine's fp32
+    GEMMs from MKL's AVX512 kernels to its AVX2 ones: other bits. Without that answer, MKL on an AMD CPU takes one
+    generic path and ignores the variable (checked here on a Zen 4 EPYC: the same bits with and without it)."""
+    config = tiny_olmo3_config(hidden_size=256, intermediate_size=512)
+    save_random_olmo3(config, tmp_path / "m")
+    tokens = " ".join(map(str, rng.integers(0, config.vocab_size, 200).tolist()))  # 200 rows: MKL's GEMM
+    seen = {}
+    for cap in ("AVX512", "AVX2"):
+        out = tmp_path / f"{cap}.safetensors"
+        env = dict(os.environ, MKL_ENABLE_INSTRUCTIONS=cap)
+        result = subprocess.run([str(BINARY), "logits", "--model", str(tmp_path / "m"), "--tokens", tokens, "--out",
+                                 str(out)], capture_output=True, text=True, env=env, timeout=300)
+        assert result.returncode == 0, result.stderr
+        seen[cap] = load_file(str(out))["logits"]
+    assert not np.array_equal(seen["AVX512"], seen["AVX2"]), "MKL ran the same GEMM kernels under both caps"
+
+
 def test_a_bad_isa_cap_names_the_variable(tmp_path):
     save_random_olmo3(tiny_olmo3_config(), tmp_path / "m")
     env = dict(os.environ, ARCHSPACE_MAX_CPU_ISA="avx9")
