@@ -81,6 +81,7 @@ bench: build
 	$(PY) bench/bench_generation_eval.py
 	$(PY) bench/bench_dist.py
 	$(PY) bench/bench_serve.py
+	$(PY) bench/bench_llama_cpp.py
 	mkdir -p bench/results && $(BUILD)/bench_linear --out bench/results/linear-$$(date +%Y%m%d-%H%M%S).json
 	$(BUILD)/bench_linear --dtype bf16 --out bench/results/linear-bf16-$$(date +%Y%m%d-%H%M%S).json
 
