@@ -471,7 +471,7 @@ def main():
             before = machine_roofline(a.threads)
             result = run_preset(preset, path, a, flags)
             after = machine_roofline(a.threads)
-            machine = {k: max(before[k], after[k]) for k in before}
+            machine = {k: max(before[k], after[k]) for k in before if isinstance(before[k], (int, float))}
             result["machine_before"], result["machine_after"] = before, after
             add_rooflines(result, machine, flags)
             log("machine (larger of before and after): " +

@@ -130,7 +130,8 @@ __attribute__((target("avx2"))) float sum_avx2(const float* p, size_t n, int str
   return out[0];
 }
 
-double read_bandwidth(int threads, int repeat) {
+// GB/s of the fastest way to read; each way's figure into `by_way` ("<streams> streams, prefetch <bytes>").
+double read_bandwidth(int threads, int repeat, nlohmann::ordered_json& by_way) {
   const size_t n = (size_t{1} << 30) / sizeof(float);
   std::unique_ptr<float[]> buffer(new float[n]);
   // First touch by the thread that reads each part, as the engines' threads touch their own weights.
@@ -146,6 +147,7 @@ double read_bandwidth(int threads, int repeat) {
             threads, [&](int t) { sink[t] = sum_avx2(buffer.get() + t * part, part, streams, ahead); });
         if (r > 0) rates.push_back(part * threads * sizeof(float) / s / 1e9);  // the first pass is a warm-up
       }
+      by_way[std::to_string(streams) + " streams, prefetch " + std::to_string(ahead)] = median(rates);
       best = std::max(best, median(rates));
     }
   if (sink[0] == 12345.0f) std::puts("");
@@ -173,7 +175,9 @@ int main(int argc, char** argv) {
   __builtin_cpu_init();
   nlohmann::ordered_json out = {{"threads", threads}, {"repeat", repeat}};
   const double chains = double(kIterations) * kAccumulators;
-  out["read_gb_s"] = read_bandwidth(threads, repeat);
+  nlohmann::ordered_json by_way;
+  out["read_gb_s"] = read_bandwidth(threads, repeat, by_way);
+  out["read_gb_s_by_way"] = by_way;
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
     out["fp32_avx2_gflop_s"] = peak(threads, repeat, chains * 8 * 2, fma_avx2);
   if (__builtin_cpu_supports("avx512f"))
