@@ -151,7 +151,7 @@ TEST(Int8Weights, RowsAreBatchInvariantBitForBit) {
 }
 
 // linear() sends an int8 weight to int8_linear: few rows to the kernel, many rows (prefill) and autograd through
-// at::linear on the dequantized rows, a block of rows at a time (N above the block size checks the joins).
+// x's GEMM on the widened rows, then the scales.
 TEST(Int8Weights, LinearTakesTheKernelForFewRowsAndDequantizedBlocksForMany) {
   at::manual_seed(4);
   const at::Tensor q = quantize_int8_rows(at::randn({4096 + 37, 24}), "w");
@@ -174,6 +174,25 @@ TEST(Int8Weights, LinearTakesTheKernelForFewRowsAndDequantizedBlocksForMany) {
   // bf16 activations: bf16 in, bf16 out on both routes
   EXPECT_EQ(archspace::linear(few.to(at::kBFloat16), q).scalar_type(), at::kBFloat16);
   EXPECT_EQ(archspace::linear(many.to(at::kBFloat16), q).scalar_type(), at::kBFloat16);
+}
+
+// Prefill's route: the int8 values widened exactly, x's own GEMM, then each output column times its scale in fp32,
+// rounded once to x's dtype: bit for bit at::linear on the widened values followed by that product, for fp32 and
+// bf16 activations (the bf16 rounding is the engine's own loop, held here to ATen's round-to-nearest-even).
+// A weight wider than one widened block (32 MB) is split and joined: within the fp64 bound like any other.
+TEST(Int8Weights, PrefillScalesTheGemmOutputOnceAfterTheSums) {
+  at::manual_seed(5);
+  const at::Tensor q = quantize_int8_rows(at::randn({300, 64}), "w");
+  const at::Tensor values = q.int_repr(), scales = q.q_per_channel_scales().to(at::kFloat);
+  const at::Tensor x = at::randn({kStreamingLinearMaxRows + 3, 64});
+  for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    const at::Tensor xd = x.to(dtype);
+    const at::Tensor expected = (at::linear(xd, values.to(dtype)).to(at::kFloat) * scales).to(dtype);
+    EXPECT_TRUE(at::equal(archspace::linear(xd, q), expected)) << c10::toString(dtype);
+  }
+  const at::Tensor wide = quantize_int8_rows(at::randn({4100, 2048}), "wide");  // 33.6 MB widened to fp32
+  const at::Tensor rows = at::randn({kStreamingLinearMaxRows + 1, 2048});
+  expect_close_to_fp64(archspace::linear(rows, wide), rows, wide, "two widened blocks");
 }
 
 // A model takes int8 for its matmul weights only; the forward then runs through the int8 kernel and equals the
