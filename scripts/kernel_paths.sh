@@ -8,7 +8,8 @@
 #   native    nothing set: what this CPU picks (AVX512 and AMX where present; the highest path a machine has)
 #   avx2      ATen's AVX2 kernels (ATEN_CPU_CAPABILITY=avx2: softmax, reductions, SDPA's CPU flash kernel,
 #             elementwise ops), MKL's AVX2 GEMMs (MKL_ENABLE_INSTRUCTIONS=AVX2), oneDNN capped at AVX2 (its
-#             bf16 GEMMs without AVX512-BF16 or AMX), the engine's AVX2 GEMVs (its bf16 one widening to fp32, as a Haswell-to-Zen3 machine runs)
+#             bf16 GEMMs without AVX512-BF16 or AMX), the engine's AVX2 GEMVs (its bf16 one widening to fp32,
+#             as a Haswell-to-Zen3 machine runs)
 #   baseline  ATen's scalar kernels (ATEN_CPU_CAPABILITY=default), MKL's SSE2 "compatible" code path
 #             (MKL_CBWR=COMPATIBLE: other GEMM blocking), oneDNN capped at SSE4.1, the engine's GEMV off
 #             (ARCHSPACE_MAX_CPU_ISA=scalar: at::linear serves decoding)
