@@ -72,15 +72,22 @@ def read_bandwidth(threads, repeat=7):
     return x.numel() * 4 / statistics.median(times) / 1e9
 
 
+def model_sizes(d):
+    """A model directory's shapes: layers, hidden size, query and KV features, vocabulary, and the parameters of
+    the layers' matmul weights and of the head."""
+    c = json.loads((d / "config.json").read_text())
+    D, I, L, V = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"], c["vocab_size"]
+    h = c.get("head_dim") or D // c["num_attention_heads"]
+    q, kv = c["num_attention_heads"] * h, c["num_key_value_heads"] * h
+    return {"layers": L, "hidden": D, "q": q, "kv": kv, "vocab": V,
+            "layer_matmul_params": L * (D * q + 2 * D * kv + q * D + 3 * D * I), "head_params": V * D}
+
+
 def weights_read_per_token(d):
     """Parameters every decode step reads: the linear layers and the head (not the embedding rows it gathers,
     nor the norms, which are small)."""
-    c = json.loads((d / "config.json").read_text())
-    D, I, L = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"]
-    h = c.get("head_dim") or D // c["num_attention_heads"]
-    q, kv = c["num_attention_heads"] * h, c["num_key_value_heads"] * h
-    per_layer = D * q + 2 * D * kv + q * D + 3 * D * I
-    return L * per_layer + c["vocab_size"] * D
+    sizes = model_sizes(d)
+    return sizes["layer_matmul_params"] + sizes["head_params"]
 
 
 def main():

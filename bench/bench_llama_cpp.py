@@ -57,6 +57,7 @@ import requests
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
+from bench_decode_dtype import model_sizes  # noqa: E402
 from bench_threads import cpu_flags  # noqa: E402
 
 BINARY = REPO / "build" / "archspace"
@@ -126,15 +127,6 @@ def make_models(preset, work):
                         str(ggufs[kind])], check=True, env=env, capture_output=True)
     shutil.rmtree(hf)
     return engine, ggufs
-
-
-def model_sizes(engine_dir):
-    c = json.loads((engine_dir / "config.json").read_text())
-    D, I, L, V = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"], c["vocab_size"]
-    h = c.get("head_dim") or D // c["num_attention_heads"]
-    q, kv = c["num_attention_heads"] * h, c["num_key_value_heads"] * h
-    return {"layers": L, "hidden": D, "q": q, "kv": kv, "vocab": V,
-            "layer_matmul_params": L * (D * q + 2 * D * kv + q * D + 3 * D * I), "head_params": V * D}
 
 
 # --- the engine's side ---------------------------------------------------------------------------------------
