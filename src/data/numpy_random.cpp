@@ -219,35 +219,10 @@ NumpyRandomState::NumpyRandomState(uint64_t seed) {
   if (seed > 0xffffffffu) {
     throw Error("RandomState seed " + std::to_string(seed) + " is out of range: numpy takes 0 to 2**32 - 1");
   }
-  uint32_t s = static_cast<uint32_t>(seed);
-  for (size_t pos = 0; pos < key_.size(); ++pos) {
-    key_[pos] = s;
-    s = 1812433253u * (s ^ (s >> 30)) + static_cast<uint32_t>(pos + 1);
-  }
-  pos_ = key_.size();  // the first draw regenerates the whole block
+  mt_.seed_genrand(static_cast<uint32_t>(seed));
 }
 
-// mt19937_gen: the twist of all 624 words at once.
-void NumpyRandomState::regenerate() {
-  constexpr size_t n = 624, m = 397;
-  constexpr uint32_t matrix_a = 0x9908b0dfu, upper = 0x80000000u, lower = 0x7fffffffu;
-  for (size_t i = 0; i < n; ++i) {
-    const uint32_t y = (key_[i] & upper) | (key_[(i + 1) % n] & lower);
-    key_[i] = key_[(i + m) % n] ^ (y >> 1) ^ ((y & 1u) ? matrix_a : 0u);
-  }
-  pos_ = 0;
-}
-
-// mt19937_next: one word of the block, tempered.
-uint32_t NumpyRandomState::next_uint32() {
-  if (pos_ == key_.size()) regenerate();
-  uint32_t y = key_[pos_++];
-  y ^= y >> 11;
-  y ^= (y << 7) & 0x9d2c5680u;
-  y ^= (y << 15) & 0xefc60000u;
-  y ^= y >> 18;
-  return y;
-}
+uint32_t NumpyRandomState::next_uint32() { return mt_.next_uint32(); }
 
 // mt19937_next64 leaves the order of its two calls to the C compiler; numpy's wheels draw the high word first
 // (checked against RandomState.randint(0, 2**64, dtype=uint64), which returns next_uint64 as it is).

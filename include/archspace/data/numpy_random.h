@@ -11,6 +11,8 @@
 #include <utility>
 #include <vector>
 
+#include "archspace/data/mt19937.h"
+
 namespace archspace {
 
 namespace numpy_random_detail {
@@ -75,10 +77,7 @@ class NumpyRandomState {
   std::vector<uint64_t> permutation(uint64_t n);
 
  private:
-  void regenerate();
-
-  std::array<uint32_t, 624> key_{};
-  size_t pos_ = 624;
+  Mt19937 mt_;
 };
 
 }  // namespace archspace
