@@ -1,47 +1,19 @@
 #include "archspace/eval/external_scorers.h"
 
-#include <stdlib.h>
-
-#include <filesystem>
-
 #include "archspace/eval/code_sandbox.h"
 #include "archspace/util/error.h"
-#include "archspace/util/files.h"
-#include "archspace/util/json_file.h"
 #include "archspace/util/python_scripts.h"
 
 namespace archspace {
 
 namespace {
 
-// One call of a project Python scorer: `input` written to a file of a scratch directory (removed afterwards), the
-// script's JSON answer read back. `what` says in errors what could not be scored.
-nlohmann::json run_scorer(const char* script, const std::string& input, const std::string& what) {
-  namespace fs = std::filesystem;
-  std::string tmpl = (fs::temp_directory_path() / "archspace-scorer-XXXXXX").string();
-  if (!::mkdtemp(tmpl.data())) throw Error("cannot create a scratch directory: " + what + " could not be scored");
-  const fs::path dir(tmpl);
-  struct Cleanup {
-    fs::path dir;
-    ~Cleanup() {
-      std::error_code ec;
-      fs::remove_all(dir, ec);
-    }
-  } cleanup{dir};
-  const std::string in_path = (dir / "input.json").string(), out_path = (dir / "output.json").string();
-  write_text_file_atomically(in_path, input);
-  const int status = run_python_script(script, {in_path, out_path});
-  if (status != 0)
-    throw Error(std::string(script) + " failed (exit status " + std::to_string(status) + "): " + what +
-                " could not be scored");
-  return parse_json_text(read_text_file(out_path), out_path);
-}
-
 // Minerva's is_equiv as OLMES runs it, lm-eval 0.4.3's (scripts/minerva_equiv.py).
 std::vector<bool> minerva_equivalence(const std::vector<std::pair<std::string, std::string>>& pairs) {
   nlohmann::json in = {{"pairs", nlohmann::json::array()}};
   for (const auto& [answer, gold] : pairs) in["pairs"].push_back({answer, gold});
-  const nlohmann::json answer = run_scorer(ARCHSPACE_MINERVA_SCORER, in.dump(), "the Minerva MATH answers");
+  const nlohmann::json answer =
+      run_python_json(ARCHSPACE_MINERVA_SCORER, in.dump(), "the Minerva MATH answers could not be scored");
   try {
     return answer.at("equivalent").get<std::vector<bool>>();
   } catch (const nlohmann::json::exception& e) {
@@ -54,8 +26,8 @@ std::vector<InstructionResult> ifeval_checks(const std::vector<std::pair<nlohman
   nlohmann::json in = {{"instances", nlohmann::json::array()}};
   for (const auto& [doc, response] : pairs) in["instances"].push_back({{"doc", doc}, {"response", response}});
   const nlohmann::json answer =
-      run_scorer(ARCHSPACE_IFEVAL_SCORER, in.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
-                 "the IFEval responses");
+      run_python_json(ARCHSPACE_IFEVAL_SCORER, in.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
+                      "the IFEval responses could not be scored");
   std::vector<InstructionResult> results;
   try {
     for (const auto& r : answer.at("results")) {
