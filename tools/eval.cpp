@@ -9,6 +9,7 @@
 
 #include <filesystem>
 #include <iostream>
+#include <map>
 #include <optional>
 
 #include "archspace/data/token_source.h"
@@ -59,7 +60,7 @@ void check_writable(const std::string& path) {
 struct DownstreamArgs {
   std::string model, tasks, format = "rc", out, requests_out, tokenizer, dtype = "fp32", device = "cpu", rescore, suite,
                             profile;
-  std::string quantization = "none", decode_steps = "eager";
+  std::string quantization = "none", decode_steps = "eager", drop_dataset;
   std::vector<std::string> tasks_dirs;
   bool chat = false, no_prefix_sharing = false, skip_checksums = false;
   std::optional<int64_t> shots;
@@ -107,10 +108,11 @@ int run_rescore(const DownstreamArgs& a) {
 
 int run_downstream(const DownstreamArgs& a, bool limit_given) {
   if (!a.rescore.empty()) {
-    if (!a.model.empty() || !a.tasks.empty() || !a.suite.empty() || limit_given || !a.tasks_dirs.empty() || a.chat)
+    if (!a.model.empty() || !a.tasks.empty() || !a.suite.empty() || limit_given || !a.tasks_dirs.empty() || a.chat ||
+        !a.drop_dataset.empty())
       throw Error(
           "--rescore recomputes the metrics of a requests-out file without a model: it takes no --model, "
-          "--tasks, --suite, --chat, --tasks-dir or --limit");
+          "--tasks, --suite, --chat, --tasks-dir, --drop-dataset or --limit");
     return run_rescore(a);
   }
   if (a.model.empty() || (a.tasks.empty() == a.suite.empty()))
@@ -129,6 +131,7 @@ int run_downstream(const DownstreamArgs& a, bool limit_given) {
   selection.shots = a.shots;
   selection.limit = a.limit;
   selection.chat = a.chat;
+  selection.drop_dataset = a.drop_dataset;
   DownstreamPlan plan = plan_downstream(selection);
   const bool chat = plan.chat;
   ProgressLine progress("eval downstream");
@@ -183,7 +186,12 @@ int run_downstream(const DownstreamArgs& a, bool limit_given) {
   const std::vector<TaskResult>& shown = result.shown;
   const GenerationScores& scored = result.generation;
   std::cout << results_table(shown);
-  if (result.suite) std::cout << suite_table(*result.suite);
+  const std::map<std::string, std::string> prompts_differ = pipeline.prompts_differ();
+  if (result.suite) {
+    std::cout << suite_table(*result.suite);  // with a line per task whose prompts differ
+  } else {
+    for (const auto& [task, how] : prompts_differ) std::cout << task << ": " << how << "\n";
+  }
   std::cout << std::flush;
 
   if (!a.requests_out.empty()) write_text_file_atomically(a.requests_out, pipeline.request_lines(result));
@@ -201,6 +209,7 @@ int run_downstream(const DownstreamArgs& a, bool limit_given) {
                         {"stderr", "lm-eval's standard error of the mean: sqrt(sample variance / n)"},
                         {"results", rows_with_macro_over(shown, scored.macro_over)}};
     j["chat"] = chat;
+    j["prompts_differ"] = prompts_differ;
     j["scoring_errors"] = scored.scoring_errors;
     if (result.suite) j["suite"] = suite_json(*result.suite);
     write_text_file_atomically(a.out, j.dump(2) + "\n");
@@ -352,6 +361,10 @@ Command add(CLI::App& parent) {
                "context once, and their continuations over its cached keys and values)");
   ds->add_option("--max-length", d->max_length,
                  "longest sequence run, in tokens; longer ones lose their start (default: max_position_embeddings)");
+  ds->add_option("--drop-dataset", d->drop_dataset,
+                 "a local copy of EleutherAI/drop (the Hugging Face datasets cache directory, a save_to_disk or hub "
+                 "Parquet directory, or one training-split .arrow/.parquet file): drop's prompts become OLMES' "
+                 "drop::llama3 (3 shots drawn from its training split, its validation documents)");
   ds->add_option("--tasks-dir", d->tasks_dirs,
                  "directory of OLMES task directories (repeatable; default: the built-in ones, or "
                  "ARCHSPACE_EVAL_TASKS)");

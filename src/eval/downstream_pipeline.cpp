@@ -1,11 +1,13 @@
 #include "archspace/eval/downstream_pipeline.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "archspace/eval/chat_format.h"
 #include "archspace/eval/code_sandbox.h"
 #include "archspace/eval/task_groups.h"
 #include "archspace/eval/tasks.h"
+#include "archspace/eval/tasks/drop_llama3.h"
 #include "archspace/util/error.h"
 #include "archspace/util/strings.h"
 
@@ -19,6 +21,22 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 
 void say(const NoteFn& note, const std::string& text) {
   if (note) note(text);
+}
+
+// The installed drop files are drop::olmes's; a chat run stands for drop::llama3 (the seed's table).
+const char* const kInstalledDropDiffers =
+    "not drop::llama3's prompts: the installed files are drop::olmes's (5 OLMES:drop shots after OLMES' "
+    "reading-comprehension description, 1000 of the 9536 validation documents), where drop::llama3 has 3 shots "
+    "drawn from DROP's training split (random.Random(1234).sample) and no description, over the whole validation "
+    "split: give a local copy of EleutherAI/drop with --drop-dataset";
+
+// The installed variant of a task, or "" when there is none (a --drop-dataset copy may not need it).
+std::string installed_variant(const std::vector<std::string>& dirs, const std::string& task) {
+  try {
+    return find_generation_variant(dirs, task);
+  } catch (const Error&) {
+    return "";
+  }
 }
 
 }  // namespace
@@ -107,9 +125,18 @@ DownstreamPipeline::DownstreamPipeline(const DownstreamSelection& selection, Dow
       require_plain_contexts(files_.back());
     }
   }
+  const auto& tasks = plan_.generation_tasks;
+  if (!selection.drop_dataset.empty() && std::find(tasks.begin(), tasks.end(), "drop") == tasks.end())
+    throw Error("--drop-dataset gives drop's prompts, and this run does not evaluate drop");
   for (const auto& task : plan_.generation_tasks) {
+    if (task == "drop" && !selection.drop_dataset.empty()) {
+      generation_files_.push_back(load_drop_llama3(selection.drop_dataset, installed_variant(plan_.dirs, task),
+                                                   selection.limit, plan_.chat, note));
+      continue;
+    }
     generation_files_.push_back(
         load_generation_task(find_generation_variant(plan_.dirs, task), task, selection.limit, plan_.chat));
+    if (task == "drop" && plan_.chat) generation_files_.back().prompts_differ = kInstalledDropDiffers;
     if (selection.shots && *selection.shots != generation_files_.back().shots)
       say(note, task + ": its request files are rendered with " + std::to_string(generation_files_.back().shots) +
                     " shots (--shots applies to the multiple-choice tasks)");
@@ -119,6 +146,14 @@ DownstreamPipeline::DownstreamPipeline(const DownstreamSelection& selection, Dow
     if (runs_programs(task) && !sandbox_support().available)
       throw Error(task + " runs the generated programs, which needs the code sandbox: " + sandbox_support().reason);
   }
+}
+
+std::map<std::string, std::string> DownstreamPipeline::prompts_differ() const {
+  std::map<std::string, std::string> out;
+  for (const auto& f : generation_files_) {
+    if (!f.prompts_differ.empty()) out[f.task] = f.prompts_differ;
+  }
+  return out;
 }
 
 std::vector<std::string> DownstreamPipeline::tasks_needing_external_scorers() const {
@@ -191,7 +226,7 @@ DownstreamResult DownstreamPipeline::run(const CausalLM& model, std::shared_ptr<
 void DownstreamPipeline::tabulate(DownstreamResult& r, std::vector<std::string>* notes) const {
   r.shown = with_group_results(plan_.choice_names, r.choice_results, notes);  // with the groups' rows
   r.shown.insert(r.shown.end(), r.generation.results.begin(), r.generation.results.end());
-  if (plan_.suite) r.suite = suite_report(*plan_.suite, r.shown);
+  if (plan_.suite) r.suite = suite_report(*plan_.suite, r.shown, prompts_differ());
 }
 
 std::string DownstreamPipeline::request_lines(const DownstreamResult& r) const {
@@ -207,7 +242,12 @@ std::string DownstreamPipeline::request_lines(const DownstreamResult& r) const {
       nlohmann::json row = generation_row(
           r.instances[k], f.shots, std::vector<int64_t>(answer.prompt_tokens.begin(), answer.prompt_tokens.end()),
           r.generation.metrics[k]);
-      if (f.requests[i].chat) row["messages"] = f.requests[i].chat->messages;
+      if (f.requests[i].chat) {
+        row["messages"] = f.requests[i].chat->messages;
+        // The text the prompt ends with after the generation prompt ("" when none), so the rows show the whole
+        // prompt OLMES' convert_chat_instance gives (run_eval.py:213).
+        row["assistant_prefix"] = f.requests[i].chat->assistant_prefix;
+      }
       row["truncated"] = answer.truncated;
       row["finish_reason"] = answer.finish_reason;
       row["generated_tokens"] = answer.generated_tokens;

@@ -89,7 +89,8 @@ SuitePlan plan_suite(const Suite& suite, const std::vector<std::string>& dirs) {
   return plan;
 }
 
-SuiteReport suite_report(const SuitePlan& plan, const std::vector<TaskResult>& results) {
+SuiteReport suite_report(const SuitePlan& plan, const std::vector<TaskResult>& results,
+                         const std::map<std::string, std::string>& prompts_differ) {
   SuiteReport report;
   report.name = plan.suite->name;
   double sum = 0;
@@ -98,6 +99,7 @@ SuiteReport suite_report(const SuitePlan& plan, const std::vector<TaskResult>& r
     row.task = e.task.name;
     row.metric = e.task.metric;
     row.olmes_shots = e.task.shots;
+    if (const auto it = prompts_differ.find(e.task.name); it != prompts_differ.end()) row.prompts_differ = it->second;
     report.tasks.push_back(e.task.name);
     if (!e.missing.empty()) {
       row.missing = e.missing;
@@ -156,6 +158,9 @@ std::string suite_table(const SuiteReport& report) {
   } else {
     out += format_string("%-14s %-24s %15s  no task of the suite had files\n", "macro", "-", "-");
   }
+  for (const auto& r : report.rows) {
+    if (!r.prompts_differ.empty()) out += r.task + ": " + r.prompts_differ + "\n";
+  }
   return out;
 }
 
@@ -171,6 +176,7 @@ nlohmann::json suite_json(const SuiteReport& report) {
     } else {
       row["missing"] = r.missing;
     }
+    if (!r.prompts_differ.empty()) row["prompts_differ"] = r.prompts_differ;
     rows.push_back(row);
   }
   return {{"name", report.name},

@@ -180,6 +180,7 @@ def test_chat_prompts_and_generations_equal_transformers(exported, tmp_path):
     assert len(rows) == 3
     for row, (messages, prefix) in zip(rows, expected):
         assert row["messages"] == messages
+        assert row["assistant_prefix"] == prefix
         ids = template_ids(tokenizer, messages, prefix)
         assert row["prompt_tokens"] == ids, (row["task"], row["doc_id"])
         assert row["generation"] == transformers_generation(hf, tokenizer, ids, ["\n\n"]), row
@@ -210,16 +211,25 @@ def olmes_messages_of_plain(task, context, markers):
 def test_installed_few_shot_files_under_chat(exported, task, markers):
     """The wheel's gsm8k (8 shots), Minerva (4 shots, solutions with blank lines) and DROP (5 shots after a
     description) under --chat: the conversation OLMES' gsm8k::tulu (turns, prefix "Answer:"), minerva_math::tulu
-    (turns) and drop::llama3 (one user turn) build from the same documents, with the template's ids."""
+    (turns, its own "Minerva:MATH" shots: test_olmes_prompts.py) and drop::llama3 (one user turn) build from the same
+    documents, with the template's ids."""
+    from test_olmes_prompts import minerva_query, minerva_shots
+
     tmp, hf = exported
     _, _, rows = ds.engine(hf, tmp, "--chat", "--max-length", 2048, tasks=task, limit=2, fmt="rc", name=f"chat-{task}")
     tokenizer = hf_tokenizer(hf)
     for row, request in zip(rows, read_requests(task, 2)):
-        context, shots = olmes_messages_of_plain(task, request["request"]["context"], markers)
+        if task.startswith("minerva_math"):
+            shots = minerva_shots("Minerva:MATH")
+            context = olmes_chat_context(minerva_query(request["doc"]["problem"]), shots, "", "", True)
+            shots = len(shots)
+        else:
+            context, shots = olmes_messages_of_plain(task, request["request"]["context"], markers)
         assert shots == {"gsm8k": 8, "minerva_math_algebra": 4, "drop": 5}[task]
         messages = context["messages"]
         assert len(messages) == (1 if task == "drop" else 2 * shots + 1)
         assert row["messages"] == messages
+        assert row["assistant_prefix"] == context["assistant_prefix"]
         ids = tokenizer(olmes_convert(tokenizer, context)[0], add_special_tokens=False)["input_ids"]
         assert row["prompt_tokens"] == ids[-len(row["prompt_tokens"]):]
         assert row["truncated"] or row["prompt_tokens"] == ids

@@ -136,6 +136,27 @@ TEST(SuiteTable, EveryTaskPresentShowsValueShotsAndCount) {
   EXPECT_EQ(macro[5], format_string("%.1f", 100 * sum / static_cast<double>(suite->tasks.size())));
 }
 
+TEST(SuiteTable, PromptsThatDifferFromOlmesAreSaidOnceUnderTheTableAndInTheirRow) {
+  const Suite* suite = find_suite("olmo3-sft");
+  ASSERT_NE(suite, nullptr);
+  const SuitePlan plan = plan_suite(*suite, {testing::fresh_dir("suite-table-prompts").string()});
+  const std::string how = "not drop::llama3's prompts: the installed files are drop::olmes's";
+  const SuiteReport report = suite_report(plan, {}, {{"drop", how}, {"not_in_the_suite", "ignored"}});
+  const std::vector<std::string> lines = lines_of(suite_table(report));
+  ASSERT_EQ(lines.size(), suite->tasks.size() + 5);
+  EXPECT_EQ(words_of(lines[lines.size() - 2]).at(0), "macro");
+  EXPECT_EQ(lines.back(), "drop: " + how);
+  const nlohmann::json json = suite_json(report);
+  size_t with = 0;
+  for (const auto& row : json["rows"]) {
+    if (!row.contains("prompts_differ")) continue;
+    ++with;
+    EXPECT_EQ(row["task"], "drop");
+    EXPECT_EQ(row["prompts_differ"], how);
+  }
+  EXPECT_EQ(with, 1u);
+}
+
 TEST(SuiteTable, JoinBriefCountsWhatItLeavesOut) {
   EXPECT_EQ(join_brief({"a", "b"}, 3), "a, b");
   EXPECT_EQ(join_brief({"a", "b", "c", "d", "e"}, 2), "a, b, ... (+3 more)");

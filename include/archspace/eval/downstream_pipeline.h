@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -30,6 +31,9 @@ struct DownstreamSelection {
   std::optional<int64_t> shots;         // the multiple-choice tasks' shots (unset: each task's default)
   int64_t limit = 0;                    // documents per task (0: all)
   bool chat = false;                    // prompts in the chat format (a chat suite sets it too)
+  // A local copy of EleutherAI/drop (a file or directory): drop's prompts are drop::llama3's, rendered from it
+  // (eval/tasks/drop_llama3.h). Empty: the installed files' prompts.
+  std::string drop_dataset;
 };
 
 // What runs, found before the model loads (a typo fails at once): the multiple-choice variants, the generation tasks
@@ -112,6 +116,11 @@ class DownstreamPipeline {
   // The rows shown: the multiple-choice tasks' with their groups' (notes: the groups averaged over fewer tasks), the
   // generation tasks' and groups', and the suite's report.
   void tabulate(DownstreamResult& result, std::vector<std::string>* notes) const;
+
+  // The generation tasks' requests as read (prompts rendered), per task in the plan's order.
+  const std::vector<GenerationTaskFiles>& generation_files() const { return generation_files_; }
+  // Per generation task whose prompts differ from its OLMES spec's, how (GenerationTaskFiles::prompts_differ).
+  std::map<std::string, std::string> prompts_differ() const;
 
   // The --requests-out lines of a result: the multiple-choice requests, then the generations.
   std::string request_lines(const DownstreamResult& result) const;

@@ -43,6 +43,9 @@ struct GenerationTaskFiles {
   int64_t shots = 0;                        // the config's task_config.num_shots
   bool chat = false;                        // prompts in the chat format (eval/chat_format.h)
   std::vector<GenerationRequest> requests;  // one per document, in file order
+  // How these prompts differ from those of the OLMES spec the run stands for (said once, in the table and --out);
+  // empty: they do not.
+  std::string prompts_differ;
 };
 
 // True for the tasks eval/generation_metrics.h scores.

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -62,19 +63,25 @@ struct SuiteReport {
     double stderr_ = 0;
     int64_t shots = -1, olmes_shots = 0, documents = 0;
     std::string missing, missing_brief;  // the JSON's (every name) and the table's (a long list shortened)
+    std::string prompts_differ;          // how the prompts differ from OLMES' spec (empty: they do not)
   };
   std::string name;
   std::vector<Row> rows;
   std::vector<std::string> tasks, missing, macro_over;
   std::optional<double> macro;  // the mean of the present tasks' values; unset when none ran
 };
-SuiteReport suite_report(const SuitePlan& plan, const std::vector<TaskResult>& results);
+// prompts_differ: per task, how its prompts differ from the suite's OLMES spec (a line under the table, a field of
+// the JSON row).
+SuiteReport suite_report(const SuitePlan& plan, const std::vector<TaskResult>& results,
+                         const std::map<std::string, std::string>& prompts_differ = {});
 
-// The table printed after the per-task rows: task, metric, value (x100), shots (OLMES'), n; then the macro line.
+// The table printed after the per-task rows: task, metric, value (x100), shots (OLMES'), n; then the macro line,
+// and a line per task whose prompts differ from OLMES' spec.
 // One line per row, whatever its length: a missing group lists its first member tasks and "(+K more)".
 std::string suite_table(const SuiteReport& report);
 
-// The --out file's "suite" object: {"name", "tasks", "missing", "macro", "macro_over", "rows": [...]}.
+// The --out file's "suite" object: {"name", "tasks", "missing", "macro", "macro_over", "rows": [...]}; a row whose
+// prompts differ from OLMES' spec has "prompts_differ".
 nlohmann::json suite_json(const SuiteReport& report);
 
 }  // namespace archspace

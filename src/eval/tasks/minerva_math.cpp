@@ -10,8 +10,11 @@
 // the solution, and is not reported.
 #include "archspace/eval/tasks/minerva_math.h"
 
+#include <algorithm>
 #include <map>
 
+#include "archspace/eval/tasks.h"
+#include "archspace/olmes_fewshot.h"
 #include "archspace/util/error.h"
 #include "families.h"
 
@@ -124,8 +127,63 @@ std::vector<std::string> subject_tasks() {
   return v;
 }
 
+// OLMES' "Minerva:MATH" few-shot source (src/eval/tasks/olmes_fewshot/minerva_math.json, with its provenance): the
+// default of minerva_math.py's TASK_CONFIG_DEFAULTS, which the ::tulu specs keep. The installed files were rendered
+// from "Minerva:MATH:fixed" (the ::olmes specs'), whose 4th example has other line breaks.
+const std::vector<std::pair<std::string, std::string>>& tulu_shots() {
+  static const auto shots = [] {
+    std::vector<std::pair<std::string, std::string>> v;
+    const nlohmann::json sources = nlohmann::json::parse(kMinervaMathFewshotJson);  // outlives the loop below
+    for (const auto& shot : sources.at("Minerva:MATH"))
+      v.emplace_back(shot.at("problem").get<std::string>(), shot.at("solution").get<std::string>());
+    return v;
+  }();
+  return shots;
+}
+
+// minerva_math.py _process_doc with cot_style "minerva": the query of a problem.
+std::string minerva_query(const std::string& problem) { return "Problem:\n" + problem + "\n\nSolution:"; }
+
+// The plain context OLMES' fewshot_context builds for minerva_math_<subject>::tulu (base_task.py: the shots'
+// doc_to_text + doc_to_target joined by blank lines, then the document's doc_to_text; doc_to_target is " " + the
+// solution, use_cot): the installed line's document after the four "Minerva:MATH" shots. The line's own context
+// must end with that document's query, so that a file of another task is not silently re-rendered.
+std::string tulu_context(const nlohmann::json& line, const std::string& where) {
+  const nlohmann::json& doc = json_field(line, "doc", where);
+  const std::string query = minerva_query(json_string_field(doc, "problem", where + " doc"));
+  const std::string& context = line["request"]["context"].get_ref<const std::string&>();
+  if (!context.ends_with(query))
+    throw Error(where + ": request.context does not end with its document's problem (\"Problem:\\n\" + doc.problem + " +
+                "\"\\n\\nSolution:\"), so --chat cannot render it as minerva_math::tulu");
+  std::string text;
+  for (const auto& [problem, solution] : tulu_shots()) text += minerva_query(problem) + " " + solution + "\n\n";
+  return text + query;
+}
+
 class MinervaMath final : public GenerationTaskFamily {
  public:
+  // Under --chat a plain line of a subject rendered from "Minerva:MATH:fixed" (the ::olmes specs', the installed
+  // files: their config's fewshot_source) becomes minerva_math_<subject>::tulu's request (olmes
+  // oe_eval/configs/tasks.py, the ::tulu loop over MATH_TASK_TYPES): the "Minerva:MATH" shots as turns
+  // (fewshot_as_multiturn), and its generation_kwargs' stop_sequences [] ("we rely on the chat format to provide
+  // the stop sequence"; max_gen_toks 1024, greedy, as the files have). Other files (chat-format ones, plain ones of
+  // another source) and minerva_math_500 are read as they are.
+  GenerationPrompt read_prompt(const nlohmann::json& line, const RequestFile& file,
+                               const std::string& where) const override {
+    const auto subjects = subject_tasks();
+    const bool plain = line.is_object() && line.contains("request") && line["request"].is_object() &&
+                       line["request"].contains("context") && line["request"]["context"].is_string();
+    const bool fixed = file.task_config.is_object() && file.task_config.contains("fewshot_source") &&
+                       file.task_config["fewshot_source"] == "Minerva:MATH:fixed";
+    if (!file.chat || !plain || !fixed || std::find(subjects.begin(), subjects.end(), file.task) == subjects.end())
+      return GenerationTaskFamily::read_prompt(line, file, where);
+    nlohmann::json tulu = line;
+    tulu["request"]["context"] = tulu_context(line, where);
+    tulu["request"]["stop_sequences"] = nlohmann::json::array();
+    const RequestFile shots{file.task, file.task_config, file.config_path, static_cast<int64_t>(tulu_shots().size()),
+                            file.chat};
+    return GenerationTaskFamily::read_prompt(tulu, shots, where);
+  }
   std::vector<GenerationTaskSpec> tasks() const override {
     std::vector<GenerationTaskSpec> v;
     for (const auto& t : subject_tasks()) v.push_back({t, "minerva_math", {"exact_match"}, "exact_match"});
