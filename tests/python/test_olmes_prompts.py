@@ -292,3 +292,29 @@ def test_drop_dataset_of_another_shape_names_the_columns(tmp_path):
     result = subprocess.run([str(DUMP), "--drop-dataset", str(tmp_path), "drop"], capture_output=True, text=True,
                             timeout=120)
     assert result.returncode != 0 and "no column 'answer'" in result.stderr, result.stderr
+
+
+def test_eval_downstream_with_a_drop_copy_end_to_end(drop_copies, tmp_path):
+    """`eval downstream --drop-dataset` itself: the generations' prompts are the dump's (drop::llama3's), the --out
+    file says nothing differs; under --chat without the copy, the table's line and --out's prompts_differ say how."""
+    import test_downstream as ds
+    from conftest import run_cli
+
+    hf = ds.export(tmp_path, "base")
+    r, out, rows = ds.engine(hf, tmp_path, "--drop-dataset", drop_copies["saved"], tasks="drop", limit=2, fmt="rc",
+                             name="drop-copy")
+    assert out["prompts_differ"] == {} and len(rows) == 2
+    dumped, _ = dump("--limit", 2, "--drop-dataset", drop_copies["saved"], "drop")
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(hf))
+    for row, d in zip(rows, dumped):
+        assert row["native_id"] == d["native_id"] and row["gold"] == d["gold"]
+        assert row["prompt_tokens"] == tokenizer(d["context"], add_special_tokens=False)["input_ids"]
+    assert "training documents in" in r.stderr and "random.Random(1234).sample" in r.stderr
+    r, out, _ = ds.engine(hf, tmp_path, "--chat", tasks="drop", limit=1, fmt="rc", name="drop-installed")
+    assert "--drop-dataset" in out["prompts_differ"]["drop"]
+    assert r.stdout.count("drop: not drop::llama3's prompts") == 1
+    bad = run_cli("eval", "downstream", "--model", hf, "--tasks", "gsm8k", "--limit", 1, "--drop-dataset",
+                  drop_copies["saved"], check=False)
+    assert bad.returncode != 0 and "does not evaluate drop" in bad.stderr
