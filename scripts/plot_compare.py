@@ -35,6 +35,12 @@ def convergence(report, out):
         top.plot(s["tokens"], s["smoothed"], color=colour, label=f"{side.upper()}: {name} (train)")
         if s["valid_tokens"]:
             top.plot(s["valid_tokens"], s["valid_loss"], "o--", color=colour, label=f"{side.upper()} validation")
+    seeds = report.get("seeds") or {}
+    for side, colour in (("a", "tab:blue"), ("b", "tab:orange")):
+        band = seeds.get(f"band_{side}")
+        if band:  # several runs: the mean smoothed curve's t band over the seeds
+            top.fill_between(seeds["tokens"], band["low"], band["high"], color=colour, alpha=0.2, linewidth=0,
+                             label=f"{side.upper()}: 95% t band over {seeds[f'runs_{side}']} seeds")
     for level in c["levels"]:
         top.axhline(level["loss"], color="grey", linewidth=0.5, linestyle=":")
     top.set_ylabel("loss")
@@ -42,6 +48,11 @@ def convergence(report, out):
     top.set_title(f"convergence (training loss smoothed, weight {c['smooth']})")
     xs, d = difference(c["a"]["tokens"], c["a"]["smoothed"], c["b"]["tokens"], c["b"]["smoothed"])
     bottom.plot(xs, d, color="black", label="train (smoothed)")
+    for row in seeds.get("loss_at_tokens", []):  # the seed-resampled 95% intervals of the difference
+        boot = row["bootstrap"]
+        if boot["low"] is not None:
+            err = [[row["diff"] - boot["low"]], [boot["high"] - row["diff"]]]
+            bottom.errorbar([row["tokens"]], [row["diff"]], yerr=err, fmt="s", color="black", markersize=3, capsize=3)
     vx, vd = difference(c["a"]["valid_tokens"], c["a"]["valid_loss"], c["b"]["valid_tokens"], c["b"]["valid_loss"])
     if vx:
         bottom.plot(vx, vd, "o--", color="grey", label="validation")

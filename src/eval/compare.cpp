@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "archspace/eval/generation_metrics.h"
+#include "archspace/eval/seed_statistics.h"
 #include "archspace/io/run_dir.h"
 #include "archspace/text/utf8.h"
 #include "archspace/util/error.h"
@@ -277,8 +278,9 @@ std::string fmt(double v) {
   return s;
 }
 
-// The differences between two runs that a matched comparison must not have, each named.
-json match_checks(const Run& a, const Run& b) {
+// The differences between two runs that a matched comparison must not have, each named. across_seeds: two runs of
+// one side, which differ in their seed (and so in their batches) by design: those two checks are skipped.
+json match_checks(const Run& a, const Run& b, bool across_seeds = false) {
   json checks = json::array();
   const auto add = [&](const std::string& what, bool same, const std::string& detail) {
     checks.push_back({{"what", what}, {"same", same}, {"detail", detail}});
@@ -286,7 +288,7 @@ json match_checks(const Run& a, const Run& b) {
   // Batches, step for step.
   const size_t common = std::min(a.steps.size(), b.steps.size());
   int64_t differ = 0, first = -1, missing = 0;
-  for (size_t i = 0; i < common; ++i) {
+  for (size_t i = 0; i < common && !across_seeds; ++i) {
     if (a.steps[i].batch_hash.empty() || b.steps[i].batch_hash.empty()) {
       ++missing;
     } else if (a.steps[i].batch_hash != b.steps[i].batch_hash) {
@@ -294,7 +296,9 @@ json match_checks(const Run& a, const Run& b) {
       ++differ;
     }
   }
-  if (missing > 0) {
+  if (across_seeds) {
+    // another seed, other batches
+  } else if (missing > 0) {
     add("batches", false, std::to_string(missing) + " steps without a batch_hash: the batches cannot be checked");
   } else {
     add("batches", differ == 0,
@@ -323,9 +327,11 @@ json match_checks(const Run& a, const Run& b) {
           (tok_first < 0 ? "" : ", the counts differ from step " + std::to_string(tok_first)));
   // Seed and batch shape from the newest checkpoints' trainer state.
   if (a.state.is_null() || b.state.is_null()) {
-    add("seed", false, "no checkpoint's trainer_state.json in " + (a.state.is_null() ? a.dir : b.dir));
+    add(across_seeds ? "trainer_state" : "seed", false,
+        "no checkpoint's trainer_state.json in " + (a.state.is_null() ? a.dir : b.dir));
   } else {
     for (const char* key : {"seed", "sequence_length", "global_batch", "data_mixture"}) {
+      if (across_seeds && std::string(key) == "seed") continue;
       const json va = a.state.value(key, json()), vb = b.state.value(key, json());
       if (va.is_null() && vb.is_null()) continue;
       add(key, va == vb, va.dump() + " vs " + vb.dump());
@@ -343,7 +349,7 @@ json match_checks(const Run& a, const Run& b) {
     std::string detail;
     for (const auto& k : keys) {
       if (k == "model.variant" || k == "train.run_dir" || k.rfind("checkpoint.", 0) == 0 ||
-          k.rfind("tracking.", 0) == 0 || k == "model.init_from")
+          k.rfind("tracking.", 0) == 0 || k == "model.init_from" || (across_seeds && k == "train.seed"))
         continue;
       const auto ia = a.config.find(k), ib = b.config.find(k);
       const std::string va = ia == a.config.end() ? "(unset)" : ia->second;
@@ -689,6 +695,133 @@ json convergence(const std::vector<Run>& a, const std::vector<Run>& b, const Com
       {"levels", rows}};
 }
 
+// ---- pairs and seeds -------------------------------------------------------------------------------------
+
+// A run's seed from its newest checkpoint's trainer_state.json.
+std::optional<int64_t> seed_of(const Run& r) {
+  if (r.state.is_object() && r.state.contains("seed") && r.state["seed"].is_number_integer())
+    return r.state["seed"].get<int64_t>();
+  return std::nullopt;
+}
+
+// Which A run goes with which B run: runs of the same seed first (the same init and data order on both sides: the
+// pairs the seed statistics use), then the runs left, in order, by position (their checks name what differs, the seed
+// first); what is left after that is unpaired.
+struct RunPairing {
+  std::vector<std::pair<size_t, size_t>> pairs;
+  size_t by_seed = 0;                 // the first by_seed pairs share their seed
+  std::vector<std::string> unpaired;  // each named with its side and seed
+  // Pairs of one seed each, covering every run: the comparison is paired by seed.
+  bool all_by_seed() const { return unpaired.empty() && by_seed == pairs.size(); }
+};
+
+RunPairing pair_runs(const std::vector<Run>& a, const std::vector<Run>& b) {
+  RunPairing p;
+  std::vector<bool> used_a(a.size(), false), used_b(b.size(), false);
+  for (size_t i = 0; i < a.size(); ++i) {
+    for (size_t j = 0; j < b.size() && seed_of(a[i]); ++j) {
+      if (used_b[j] || seed_of(a[i]) != seed_of(b[j])) continue;
+      used_a[i] = used_b[j] = true;
+      p.pairs.emplace_back(i, j);
+      break;
+    }
+  }
+  p.by_seed = p.pairs.size();
+  for (size_t i = 0, j = 0; i < a.size(); ++i) {
+    if (used_a[i]) continue;
+    while (j < b.size() && used_b[j]) ++j;
+    if (j == b.size()) break;
+    used_a[i] = used_b[j] = true;
+    p.pairs.emplace_back(i, j);
+  }
+  const auto name = [&](const Run& r, const char* side) {
+    const auto s = seed_of(r);
+    return std::string(side) + " run " + r.dir + (s ? " (seed " + std::to_string(*s) + ")" : "");
+  };
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (!used_a[i]) p.unpaired.push_back(name(a[i], "A"));
+  }
+  for (size_t j = 0; j < b.size(); ++j) {
+    if (!used_b[j]) p.unpaired.push_back(name(b[j], "B"));
+  }
+  return p;
+}
+
+struct MatchReport {
+  json pairs = json::array(), differences = json::array();
+};
+
+// Every difference that voids the comparison, for every run of both sides: each pair's checks, each run against its
+// side's first run (all but the seed and the batches), and the runs without a partner.
+MatchReport match_report(const std::vector<Run>& a, const std::vector<Run>& b, const RunPairing& pairing) {
+  MatchReport m;
+  const bool several = a.size() > 1 || b.size() > 1;
+  const auto note = [&](const json& checks, const std::string& where) {
+    for (const auto& c : checks) {
+      if (!c["same"].get<bool>())
+        m.differences.push_back(c["what"].get<std::string>() + ": " + c["detail"].get<std::string>() + where);
+    }
+  };
+  for (const auto& [i, j] : pairing.pairs) {
+    json checks = match_checks(a[i], b[j]);
+    note(checks, several ? " (" + a[i].dir + " vs " + b[j].dir + ")" : "");
+    m.pairs.push_back({{"a", a[i].dir}, {"b", b[j].dir}, {"checks", checks}});
+  }
+  for (const auto& [side, runs] : {std::pair<const char*, const std::vector<Run>*>{"A", &a}, {"B", &b}}) {
+    for (size_t r = 1; r < runs->size(); ++r)
+      note(match_checks((*runs)[0], (*runs)[r], true),
+           " (" + std::string(side) + ": " + (*runs)[0].dir + " vs " + (*runs)[r].dir + ")");
+  }
+  for (const auto& u : pairing.unpaired)
+    m.differences.push_back("runs: " + std::to_string(a.size()) + " vs " + std::to_string(b.size()) + "; " + u +
+                            " has no partner");
+  return m;
+}
+
+// The runs of one side at `steps` (each logged by every run of both sides), each run's loss smoothed.
+SeedSide seed_side(const std::vector<Run>& runs, const std::vector<int64_t>& steps, double smooth) {
+  SeedSide s;
+  for (const auto& r : runs) {
+    std::map<int64_t, const StepPoint*> at;
+    for (const auto& p : r.steps) at[p.step] = &p;
+    std::vector<double> loss;
+    s.tokens.clear();
+    for (int64_t step : steps) {
+      loss.push_back(at.at(step)->loss);
+      s.tokens.push_back(at.at(step)->tokens);
+    }
+    s.runs.push_back(r.dir);
+    s.smoothed.push_back(ema_smooth(loss, smooth));
+    s.final_valid.push_back(r.valid.empty() ? std::nullopt : std::optional<double>(r.valid.back().second));
+  }
+  return s;
+}
+
+// compare.json's "seeds" (eval/seed_statistics.h) at the steps every run of both sides logged with the same tokens,
+// for the convergence section's loss levels.
+json seeds(const std::vector<Run>& a, const std::vector<Run>& b, const std::vector<std::pair<size_t, size_t>>& pairs,
+           const json& convergence, const CompareOptions& o) {
+  std::map<int64_t, std::set<double>> tokens;  // step -> the token counts logged there
+  std::map<int64_t, size_t> count;
+  for (const auto* side : {&a, &b}) {
+    for (const auto& r : *side) {
+      for (const auto& p : r.steps) {
+        tokens[p.step].insert(p.tokens);
+        ++count[p.step];
+      }
+    }
+  }
+  std::vector<int64_t> steps;
+  for (const auto& [step, n] : count) {
+    if (n == a.size() + b.size() && tokens[step].size() == 1) steps.push_back(step);
+  }
+  if (steps.empty()) return {{"error", "no step logged by every run with the same tokens"}};
+  std::vector<double> levels;
+  for (const auto& l : convergence["levels"]) levels.push_back(l["loss"].get<double>());
+  return seed_convergence(seed_side(a, steps, o.smooth), seed_side(b, steps, o.smooth), pairs, levels, o.resamples,
+                          o.seed);
+}
+
 }  // namespace
 
 nlohmann::json compare_runs(const CompareOptions& o) {
@@ -715,22 +848,16 @@ nlohmann::json compare_runs(const CompareOptions& o) {
   for (const auto& d : o.a) a.push_back(read_run(d));
   for (const auto& d : o.b) b.push_back(read_run(d));
   json report = {{"a", o.a}, {"b", o.b}};
-  // Matched: each A run against the B run of the same position (its seed's partner), else the first of each.
-  json pairs = json::array(), differences = json::array();
-  const size_t n = a.size() == b.size() ? a.size() : 1;
-  for (size_t i = 0; i < n; ++i) {
-    json checks = match_checks(a[i], b[i]);
-    for (const auto& c : checks) {
-      if (!c["same"].get<bool>())
-        differences.push_back(c["what"].get<std::string>() + ": " + c["detail"].get<std::string>() +
-                              (n > 1 ? " (" + a[i].dir + " vs " + b[i].dir + ")" : ""));
-    }
-    pairs.push_back({{"a", a[i].dir}, {"b", b[i].dir}, {"checks", checks}});
-  }
-  report["matched"] = differences.empty();
-  report["differences"] = differences;
-  report["pairs"] = pairs;
+  const RunPairing pairing = pair_runs(a, b);
+  report["pairing"] = pairing.all_by_seed() ? "seed" : "position";
+  const MatchReport match = match_report(a, b, pairing);
+  report["matched"] = match.differences.empty();
+  report["differences"] = match.differences;
+  report["pairs"] = match.pairs;
   report["convergence"] = convergence(a, b, o);
+  if (a.size() > 1 || b.size() > 1)
+    report["seeds"] = seeds(a, b, pairing.all_by_seed() ? pairing.pairs : std::vector<std::pair<size_t, size_t>>{},
+                            report["convergence"], o);
   if (!eval_a.empty()) {
     if (eval_a.size() != o.a.size() || eval_b.size() != o.b.size())
       throw Error("compare: one evaluation file per run (" + std::to_string(o.a.size()) + " for A, " +
@@ -745,6 +872,45 @@ nlohmann::json compare_runs(const CompareOptions& o) {
   }
   return report;
 }
+
+namespace {
+
+// compare.md's seeds section: the loss differences and tokens-to-reach ratios with their seed intervals.
+std::string seeds_markdown(const json& s) {
+  if (s.contains("error")) return "\n## Seeds\n\n" + s["error"].get<std::string>() + "\n";
+  std::ostringstream md;
+  const auto num = [](const json& v, int digits) { return v.is_null() ? std::string("-") : md_number(v, digits); };
+  const auto interval = [&](const json& lo, const json& hi, int digits) {
+    return lo.is_null() ? std::string("-") : "[" + num(lo, digits) + ", " + num(hi, digits) + "]";
+  };
+  md << "\n## Seeds\n\n"
+     << s["runs_a"].get<int64_t>() << " runs of A, " << s["runs_b"].get<int64_t>() << " of B; "
+     << s["method"].get<std::string>() << "; " << s["resamples"].get<int64_t>() << " resamples. Seeds per arm "
+     << s["seeds_needed_rule"].get<std::string>() << ".\n\n"
+     << "| B - A | tokens | diff | 95% seed resamples | 95% t | p (t) | seed sd | seeds per arm for 0.005 / 0.01 / "
+        "0.02 |\n|---|---|---|---|---|---|---|---|\n";
+  const auto row = [&](const std::string& what, const json& x, const std::string& tokens) {
+    const json& t = x["t"];
+    std::string needed;
+    for (const auto& n : x["seeds_needed"])
+      needed +=
+          (needed.empty() ? "" : " / ") + (n["seeds_per_arm"].is_null() ? std::string("-") : n["seeds_per_arm"].dump());
+    md << "| " << what << " | " << tokens << " | " << md_number(x["diff"], 4) << " | "
+       << interval(x["bootstrap"]["low"], x["bootstrap"]["high"], 4) << " | "
+       << (t.is_null() ? "-" : interval(t["low"], t["high"], 4)) << " | "
+       << (t.is_null() ? "-" : format_string("%.3g", t["p"].get<double>())) << " | " << md_number(x["sd"], 4) << " | "
+       << needed << " |\n";
+  };
+  for (const auto& x : s["loss_at_tokens"]) row("training loss (smoothed)", x, md_number(x["tokens"], 0));
+  if (!s["final_valid"].is_null()) row("final validation loss", s["final_valid"], "end");
+  md << "\n| loss level | tokens B/A | 95% seed resamples | resamples reaching it |\n|---|---|---|---|\n";
+  for (const auto& x : s["tokens_to_reach"])
+    md << "| " << md_number(x["loss"], 3) << " | " << (x["ratio"].is_null() ? "-" : num(x["ratio"], 3) + "x") << " | "
+       << interval(x["low"], x["high"], 3) << " | " << x["defined"].get<int64_t>() << " |\n";
+  return md.str();
+}
+
+}  // namespace
 
 std::string compare_markdown(const nlohmann::json& r) {
   std::ostringstream md;
@@ -772,6 +938,7 @@ std::string compare_markdown(const nlohmann::json& r) {
   };
   md << "\nFinal training loss A " << last(c["a"], "loss") << ", B " << last(c["b"], "loss")
      << "; final validation loss A " << last(c["a"], "valid_loss") << ", B " << last(c["b"], "valid_loss") << ".\n";
+  if (r.contains("seeds")) md << seeds_markdown(r["seeds"]);
   if (r.contains("evaluation")) {
     const json& e = r["evaluation"];
     md << "\n## Evaluation\n\n"
