@@ -17,7 +17,7 @@ namespace fs = std::filesystem;
 
 struct CompareArgs {
   std::vector<std::string> positional, a, b, eval_a, eval_b;
-  std::string out;
+  std::string out, suite;
   bool intersect = false, no_plot = false;
   int64_t resamples = 10000;
   uint64_t seed = 0;
@@ -43,6 +43,7 @@ int run(CompareArgs& args) {
   o.seed = args.seed;
   o.smooth = args.smooth;
   o.levels = args.levels;
+  o.suite = args.suite;
   const nlohmann::json report = compare_runs(o);
   const std::string md = compare_markdown(report);
   std::cout << md << std::flush;
@@ -80,6 +81,9 @@ Command add(CLI::App& parent) {
       ->capture_default_str();
   app->add_option("--levels", a->levels, "loss levels for tokens-to-reach (default: five chosen from the curves)")
       ->expected(1, -1);
+  app->add_option("--suite", a->suite,
+                  "also the table of an evaluation suite (olmo3-sft): each of its tasks' paired difference, a "
+                  "group's at the suite's aggregate, and their macro");
   app->add_option("--out", a->out, "output directory: compare.json, compare.md, convergence.png, forest.png");
   app->add_flag("--no-plot", a->no_plot, "do not draw the PNG charts");
   return {app, [a] { return run(*a); }, /*computes=*/false};

@@ -12,6 +12,9 @@
 
 #include "archspace/eval/generation_metrics.h"
 #include "archspace/eval/seed_statistics.h"
+#include "archspace/eval/suites.h"
+#include "archspace/eval/task_groups.h"
+#include "archspace/eval/tasks/truthfulqa.h"
 #include "archspace/io/run_dir.h"
 #include "archspace/text/utf8.h"
 #include "archspace/util/error.h"
@@ -393,8 +396,11 @@ Rows read_requests(const std::string& path) {
     std::vector<Choice> choices;
     int64_t label = 0;
     std::string where;
+    json multi_true;  // TruthfulQA's labels (mc1, mc2)
   };
   std::map<std::string, std::map<std::string, Doc>> ll_docs;
+  // acc_uncond's normalisers: task -> (the conditional doc_id, idx) -> the unconditional log-likelihood.
+  std::map<std::string, std::map<std::pair<std::string, int64_t>, double>> uncond;
   std::map<std::string, std::vector<std::string>> ll_order;  // task -> doc_ids in file order
   Rows rows;
   const auto rows_in = read_json_lines(path);
@@ -430,17 +436,32 @@ Rows read_requests(const std::string& path) {
                     "\" (a log-likelihood row; rows without \"label\" come from before compare existed: "
                     "rerun eval downstream --requests-out)");
     }
-    if (j.value("unconditional", false)) continue;  // the acc_uncond normaliser's rows
+    if (j.value("unconditional", false)) {  // the acc_uncond normaliser of a choice
+      if (!j.contains("uncond_offset") || !j["uncond_offset"].is_number_integer() || !j["doc_id"].is_number_integer())
+        throw Error(where +
+                    ": an unconditional row needs an integer \"doc_id\" and \"uncond_offset\" (rerun eval "
+                    "downstream --requests-out)");
+      const int64_t conditional = j["doc_id"].get<int64_t>() - j["uncond_offset"].get<int64_t>();
+      uncond[task][{std::to_string(conditional), j["idx"].get<int64_t>()}] = j["loglikelihood"].get<double>();
+      continue;
+    }
     const std::string metric = j.value("primary_metric", "");
-    if (metric != "acc_raw" && metric != "acc_per_token" && metric != "acc_per_char")
+    static const std::set<std::string> scored = {"acc_raw",    "acc_per_token", "acc_per_char",
+                                                 "acc_uncond", "mc1",           "mc2"};
+    if (!scored.count(metric))
       throw Error(where + ": task " + task + "'s primary metric \"" + metric +
-                  "\" is not one compare scores from rows (acc_raw, acc_per_token, acc_per_char)");
+                  "\" is not one compare scores from rows (acc_raw, acc_per_token, acc_per_char, acc_uncond, mc1, "
+                  "mc2)");
+    if ((metric == "mc1" || metric == "mc2") && (!j.contains("multi_true") || !j["multi_true"].is_object()))
+      throw Error(where + ": task " + task + " is scored by " + metric +
+                  ", which needs the row's \"multi_true\" labels (rerun eval downstream --requests-out)");
     t.metric = metric;
     Doc& d = ll_docs[task][doc];
     if (d.choices.empty()) {
       d.where = where;
       ll_order[task].push_back(doc);
     }
+    if (j.contains("multi_true")) d.multi_true = j["multi_true"];
     d.label = j["label"].get<int64_t>();
     d.choices.push_back({j["idx"].get<int64_t>(), j["loglikelihood"].get<double>(),
                          std::max(1.0, j["n_continuation_tokens"].get<double>()),
@@ -451,11 +472,34 @@ Rows read_requests(const std::string& path) {
     for (const auto& doc : ll_order.at(task)) {
       Doc& d = docs.at(doc);
       std::sort(d.choices.begin(), d.choices.end(), [](const Choice& x, const Choice& y) { return x.idx < y.idx; });
+      if (t.metric == "mc1" || t.metric == "mc2") {  // truthfulqa's family scores the document (eval downstream's)
+        MultiTrueLabels labels;
+        std::map<int64_t, double> ll;
+        try {
+          labels = {d.multi_true.at("labels").get<std::vector<int64_t>>(),
+                    d.multi_true.at("mc1_indices").get<std::vector<int64_t>>(),
+                    d.multi_true.at("mc2_indices").get<std::vector<int64_t>>()};
+          for (const Choice& c : d.choices) ll[c.idx] = c.ll;
+          const auto [mc1, mc2] = truthfulqa_mc1_mc2(labels, ll);
+          t.add(doc, {t.metric == "mc1" ? mc1 : mc2, d.multi_true, d.where});
+        } catch (const std::exception& e) {
+          throw Error(d.where + ": task " + task + " doc_id " + doc +
+                      ": its multi_true labels do not fit its choices (" + e.what() + ")");
+        }
+        continue;
+      }
       size_t best = 0;
       double best_score = -INFINITY;
       for (size_t i = 0; i < d.choices.size(); ++i) {
         const Choice& c = d.choices[i];
-        const double s = t.metric == "acc_raw" ? c.ll : t.metric == "acc_per_token" ? c.ll / c.tokens : c.ll / c.chars;
+        double s = t.metric == "acc_per_token" ? c.ll / c.tokens : t.metric == "acc_per_char" ? c.ll / c.chars : c.ll;
+        if (t.metric == "acc_uncond") {  // the choice's log-likelihood over its unconditional one (PMI)
+          const auto it = uncond[task].find({doc, c.idx});
+          if (it == uncond[task].end())
+            throw Error(d.where + ": task " + task + " doc_id " + doc + " choice " + std::to_string(c.idx) +
+                        " has no unconditional row (acc_uncond)");
+          s -= it->second;
+        }
         if (s > best_score) {
           best_score = s;
           best = i;
@@ -485,6 +529,84 @@ std::vector<Rows> read_side(const std::vector<std::string>& files) {
 }
 
 std::string md_number(double v, int digits = 2) { return format_string("%.*f", digits, v); }
+
+// A difference of resampled task differences: its percentile interval and the bootstrap's two-sided p.
+json resampled_row(double a, double b, const std::vector<double>& resampled) {
+  std::vector<double> sorted = resampled;
+  std::sort(sorted.begin(), sorted.end());
+  int64_t below = 0, above = 0;
+  for (double v : resampled) {
+    below += v <= 0;
+    above += v >= 0;
+  }
+  return {{"a", a},
+          {"b", b},
+          {"diff", b - a},
+          {"low", linear_quantile(sorted, 0.025)},
+          {"high", linear_quantile(sorted, 0.975)},
+          {"p", std::min(1.0, 2.0 * static_cast<double>(std::min(below, above)) / static_cast<double>(sorted.size()))}};
+}
+
+// The suite's table (eval/suites.h) of paired differences: each of its tasks' rows, a group's at its primary
+// aggregate (macro: the members' mean; micro: their instances pooled, each member weighted by its instances), each
+// resample's the same aggregate of its members' resamples; then the macro over the rows present. A task whose rows
+// are missing is named.
+json suite_comparison(const std::string& name, const json& tasks, const std::vector<PairedResult>& results,
+                      int64_t resamples) {
+  const Suite* suite = find_suite(name);
+  if (!suite) throw Error("compare: unknown suite \"" + name + "\" (" + join(suite_names()) + ")");
+  std::map<std::string, size_t> index;
+  for (size_t i = 0; i < tasks.size(); ++i) index[tasks[i]["task"].get<std::string>()] = i;
+  json rows = json::array(), missing = json::array();
+  std::vector<double> macro(static_cast<size_t>(resamples), 0.0);
+  double ma = 0, mb = 0;
+  int64_t present = 0;
+  for (const SuiteTask& t : suite->tasks) {
+    const TaskGroup* group = find_task_group(t.name);
+    const std::vector<std::string> members = group ? group->members : std::vector<std::string>{t.name};
+    const bool micro = group && group->primary_aggregate == "micro";
+    std::vector<std::string> absent;
+    for (const auto& m : members) {
+      if (!index.count(m)) absent.push_back(m);
+    }
+    if (!absent.empty()) {
+      missing.push_back({{"task", t.name}, {"missing", absent}});
+      continue;
+    }
+    double a = 0, b = 0, weights = 0;
+    int64_t n = 0;
+    std::vector<double> resampled(static_cast<size_t>(resamples), 0.0);
+    for (const auto& m : members) {
+      const json& row = tasks[index.at(m)];
+      if (row["metric"] != t.metric)
+        throw Error("compare: suite " + name + " scores " + t.name + " by " + t.metric + ", and " + m + "'s rows by " +
+                    row["metric"].get<std::string>());
+      const double w = micro ? row["n"].get<double>() : 1.0;
+      a += w * row["a"].get<double>();
+      b += w * row["b"].get<double>();
+      for (size_t s = 0; s < resampled.size(); ++s) resampled[s] += w * results[index.at(m)].resampled[s];
+      weights += w;
+      n += row["n"].get<int64_t>();
+    }
+    for (double& v : resampled) v /= weights;
+    json row = resampled_row(a / weights, b / weights, resampled);
+    row["task"] = t.name;
+    row["metric"] = t.metric;
+    row["aggregate"] = group ? group->primary_aggregate : "task";
+    row["n"] = n;
+    rows.push_back(row);
+    ma += a / weights;
+    mb += b / weights;
+    for (size_t s = 0; s < macro.size(); ++s) macro[s] += resampled[s];
+    ++present;
+  }
+  json out = {{"name", name}, {"rows", rows}, {"missing", missing}};
+  if (present > 0) {
+    for (double& v : macro) v /= static_cast<double>(present);
+    out["macro"] = resampled_row(ma / static_cast<double>(present), mb / static_cast<double>(present), macro);
+  }
+  return out;
+}
 
 json evaluation(const CompareOptions& o) {
   const std::vector<Rows> a = read_side(o.eval_a), b = read_side(o.eval_b);
@@ -609,6 +731,7 @@ json evaluation(const CompareOptions& o) {
     below += v <= 0;
     above += v >= 0;
   }
+  if (!o.suite.empty()) out["suite"] = suite_comparison(o.suite, tasks, results, o.resamples);
   out["tasks"] = tasks;
   out["macro"] = {
       {"a", ma / k},
@@ -875,6 +998,32 @@ nlohmann::json compare_runs(const CompareOptions& o) {
 
 namespace {
 
+// compare.md's suite table: one row per suite task (a group at its aggregate), then the macro.
+std::string suite_markdown(const json& s) {
+  std::ostringstream md;
+  const auto pts = [](const json& v) { return md_number(100 * v.get<double>(), 1); };
+  const auto line = [&](const std::string& task, const std::string& metric, const std::string& n, const json& r) {
+    md << "| " << task << " | " << metric << " | " << n << " | " << pts(r["a"]) << " | " << pts(r["b"]) << " | "
+       << (r["diff"].get<double>() >= 0 ? "+" : "") << pts(r["diff"]) << " | [" << pts(r["low"]) << ", "
+       << pts(r["high"]) << "] | " << format_string("%.3g", r["p"].get<double>()) << " |\n";
+  };
+  md << "\n## Suite " << s["name"].get<std::string>()
+     << "\n\nEach task's paired difference (a group at the suite's aggregate of its members: macro, or micro over "
+        "their instances), its interval from the members' resamples; the macro over the rows. Values in points "
+        "(x100).\n\n| task | metric | n | A | B | B - A | 95% interval | p (bootstrap) |\n"
+        "|---|---|---|---|---|---|---|---|\n";
+  for (const auto& r : s["rows"]) {
+    const std::string agg = r["aggregate"].get<std::string>();
+    line(r["task"].get<std::string>(), r["metric"].get<std::string>() + (agg == "task" ? "" : " (" + agg + ")"),
+         std::to_string(r["n"].get<int64_t>()), r);
+  }
+  if (s.contains("macro")) line("**macro**", "", "", s["macro"]);
+  for (const auto& m : s["missing"])
+    md << "\nMissing from the rows: " << m["task"].get<std::string>() << " (" << join(m["missing"]) << ")";
+  if (!s["missing"].empty()) md << "\n";
+  return md.str();
+}
+
 // compare.md's seeds section: the loss differences and tokens-to-reach ratios with their seed intervals.
 std::string seeds_markdown(const json& s) {
   if (s.contains("error")) return "\n## Seeds\n\n" + s["error"].get<std::string>() + "\n";
@@ -962,6 +1111,7 @@ std::string compare_markdown(const nlohmann::json& r) {
        << (m["diff"].get<double>() >= 0 ? "+" : "") << pts(m["diff"]) << " | [" << pts(m["low"]) << ", "
        << pts(m["high"]) << "] | | |\n";
     if (!e["dropped"].empty()) md << "\nDropped by --intersect: " << e["dropped"].dump() << "\n";
+    if (e.contains("suite")) md << suite_markdown(e["suite"]);
   }
   return md.str();
 }

@@ -247,6 +247,13 @@ std::vector<nlohmann::json> request_rows(const TaskFiles& files, const TaskResul
                     {"label", r.label},
                     {"primary_metric", files.primary_metric},
                     {"unconditional", files.uncond_offset > 0 && r.doc_id >= files.uncond_offset}});
+    // acc_uncond pairs a choice with its unconditional request at doc_id + uncond_offset; TruthfulQA's documents
+    // are scored by their labels (mc1, mc2).
+    if (files.uncond_offset > 0) rows.back()["uncond_offset"] = files.uncond_offset;
+    if (const auto it = files.multi_true.find(r.doc_id); it != files.multi_true.end())
+      rows.back()["multi_true"] = {{"labels", it->second.labels},
+                                   {"mc1_indices", it->second.mc1_indices},
+                                   {"mc2_indices", it->second.mc2_indices}};
   }
   return rows;
 }

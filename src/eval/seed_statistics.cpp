@@ -17,10 +17,10 @@ using json = nlohmann::json;
 // precision over (0, 1).
 double normal_quantile(double p) {
   if (!(p > 0 && p < 1)) throw Error("normal_quantile: p must be in (0, 1)");
-  static const double a[] = {-3.969683028665376e+01, 2.209460984245205e+02, -2.759285104469687e+02,
+  static const double a[] = {-3.969683028665376e+01, 2.209460984245205e+02,  -2.759285104469687e+02,
                              1.383577518672690e+02,  -3.066479806614716e+01, 2.506628277459239e+00};
   static const double b[] = {-5.447609879822406e+01, 1.615858368580409e+02, -1.556989798598866e+02,
-                             6.680131188771972e+01,  -1.328068155288572e+01};
+                             6.680131188771972e+01, -1.328068155288572e+01};
   static const double c[] = {-7.784894002430293e-03, -3.223964580411365e-01, -2.400758277161838e+00,
                              -2.549732539343734e+00, 4.374664141464968e+00,  2.938163982698783e+00};
   static const double d[] = {7.784695709041462e-03, 3.224671290700398e-01, 2.445134137142996e+00,
@@ -176,7 +176,8 @@ json percentile_interval(std::vector<double> values) {
   values.erase(std::remove_if(values.begin(), values.end(), [](double v) { return std::isnan(v); }), values.end());
   if (values.empty()) return {{"low", nullptr}, {"high", nullptr}, {"defined", 0}};
   std::sort(values.begin(), values.end());
-  return {{"low", linear_quantile(values, 0.025)}, {"high", linear_quantile(values, 0.975)}, {"defined", values.size()}};
+  return {
+      {"low", linear_quantile(values, 0.025)}, {"high", linear_quantile(values, 0.975)}, {"defined", values.size()}};
 }
 
 // Student's t interval and two-sided p of a difference: paired (the pair differences) or Welch's (the two sides).
@@ -245,11 +246,12 @@ json band(const SeedSide& s) {
     low.push_back(m - half);
     high.push_back(m + half);
   }
-  return {{"mean", mean_curve(s, [&] {
-             std::vector<size_t> all(k);
-             for (size_t i = 0; i < k; ++i) all[i] = i;
-             return all;
-           }())},
+  return {{"mean", mean_curve(s,
+                              [&] {
+                                std::vector<size_t> all(k);
+                                for (size_t i = 0; i < k; ++i) all[i] = i;
+                                return all;
+                              }())},
           {"low", low},
           {"high", high}};
 }
@@ -334,30 +336,32 @@ json seed_convergence(const SeedSide& a, const SeedSide& b, const std::vector<st
   }
   json pair_list = json::array();
   for (const auto& [i, j] : pairs) pair_list.push_back({a.runs[i], b.runs[j]});
-  return {{"paired", paired},
-          {"pairs", pair_list},
-          {"runs_a", a.smoothed.size()},
-          {"runs_b", b.smoothed.size()},
-          {"resamples", resamples},
-          {"seed", seed},
-          {"rng", "SplitMix64 from state splitmix64_mix(seed + 2^32); index = floor(u * n), u = (x >> 11) * 2^-53; "
-                  "per resample k pair indices (paired), else k_A runs of A then k_B of B"},
-          {"method",
-           paired ? "pairs matched by seed (same init and data order), resampled with replacement; the statistic on the "
-                    "drawn pairs; percentile interval over the resamples where it is defined; t: paired t-test on the "
-                    "pair differences"
-                  : "each side's runs resampled with replacement; percentile interval over the resamples where it is "
-                    "defined; t: Welch's t-test"},
-          {"seeds_needed_rule",
-           "for a two-sided test at 5% with 80% power: the normal approximation with Guenther's (1981) "
-           "t correction, n = ((z_0.975 + z_0.8) sd / delta)^2 + z_0.975^2 / 2 (paired, sd of the pair differences), "
-           "2 ((z_0.975 + z_0.8) sd / delta)^2 + z_0.975^2 / 4 (unpaired, sd pooled), rounded up"},
-          {"tokens", a.tokens},
-          {"loss_at_tokens", at},
-          {"final_valid", valid},
-          {"tokens_to_reach", reach},
-          {"band_a", band(a)},
-          {"band_b", band(b)}};
+  return {
+      {"paired", paired},
+      {"pairs", pair_list},
+      {"runs_a", a.smoothed.size()},
+      {"runs_b", b.smoothed.size()},
+      {"resamples", resamples},
+      {"seed", seed},
+      {"rng",
+       "SplitMix64 from state splitmix64_mix(seed + 2^32); index = floor(u * n), u = (x >> 11) * 2^-53; "
+       "per resample k pair indices (paired), else k_A runs of A then k_B of B"},
+      {"method",
+       paired ? "pairs matched by seed (same init and data order), resampled with replacement; the statistic on the "
+                "drawn pairs; percentile interval over the resamples where it is defined; t: paired t-test on the "
+                "pair differences"
+              : "each side's runs resampled with replacement; percentile interval over the resamples where it is "
+                "defined; t: Welch's t-test"},
+      {"seeds_needed_rule",
+       "for a two-sided test at 5% with 80% power: the normal approximation with Guenther's (1981) "
+       "t correction, n = ((z_0.975 + z_0.8) sd / delta)^2 + z_0.975^2 / 2 (paired, sd of the pair differences), "
+       "2 ((z_0.975 + z_0.8) sd / delta)^2 + z_0.975^2 / 4 (unpaired, sd pooled), rounded up"},
+      {"tokens", a.tokens},
+      {"loss_at_tokens", at},
+      {"final_valid", valid},
+      {"tokens_to_reach", reach},
+      {"band_a", band(a)},
+      {"band_b", band(b)}};
 }
 
 }  // namespace archspace

@@ -242,3 +242,68 @@ def test_seeds_needed_against_exact_power_and_a_simulation(tmp_path, paired):
     rate = (p < 0.05).mean()
     expected = exact_power(n)
     assert abs(rate - expected) <= 4 * np.sqrt(expected * (1 - expected) / sims), (rate, expected)
+
+
+def test_the_suite_table_of_two_models_equals_their_own_evaluations(tmp_path):
+    """`eval downstream --suite olmo3-sft --requests-out` of two models, then `compare --suite olmo3-sft` on their
+    rows: eight rows (bbh at its micro aggregate, minerva_math and mmlu at their macro, truthfulqa mc2 scored per
+    document from the rows) and the macro, whose per-side values equal each model's own suite table in --out."""
+    import test_downstream as ds
+    from test_chat_eval import suite_request_files
+    from test_compare import write_run
+
+    suite_request_files(tmp_path / "tasks")  # bbh's 27 subtasks, ifeval, popqa, truthfulqa as OLMES writes them
+    outs, rows = {}, {}
+    for variant in ("base", "siamese"):
+        hf = ds.export(tmp_path, variant)
+        outs[variant], rows[variant] = tmp_path / f"{variant}.json", tmp_path / f"{variant}.jsonl"
+        run_cli("eval", "downstream", "--model", hf, "--suite", "olmo3-sft", "--tasks-dir", tmp_path / "tasks",
+                "--limit", 1, "--out", outs[variant], "--requests-out", rows[variant])
+    runs = [write_run(tmp_path / f"run-{v}", [3.0, 2.5]) for v in ("base", "siamese")]
+    out = tmp_path / "cmp"
+    run_cli("compare", *runs, "--eval-a", rows["base"], "--eval-b", rows["siamese"], "--suite", "olmo3-sft",
+            "--resamples", 200, "--out", out, "--no-plot")
+    suite = json.loads((out / "compare.json").read_text())["evaluation"]["suite"]
+    own = {v: {r["task"]: r for r in json.loads(outs[v].read_text())["suite"]["rows"]} for v in outs}
+    assert [r["task"] for r in suite["rows"]] == list(own["base"]) and not suite["missing"]
+    assert len(suite["rows"]) == 8
+    for row in suite["rows"]:
+        for side, variant in (("a", "base"), ("b", "siamese")):
+            expected = own[variant][row["task"]]
+            assert row["metric"] == expected["metric"]
+            assert row[side] == pytest.approx(expected["value"], abs=1e-12), (row["task"], side)
+        assert row["low"] <= row["diff"] <= row["high"] or row["low"] == row["high"]
+    for side, variant in (("a", "base"), ("b", "siamese")):
+        assert suite["macro"][side] == pytest.approx(json.loads(outs[variant].read_text())["suite"]["macro"], abs=1e-12)
+
+
+def test_acc_uncond_is_scored_from_the_unconditional_rows(tmp_path):
+    """A task whose primary metric is acc_uncond (ARC-Challenge's installed RC files, the config's primary set to
+    it): compare scores each document from its choices' log-likelihoods over their unconditional rows, and the
+    per-side means equal each model's acc_uncond in eval downstream's --out."""
+    import shutil
+
+    import test_downstream as ds
+    from test_compare import write_run
+    from test_generation_metrics import OE_TASKS
+
+    variant = OE_TASKS / "arc_challenge" / "rc_0shot"
+    task = tmp_path / "tasks" / "arc_challenge" / "rc_0shot"
+    shutil.copytree(variant, task)
+    config = json.loads((task / "config.json").read_text())
+    config["task_config"]["primary_metric"] = "acc_uncond"
+    (task / "config.json").write_text(json.dumps(config))
+    values, rows = {}, {}
+    for model in ("base", "siamese"):
+        hf = ds.export(tmp_path, model)
+        out, rows[model] = tmp_path / f"{model}.json", tmp_path / f"{model}.jsonl"
+        run_cli("eval", "downstream", "--model", hf, "--tasks", "arc_challenge", "--tasks-dir", tmp_path / "tasks",
+                "--format", "rc", "--shots", 0, "--limit", 12, "--out", out, "--requests-out", rows[model])
+        result = [r for r in json.loads(out.read_text())["results"] if r["task"] == "arc_challenge"]
+        (values[model],) = [r["value"] for r in result if r["metric"] == "acc_uncond" and r["primary"]]
+    runs = [write_run(tmp_path / f"run-{m}", [3.0, 2.5]) for m in ("base", "siamese")]
+    run_cli("compare", *runs, "--eval-a", rows["base"], "--eval-b", rows["siamese"], "--resamples", 200,
+            "--out", tmp_path / "cmp", "--no-plot")
+    (t,) = json.loads((tmp_path / "cmp" / "compare.json").read_text())["evaluation"]["tasks"]
+    assert t["metric"] == "acc_uncond" and t["n"] == 12
+    assert t["a"] == pytest.approx(values["base"], abs=1e-12) and t["b"] == pytest.approx(values["siamese"], abs=1e-12)

@@ -81,6 +81,7 @@ struct CompareOptions {
   uint64_t seed = 0;
   double smooth = 0.6;         // plot --smooth's weight for the training loss
   std::vector<double> levels;  // loss levels for tokens-to-reach; empty: chosen from the curves
+  std::string suite;           // an evaluation suite (eval/suites.h): its table of paired differences too
 };
 
 // The whole report as compare.json holds it (docs/compare.md); throws Error naming file and line on bad input.

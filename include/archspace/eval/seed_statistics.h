@@ -51,7 +51,8 @@ struct SeedSide {
 
 // The seeds section of compare.json (docs/compare.md, "Several seeds"): `pairs` are (A run, B run) indices of the
 // same seed; empty: the sides are compared unpaired.
-nlohmann::json seed_convergence(const SeedSide& a, const SeedSide& b, const std::vector<std::pair<size_t, size_t>>& pairs,
-                                const std::vector<double>& levels, int64_t resamples, uint64_t seed);
+nlohmann::json seed_convergence(const SeedSide& a, const SeedSide& b,
+                                const std::vector<std::pair<size_t, size_t>>& pairs, const std::vector<double>& levels,
+                                int64_t resamples, uint64_t seed);
 
 }  // namespace archspace

@@ -2,6 +2,8 @@
 // truthfulqa::tulu does (olmes oe_eval/configs/tasks.py:5578: use_chat_format without fewshot_as_multiturn, so its
 // six shots and the question are one user turn). Documents carrying TruthfulQA's labels (eval/tasks.h:
 // MultiTrueLabels, read by the data, whatever the task's name) score mc1 and mc2.
+#include "archspace/eval/tasks/truthfulqa.h"
+
 #include <cmath>
 #include <limits>
 #include <map>
@@ -11,8 +13,7 @@
 #include "archspace/util/error.h"
 #include "families.h"
 
-namespace archspace::task_families {
-namespace {
+namespace archspace {
 
 // OLMES' MC1MC2Accuracy.process_one_doc (olmes 99cf8bb7, oe_eval/metrics/metric.py:352-378) on one document's
 // choice log-likelihoods, its requests in idx order (OLMES' doc group keeps their order, metric.py:95-102): mc1, the
@@ -20,7 +21,7 @@ namespace {
 // idx is in mc2_indices and whose label is true, over all of those (membership: an index listed twice counts once;
 // the sums in request order, as OLMES adds them). Where every exp(ll) underflows to 0 OLMES divides 0 by 0 and
 // raises; the engine then takes the exps relative to the largest log-likelihood, the same quotient.
-std::pair<double, double> mc1_mc2(const MultiTrueLabels& l, const std::map<int64_t, double>& ll) {
+std::pair<double, double> truthfulqa_mc1_mc2(const MultiTrueLabels& l, const std::map<int64_t, double>& ll) {
   const std::set<int64_t> in_mc1(l.mc1_indices.begin(), l.mc1_indices.end());
   const std::set<int64_t> in_mc2(l.mc2_indices.begin(), l.mc2_indices.end());
   for (int64_t i : l.mc1_indices) (void)ll.at(i);  // every ranked and weighed choice has its request
@@ -47,6 +48,11 @@ std::pair<double, double> mc1_mc2(const MultiTrueLabels& l, const std::map<int64
   return {mc1, p_true / (p_true + p_false)};
 }
 
+}  // namespace archspace
+
+namespace archspace::task_families {
+namespace {
+
 TaskResult multi_true_metrics(const TaskFiles& files, TaskResult result) {
   std::map<int64_t, std::map<int64_t, double>> ll;  // doc -> idx -> log-likelihood
   for (size_t i = 0; i < files.requests.size(); ++i)
@@ -55,7 +61,7 @@ TaskResult multi_true_metrics(const TaskFiles& files, TaskResult result) {
   double chance1 = 0, chance2 = 0;  // uniform guessing: 1 / mc1 choices (one is true), true / mc2 choices
   bool has_mc1 = true;
   for (const auto& [doc_id, labels] : files.multi_true) {
-    const auto [a, b] = mc1_mc2(labels, ll.at(doc_id));
+    const auto [a, b] = truthfulqa_mc1_mc2(labels, ll.at(doc_id));
     mc1.push_back(a);
     mc2.push_back(b);
     has_mc1 &= !labels.mc1_indices.empty();
