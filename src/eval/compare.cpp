@@ -608,7 +608,32 @@ json suite_comparison(const std::string& name, const json& tasks, const std::vec
   return out;
 }
 
-json evaluation(const CompareOptions& o) {
+// A task's seeds per arm to detect 1 and 2 points, from its runs' means (paired when every run has its seed's
+// partner: `pairs`, A's and B's run indices); null with one run per side.
+json task_seeds_needed(const PairedTask& p, const std::vector<std::pair<size_t, size_t>>& pairs) {
+  if (p.a.size() < 2 && p.b.size() < 2) return nullptr;
+  const auto means = [](const std::vector<std::vector<double>>& runs) {
+    std::vector<double> m;
+    for (const auto& r : runs) {
+      double s = 0;
+      for (double v : r) s += v;
+      m.push_back(s / static_cast<double>(r.size()));
+    }
+    return m;
+  };
+  std::vector<double> a = means(p.a), b = means(p.b);
+  if (!pairs.empty()) {
+    std::vector<double> pa, pb;
+    for (const auto& [i, j] : pairs) {
+      pa.push_back(a[i]);
+      pb.push_back(b[j]);
+    }
+    a = pa, b = pb;
+  }
+  return {{"sd", seed_spread(a, b, !pairs.empty())}, {"rows", seeds_needed_rows(a, b, !pairs.empty(), {0.01, 0.02})}};
+}
+
+json evaluation(const CompareOptions& o, const std::vector<std::pair<size_t, size_t>>& pairs) {
   const std::vector<Rows> a = read_side(o.eval_a), b = read_side(o.eval_b);
   std::set<std::string> tasks_a, tasks_b;
   for (const auto& [t, _] : a[0]) tasks_a.insert(t);
@@ -702,6 +727,7 @@ json evaluation(const CompareOptions& o) {
                      {"only_a", r.only_a},
                      {"only_b", r.only_b},
                      {"p", r.p}});
+    tasks.back()["seeds_needed"] = task_seeds_needed(p, pairs);
     sizes.push_back(docs.size());
     results.push_back(std::move(r));
   }
@@ -989,7 +1015,8 @@ nlohmann::json compare_runs(const CompareOptions& o) {
     CompareOptions e = o;
     e.eval_a = eval_a;
     e.eval_b = eval_b;
-    report["evaluation"] = evaluation(e);
+    report["evaluation"] =
+        evaluation(e, pairing.all_by_seed() ? pairing.pairs : std::vector<std::pair<size_t, size_t>>{});
     report["evaluation"]["files_a"] = eval_a;
     report["evaluation"]["files_b"] = eval_b;
   }
@@ -1111,6 +1138,20 @@ std::string compare_markdown(const nlohmann::json& r) {
        << (m["diff"].get<double>() >= 0 ? "+" : "") << pts(m["diff"]) << " | [" << pts(m["low"]) << ", "
        << pts(m["high"]) << "] | | |\n";
     if (!e["dropped"].empty()) md << "\nDropped by --intersect: " << e["dropped"].dump() << "\n";
+    std::string needed;
+    for (const auto& t : e["tasks"]) {
+      if (!t.contains("seeds_needed") || t["seeds_needed"].is_null()) continue;
+      std::string counts;
+      for (const auto& n : t["seeds_needed"]["rows"])
+        counts += (counts.empty() ? "" : " / ") +
+                  (n["seeds_per_arm"].is_null() ? std::string("-") : n["seeds_per_arm"].dump());
+      needed += "| " + t["task"].get<std::string>() + " | " +
+                md_number(100 * t["seeds_needed"]["sd"].get<double>(), 2) + " | " + counts + " |\n";
+    }
+    if (!needed.empty())
+      md << "\nSeeds per arm to detect 1 / 2 points (the rule of the Seeds section; seed sd of the task's run means, "
+            "in points):\n\n| task | seed sd | seeds per arm |\n|---|---|---|\n"
+         << needed;
     if (e.contains("suite")) md << suite_markdown(e["suite"]);
   }
   return md.str();

@@ -207,29 +207,14 @@ json t_test(const std::vector<double>& a, const std::vector<double>& b, bool pai
           {"dof", dof}};
 }
 
-// The seed-to-seed standard deviation behind seeds_needed: of the pair differences, else the two sides' pooled.
-double spread(const std::vector<double>& a, const std::vector<double>& b, bool paired) {
-  if (paired) {
-    std::vector<double> d;
-    for (size_t i = 0; i < a.size(); ++i) d.push_back(b[i] - a[i]);
-    return sample_sd(d);
-  }
-  return std::sqrt((std::pow(sample_sd(a), 2) + std::pow(sample_sd(b), 2)) / 2);
-}
-
 // A difference's row: its value, the seed-resampled interval, the t interval and p, the spread and the seeds per
 // arm each of `detect` would need.
 json difference_row(double diff, const std::vector<double>& resampled, const std::vector<double>& a,
                     const std::vector<double>& b, bool paired, const std::vector<double>& detect) {
   json row = {{"a", mean(a)}, {"b", mean(b)}, {"diff", diff}, {"bootstrap", percentile_interval(resampled)}};
   row["t"] = t_test(a, b, paired);
-  const double sd = spread(a, b, paired);
-  row["sd"] = sd;
-  json needed = json::array();
-  const bool enough = paired ? a.size() >= 2 : a.size() >= 2 && b.size() >= 2;
-  for (double d : detect)
-    needed.push_back({{"delta", d}, {"seeds_per_arm", enough ? json(seeds_needed(sd, d, paired)) : json()}});
-  row["seeds_needed"] = needed;
+  row["sd"] = seed_spread(a, b, paired);
+  row["seeds_needed"] = seeds_needed_rows(a, b, paired, detect);
   return row;
 }
 
@@ -257,6 +242,25 @@ json band(const SeedSide& s) {
 }
 
 }  // namespace
+
+double seed_spread(const std::vector<double>& a, const std::vector<double>& b, bool paired) {
+  if (paired) {
+    std::vector<double> d;
+    for (size_t i = 0; i < a.size(); ++i) d.push_back(b[i] - a[i]);
+    return sample_sd(d);
+  }
+  return std::sqrt((std::pow(sample_sd(a), 2) + std::pow(sample_sd(b), 2)) / 2);
+}
+
+json seeds_needed_rows(const std::vector<double>& a, const std::vector<double>& b, bool paired,
+                       const std::vector<double>& detect) {
+  const bool enough = paired ? a.size() >= 2 : a.size() >= 2 && b.size() >= 2;
+  const double sd = seed_spread(a, b, paired);
+  json needed = json::array();
+  for (double d : detect)
+    needed.push_back({{"delta", d}, {"seeds_per_arm", enough ? json(seeds_needed(sd, d, paired)) : json()}});
+  return needed;
+}
 
 json seed_convergence(const SeedSide& a, const SeedSide& b, const std::vector<std::pair<size_t, size_t>>& pairs,
                       const std::vector<double>& levels, int64_t resamples, uint64_t seed) {

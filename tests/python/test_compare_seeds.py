@@ -307,3 +307,29 @@ def test_acc_uncond_is_scored_from_the_unconditional_rows(tmp_path):
     (t,) = json.loads((tmp_path / "cmp" / "compare.json").read_text())["evaluation"]["tasks"]
     assert t["metric"] == "acc_uncond" and t["n"] == 12
     assert t["a"] == pytest.approx(values["base"], abs=1e-12) and t["b"] == pytest.approx(values["siamese"], abs=1e-12)
+
+
+def test_seeds_needed_per_task_from_the_runs_means(tmp_path):
+    """Four seeds per side with evaluation rows: each task's seeds per arm for 1 and 2 points from the spread of the
+    pair differences of the runs' task means, by the formula the seeds section names."""
+    from test_compare import gen_rows, write_rows
+
+    rng = np.random.default_rng(8)
+    k, n = 4, 200
+    A = [(rng.random(n) < 0.40 + 0.03 * rng.normal()).astype(float) for _ in range(k)]
+    B = [(rng.random(n) < 0.45 + 0.03 * rng.normal()).astype(float) for _ in range(k)]
+    files_a = [write_rows(tmp_path / f"a{i}.jsonl", gen_rows("gsm8k", list(x))) for i, x in enumerate(A)]
+    files_b = [write_rows(tmp_path / f"b{i}.jsonl", gen_rows("gsm8k", list(x))) for i, x in enumerate(B)]
+    runs_a = [write_seeded_run(tmp_path / f"A{i}", [3.0, 2.5], i) for i in range(k)]
+    runs_b = [write_seeded_run(tmp_path / f"B{i}", [3.0, 2.4], i) for i in range(k)]
+    r = run_cli("compare", "--a", *runs_a, "--b", *runs_b, "--eval-a", *files_a, "--eval-b", *files_b,
+                "--resamples", 200, "--out", tmp_path / "out", "--no-plot")
+    (t,) = json.loads((tmp_path / "out" / "compare.json").read_text())["evaluation"]["tasks"]
+    d = np.array([b.mean() - a.mean() for a, b in zip(A, B)])
+    sd = d.std(ddof=1)
+    assert t["seeds_needed"]["sd"] == pytest.approx(sd, rel=1e-12)
+    za, zb = scipy.stats.norm.ppf(0.975), scipy.stats.norm.ppf(0.8)
+    for row in t["seeds_needed"]["rows"]:
+        expected = max(2, int(np.ceil(((za + zb) * sd / row["delta"]) ** 2 + za * za / 2)))
+        assert row["seeds_per_arm"] == expected
+    assert "Seeds per arm to detect 1 / 2 points" in r.stdout

@@ -40,6 +40,15 @@ double student_t_quantile(double p, double dof);
 // for two samples; rounded up, at least 2.
 int64_t seeds_needed(double sd, double delta, bool paired, double alpha = 0.05, double power = 0.8);
 
+// The seed-to-seed standard deviation seeds_needed takes, from each run's value of a statistic: paired (a[i] and
+// b[i] of one seed), of the pair differences; else the two sides' pooled sample standard deviation.
+double seed_spread(const std::vector<double>& a, const std::vector<double>& b, bool paired);
+
+// [{"delta", "seeds_per_arm"}] for each difference in `detect`, from the runs' values (seeds_per_arm null when a
+// side has fewer than two runs).
+nlohmann::json seeds_needed_rows(const std::vector<double>& a, const std::vector<double>& b, bool paired,
+                                 const std::vector<double>& detect);
+
 // One side's runs at the common steps: the tokens of each step and each run's smoothed loss there, and each run's
 // final validation loss (nullopt: none logged).
 struct SeedSide {
