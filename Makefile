@@ -62,7 +62,7 @@ demo: build
 corpus: build
 	bash scripts/prepare_corpus.sh
 
-# A small normalization study on this CPU (docs/analysis.md "A small study"): about ten minutes on two idle cores.
+# A small normalization study on this CPU (docs/analysis.md "A small study"): about 24 minutes on two idle cores (five seeds per arm of base against siamese_depth, judged by compare).
 study: build
 	bash scripts/study.sh
 

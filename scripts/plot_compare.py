@@ -30,7 +30,8 @@ def convergence(report, out):
     c = report["convergence"]
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6.5), sharex=True, gridspec_kw={"height_ratios": [3, 1.3]})
     for side, colour in (("a", "tab:blue"), ("b", "tab:orange")):
-        s, name = c[side], ", ".join(report[side])
+        runs = report[side]
+        s, name = c[side], runs[0] if len(runs) == 1 else f"{len(runs)} runs ({pathlib.Path(runs[0]).name}, ...)"
         top.plot(s["tokens"], s["loss"], color=colour, alpha=0.25, linewidth=1)
         top.plot(s["tokens"], s["smoothed"], color=colour, label=f"{side.upper()}: {name} (train)")
         if s["valid_tokens"]:

@@ -5,7 +5,7 @@
 STUDY_DIR/topologies.png: one column per learning rate; top, each topology's training loss (a 10-step moving
 mean) and validation points against the unigram loss (the plateau of a model that learns no context); bottom,
 the gradient norm reaching the embeddings (log scale), where a vanishing gradient shows (the paper's section 5.1).
-STUDY_DIR/variants.png: base against siamese_depth at matched tokens.
+STUDY_DIR/variants.png: base against siamese_depth at matched tokens, every seed.
 """
 import json
 import os
@@ -80,13 +80,16 @@ def main():
 
     runs = json.load(open(os.path.join(study, "variants", "sweep.json")))["runs"]
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
-    for i, r in enumerate(runs):
-        loss_panel(ax, r["run_dir"], r["settings"].get("model.variant", r["name"]), colours[i % len(colours)])
+    variants = sorted({r["settings"].get("model.variant", r["name"]) for r in runs})
+    for r in runs:  # one colour per variant, its seeds' curves alike (the legend names each variant once)
+        variant = r["settings"].get("model.variant", r["name"])
+        seed = r["settings"].get("train.seed", "0")
+        loss_panel(ax, r["run_dir"], variant if seed == "0" else None, colours[variants.index(variant) % len(colours)])
     ax.axhline(unigram, color="black", linestyle=":", linewidth=1, label=f"unigram ({unigram:.2f})")
     ax.set_ylim(unigram - 2.8, unigram + 2.4)
     ax.set_xlabel("step (1,024 tokens each)")
     ax.set_ylabel("loss (train: 10-step mean; dots: validation)")
-    ax.set_title("base against siamese_depth at matched tokens")
+    ax.set_title(f"base against siamese_depth at matched tokens, {len(runs) // len(variants)} seeds each")
     ax.legend(fontsize=8)
     fig.tight_layout()
     out = os.path.join(study, "variants.png")

@@ -3,12 +3,13 @@
 #   1. topology x learning rate (reproduce/study/topologies.toml): Pre-Norm, Post-Norm, HybridNorm and
 #      SiameseNorm at three learning rates (3e-4, 3e-3, 3e-2), matched data and seed; gradient norms, spikes and
 #      divergence recorded;
-#   2. base against siamese_depth at matched tokens (reproduce/study/variants.toml);
-#   3. `archspace analyze` of both step-2 models: stream norms, layer pruning, logit lens (analysis.png);
+#   2. base against siamese_depth at matched tokens (reproduce/study/variants.toml), five seeds per arm (pairs: the
+#      same seed, init and data order), judged by `archspace compare` (runs/study/seeds: intervals over the seeds);
+#   3. `archspace analyze` of both step-2 models of seed 0: stream norms, layer pruning, logit lens (analysis.png);
 # then the figures (scripts/plot_study.py: topologies.png, variants.png) and the tables (summary.md,
 # scripts/study_table.py) that docs/analysis.md "A small study" shows.
 # Everything lands in runs/study/ (not configurable: the TOMLs name it). Resumable: rerunning skips what is done.
-# Takes about 21 minutes on two idle cores (docs/analysis.md "A small study").
+# Takes about 33 minutes on two idle cores (docs/analysis.md "A small study").
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$repo"
@@ -49,16 +50,20 @@ say "1/3 topology x learning rate"
 "$bin" sweep --config reproduce/study/topologies.toml \
   --grid model.norm_topology=pre,post,hybrid,siamese_hybrid_pre --grid optim.lr=3e-4,3e-3,3e-2
 
-say "2/3 base against siamese_depth at matched tokens"
-"$bin" sweep --config reproduce/study/variants.toml --grid model.variant=base,siamese_depth
+say "2/3 base against siamese_depth at matched tokens, seeds 0-4 of each"
+"$bin" sweep --config reproduce/study/variants.toml --grid model.variant=base,siamese_depth --grid train.seed=0,1,2,3,4
+seeds=(0 1 2 3 4)
+"$bin" compare --a "${seeds[@]/#/$out/variants/variant=base,seed=}" \
+  --b "${seeds[@]/#/$out/variants/variant=siamese_depth,seed=}" --out "$out/seeds" > /dev/null
+say "the seeded comparison: $out/seeds/compare.md"
 
 say "3/3 analysis of both models (held-out corpus)"
 for variant in base siamese_depth; do
-  "$bin" analyze "$out/variants/variant=$variant" --data $out/corpus/valid --sequences 16 --sequence-length 128 \
+  "$bin" analyze "$out/variants/variant=$variant,seed=0" --data $out/corpus/valid --sequences 16 --sequence-length 128 \
     --out "$out/analysis-$variant"
 done
 .venv/bin/python scripts/plot_analysis.py "$out/analysis-base/analysis.json" "$out/analysis-siamese_depth/analysis.json" \
   --labels base,siamese_depth --out "$out/analysis.png"
 .venv/bin/python scripts/plot_study.py "$out"
 .venv/bin/python scripts/study_table.py "$out" | tee "$out/summary.md"
-say "done: $out/summary.md, topologies.png, variants.png, analysis.png (and each sweep's sweep.png)"
+say "done: $out/summary.md, topologies.png, variants.png, analysis.png, seeds/convergence.png (and each sweep's sweep.png)"

@@ -214,7 +214,10 @@ json difference_row(double diff, const std::vector<double>& resampled, const std
   json row = {{"a", mean(a)}, {"b", mean(b)}, {"diff", diff}, {"bootstrap", percentile_interval(resampled)}};
   row["t"] = t_test(a, b, paired);
   row["sd"] = seed_spread(a, b, paired);
-  row["seeds_needed"] = seeds_needed_rows(a, b, paired, detect);
+  std::vector<double> deltas = detect;
+  if (diff != 0) deltas.push_back(std::abs(diff));  // and a difference of the size observed
+  row["seeds_needed"] = seeds_needed_rows(a, b, paired, deltas);
+  if (diff != 0) row["seeds_needed"].back()["observed"] = true;
   return row;
 }
 

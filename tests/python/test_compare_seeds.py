@@ -333,3 +333,21 @@ def test_seeds_needed_per_task_from_the_runs_means(tmp_path):
         expected = max(2, int(np.ceil(((za + zb) * sd / row["delta"]) ** 2 + za * za / 2)))
         assert row["seeds_per_arm"] == expected
     assert "Seeds per arm to detect 1 / 2 points" in r.stdout
+
+
+@pytest.mark.parametrize("config_b,named", [("runs/config-siamese_depth.json", False),
+                                            ("runs/config-other.json", True)])
+def test_a_model_config_named_by_the_variant_is_the_change_under_test(tmp_path, config_b, named):
+    """A sweep's model.config = "runs/config-{variant}.json" expands to each variant's path: that difference is the
+    variant itself; a path that differs otherwise is named."""
+    runs = []
+    for side, variant, config in (("A", "base", "runs/config-base.json"), ("B", "siamese_depth", config_b)):
+        run = write_seeded_run(tmp_path / side, [3.0, 2.5], 0)
+        ckpt = next((run / "checkpoints").iterdir())
+        (ckpt / "train_config.toml").write_text(f'[model]\nvariant = "{variant}"\nconfig = "{config}"\n'
+                                                f'[train]\nseed = 0\nrun_dir = "{run}"\n')
+        runs.append(run)
+    out = tmp_path / "out"
+    run_cli("compare", *runs, "--out", out, "--no-plot")
+    d = json.loads((out / "compare.json").read_text())["differences"]
+    assert any(x.startswith("config: model.config:") for x in d) == named, d
