@@ -318,8 +318,7 @@ json match_checks(const Run& a, const Run& b, bool across_seeds = false) {
       ++differ;
     }
   }
-  if (across_seeds) {
-    // another seed, other batches
+  if (across_seeds) {  // another seed, other batches: nothing to check
   } else if (missing > 0) {
     add("batches", false, std::to_string(missing) + " steps without a batch_hash: the batches cannot be checked");
   } else {
@@ -500,6 +499,12 @@ Rows read_requests(const std::string& path) {
                     d.multi_true.at("mc1_indices").get<std::vector<int64_t>>(),
                     d.multi_true.at("mc2_indices").get<std::vector<int64_t>>()};
           for (const Choice& c : d.choices) ll[c.idx] = c.ll;
+          for (const auto* list : {&labels.mc1_indices, &labels.mc2_indices}) {
+            for (int64_t i : *list) {
+              if (i < 0 || i >= static_cast<int64_t>(labels.labels.size()) || !ll.count(i))
+                throw Error("choice " + std::to_string(i) + " has no label or no row");
+            }
+          }
           const auto [mc1, mc2] = truthfulqa_mc1_mc2(labels, ll);
           t.add(doc, {t.metric == "mc1" ? mc1 : mc2, d.multi_true, d.where});
         } catch (const std::exception& e) {

@@ -351,3 +351,25 @@ def test_a_model_config_named_by_the_variant_is_the_change_under_test(tmp_path, 
     run_cli("compare", *runs, "--out", out, "--no-plot")
     d = json.loads((out / "compare.json").read_text())["differences"]
     assert any(x.startswith("config: model.config:") for x in d) == named, d
+
+
+@pytest.mark.parametrize("multi_true,fragment", [
+    (None, "needs the row's \"multi_true\" labels"),
+    ({"labels": [1], "mc1_indices": [0, 1], "mc2_indices": [0, 1]}, "choice 1 has no label or no row"),
+    ({"labels": [1, 0], "mc1_indices": [0, 5], "mc2_indices": [0]}, "choice 5 has no label or no row"),
+    ({"labels": "x", "mc1_indices": [0], "mc2_indices": [0]}, "its multi_true labels do not fit its choices"),
+])
+def test_truthfulqa_rows_with_bad_labels_are_named(tmp_path, multi_true, fragment):
+    from test_compare import write_rows, write_run
+
+    rows = []
+    for idx in range(2):
+        row = {"task": "truthfulqa", "format": "rc", "doc_id": 0, "idx": idx, "loglikelihood": -1.0 - idx,
+               "n_continuation_tokens": 2, "label": 0, "primary_metric": "mc2", "continuation": " x"}
+        if multi_true is not None:
+            row["multi_true"] = multi_true
+        rows.append(row)
+    f = write_rows(tmp_path / "rows.jsonl", rows)
+    runs = [write_run(tmp_path / s, [3.0, 2.5]) for s in "AB"]
+    r = run_cli("compare", *runs, "--eval-a", f, "--eval-b", f, "--no-plot", check=False)
+    assert r.returncode != 0 and fragment in r.stderr and "rows.jsonl:1" in r.stderr, r.stderr
