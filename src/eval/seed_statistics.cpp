@@ -132,6 +132,13 @@ double sample_sd(const std::vector<double>& v) {
   return std::sqrt(s / static_cast<double>(v.size() - 1));
 }
 
+// b[i] - a[i] of each pair.
+std::vector<double> pair_differences(const std::vector<double>& a, const std::vector<double>& b) {
+  std::vector<double> d;
+  for (size_t i = 0; i < a.size(); ++i) d.push_back(b[i] - a[i]);
+  return d;
+}
+
 // One resample's (or the whole set's) runs: A's and B's run indices.
 struct Picks {
   std::vector<size_t> a, b;
@@ -184,8 +191,7 @@ json percentile_interval(std::vector<double> values) {
 json t_test(const std::vector<double>& a, const std::vector<double>& b, bool paired) {
   double diff, se, dof;
   if (paired) {
-    std::vector<double> d;
-    for (size_t i = 0; i < a.size(); ++i) d.push_back(b[i] - a[i]);
+    const std::vector<double> d = pair_differences(a, b);
     if (d.size() < 2) return nullptr;
     diff = mean(d);
     se = sample_sd(d) / std::sqrt(static_cast<double>(d.size()));
@@ -226,32 +232,22 @@ json band(const SeedSide& s) {
   const size_t k = s.smoothed.size();
   if (k < 2) return nullptr;
   const double crit = student_t_quantile(0.975, static_cast<double>(k - 1));
-  std::vector<double> low, high;
+  std::vector<double> means, low, high;
   for (size_t j = 0; j < s.tokens.size(); ++j) {
     std::vector<double> v;
     for (const auto& run : s.smoothed) v.push_back(run[j]);
     const double m = mean(v), half = crit * sample_sd(v) / std::sqrt(static_cast<double>(k));
+    means.push_back(m);
     low.push_back(m - half);
     high.push_back(m + half);
   }
-  return {{"mean", mean_curve(s,
-                              [&] {
-                                std::vector<size_t> all(k);
-                                for (size_t i = 0; i < k; ++i) all[i] = i;
-                                return all;
-                              }())},
-          {"low", low},
-          {"high", high}};
+  return {{"mean", means}, {"low", low}, {"high", high}};
 }
 
 }  // namespace
 
 double seed_spread(const std::vector<double>& a, const std::vector<double>& b, bool paired) {
-  if (paired) {
-    std::vector<double> d;
-    for (size_t i = 0; i < a.size(); ++i) d.push_back(b[i] - a[i]);
-    return sample_sd(d);
-  }
+  if (paired) return sample_sd(pair_differences(a, b));
   return std::sqrt((std::pow(sample_sd(a), 2) + std::pow(sample_sd(b), 2)) / 2);
 }
 
