@@ -75,8 +75,13 @@ def main():
     print("\nBase against siamese_depth at matched tokens, each seed:\n")
     for line in sweep_rows(json.load(open(os.path.join(study, "variants", "sweep.json"))), unigram, "variant"):
         print(line)
-    for line in verdict(json.load(open(os.path.join(study, "seeds", "compare.json")))):
-        print(line)
+    seeds = os.path.join(study, "seeds", "compare.json")
+    report = json.load(open(seeds)) if os.path.exists(seeds) else {}
+    if "seeds" in report:
+        for line in verdict(report):
+            print(line)
+    else:
+        print(f"\n(no seeded comparison: {seeds} is missing or compares one run per side)")
     analyses = {v: json.load(open(os.path.join(study, f"analysis-{v}", "analysis.json")))
                 for v in ("base", "siamese_depth")}
     layers = analyses["base"]["layers"]

@@ -1,4 +1,4 @@
-"""The parts of `make study` the CI can afford (the study itself takes about 17 minutes: docs/analysis.md "A small study"):
+"""The parts of `make study` the CI can afford (the study itself takes about 24 minutes: docs/analysis.md "A small study"):
 scripts/study_vocab.py's vocabulary cut against a count made here, the engine training and analysing on the
 shards it writes, and the tables and figures (study_table.py, plot_study.py, plot_analysis.py's comparison) drawn
 from real outputs."""
@@ -76,6 +76,9 @@ def test_the_engine_trains_and_analyses_the_cut_corpus_and_the_tables_come_from_
     run_script("plot_analysis.py", study / "analysis-base" / "analysis.json",
                study / "analysis-siamese_depth" / "analysis.json", "--labels", "base,siamese_depth",
                "--out", study / "analysis.png")
+    # The seeded comparison study.sh runs (here the sweep's two runs on each side, paired by their seed).
+    runs = [study / "variants" / name for name in ("lr=1e-3", "lr=1e-2")]
+    run_cli("compare", "--a", *runs, "--b", *runs, "--resamples", 200, "--out", study / "seeds", "--no-plot")
     run_script("plot_study.py", study)
     for figure in ("analysis.png", "topologies.png", "variants.png"):
         assert (study / figure).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -86,6 +89,10 @@ def test_the_engine_trains_and_analyses_the_cut_corpus_and_the_tables_come_from_
         row = (f"| - | {run['settings']['optim.lr']} | {run['final_loss']:.3f} | {run['final_valid_loss']:.3f} | "
                f"{vocab['unigram_valid_loss'] - run['final_valid_loss']:.3f} |")
         assert row in table
+    seeds = json.loads((study / "seeds" / "compare.json").read_text())["seeds"]
+    assert seeds["paired"] and "Does siamese_depth converge faster here? 2 seeds of base (A)" in table
+    last = seeds["loss_at_tokens"][-1]
+    assert f"| smoothed training loss | {last['tokens']:.0f} | {last['diff']:+.4f} |" in table
     base = json.loads((study / "analysis-base" / "analysis.json").read_text())
     variant = json.loads((study / "analysis-siamese_depth" / "analysis.json").read_text())
     for layer in range(base["layers"]):
