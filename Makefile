@@ -36,7 +36,7 @@ NATIVE_ONLY_SUITES := LongContext|CodeTasks|CodeSandbox|Safetensors|SafetensorsE
                       Utf8|CompletionText|TaskGroups|DownstreamTasks|ShardErrors|ShardWriter|ShardVerification|\
                       TokenFormats|IndexPermutation|RunDirLock|VerifyCheckpoint|MetricsLog|Trackers|TensorBoardEvents|\
                       RunTokenizer|Sweep|Schedule|Profiler|DepthSources|SuiteTable|PythonText|GenerationTaskRegistry|\
-                      SchedulerPolicy|PublishCheckpoint|FileWriter
+                      SchedulerPolicy|PublishCheckpoint|FileWriter|DropLlama3
 # On a CPU without AVX512 the native path is the avx2 one (ATen, oneDNN and the engine all pick AVX2): its pass would
 # repeat the native run bit for bit, so it runs only where AVX512 is present.
 KERNEL_PATHS := $(shell grep -qw avx512f /proc/cpuinfo && echo "avx2 baseline" || echo baseline)
