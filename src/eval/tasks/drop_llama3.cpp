@@ -14,6 +14,7 @@
 #include "archspace/util/gzip_lines.h"
 #include "archspace/util/json_lines.h"
 #include "archspace/util/python_scripts.h"
+#include "archspace/util/strings.h"
 
 namespace archspace {
 
@@ -56,12 +57,6 @@ nlohmann::json drop_answers(const nlohmann::json& row, const std::string& where)
     if (std::find(answers.begin(), answers.end(), parsed) == answers.end()) answers.push_back(std::move(parsed));
   }
   return answers;
-}
-
-std::string join(const std::vector<std::string>& parts, const std::string& separator) {
-  std::string out;
-  for (size_t i = 0; i < parts.size(); ++i) out += (i ? separator : "") + parts[i];
-  return out;
 }
 
 // One request line in the form the family's read_prompt reads (the prompt settings of drop::llama3: DROP's
