@@ -8,11 +8,12 @@
 // last-level cache stays there across repeats, so its GB/s can exceed memory bandwidth; in a real decode step the 12
 // layers' weights do not fit, and the lm_head row (hundreds of MB) is the memory-bound case. The last row, "step",
 // is that case whole: every layer's seven weights and the head, distinct tensors in the order a decode step reads
-// them (one row of x each), timed together, so the weights come from memory and each call pays its start-up as in
-// decoding; its at::linear column is left out (fp32 weights of a whole model twice over are not worth the memory).
+// them (each of --rows rows of x: 8 is a serving step under 8 clients), timed together, so the weights come from memory
+// and each call pays its start-up as in decoding; its at::linear column is left out (fp32 weights of a whole model
+// twice over are not worth the memory).
 //
 //     build/bench_linear [--preset 190M] [--threads N] [--repeat 20] [--rows 1,4] [--dtype fp32|bf16|int8]
-//                        [--shapes all|step] [--out FILE]
+//                        [--shapes all|step] [--int8-x fp32|bf16] [--out FILE]
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/core/InferenceMode.h>
@@ -49,7 +50,7 @@ double median_seconds(int repeat, F&& f) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string preset_name = "190M", out, dtype_name = "fp32", which_shapes = "all";
+  std::string preset_name = "190M", out, dtype_name = "fp32", which_shapes = "all", int8_x = "fp32";
   int threads = 0, repeat = 20;
   std::vector<int64_t> row_counts = {1, 4};
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -64,6 +65,8 @@ int main(int argc, char** argv) {
       out = value;
     else if (flag == "--dtype" && (value == "fp32" || value == "bf16" || value == "int8"))
       dtype_name = value;
+    else if (flag == "--int8-x" && (value == "fp32" || value == "bf16"))
+      int8_x = value;
     else if (flag == "--shapes" && (value == "all" || value == "step"))
       which_shapes = value;
     else if (flag == "--rows") {
@@ -93,17 +96,20 @@ int main(int argc, char** argv) {
                                      {"down_proj", d, c.intermediate_size},
                                      {"lm_head", c.vocab_size, d}};
   const bool bf16 = dtype_name == "bf16", int8 = dtype_name == "int8", narrow = bf16 || int8;
-  const at::ScalarType dtype = bf16 ? at::kBFloat16 : at::kFloat;  // of x (and of W unless int8)
+  // of x (and of W unless int8); int8 weights take fp32 x, or bf16 with --int8-x bf16 (as `--dtype bf16
+  // --quantization int8` decodes)
+  const at::ScalarType dtype = bf16 || (int8 && int8_x == "bf16") ? at::kBFloat16 : at::kFloat;
   nlohmann::ordered_json rows = nlohmann::json::array();
   std::printf("decode-shaped linear, preset %s, %s CPU, %d threads, kernel path %s (median of %d)\n",
-              preset_name.c_str(), dtype_name.c_str(), at::get_num_threads(), cpu_isa_name(max_cpu_isa()), repeat);
+              preset_name.c_str(), (dtype_name + (int8 ? " (x " + int8_x + ")" : "")).c_str(), at::get_num_threads(),
+              cpu_isa_name(max_cpu_isa()), repeat);
   std::printf("  %-10s %5s %18s %14s %14s %8s%s\n", "weight", "rows", "shape", "at::linear GB/s", "streaming GB/s",
               "ratio", narrow ? "  fp32 streaming GB/s  vs fp32" : "");
   for (const Shape& s : shapes) {
     if (which_shapes == "step") break;
     at::Tensor w32 = at::randn({s.out, s.in});
     at::Tensor w = int8 ? quantize_int8_rows(w32, s.name) : w32.to(dtype);
-    const at::Tensor w_aten = int8 ? w32 : w;  // at::linear has no int8-weight GEMV: the fp32 one
+    const at::Tensor w_aten = int8 ? w32.to(dtype) : w;  // at::linear has no int8-weight GEMV: x's dtype's
     const auto stream = [&](const at::Tensor& x) {
       return int8 ? int8_streaming_linear(x, w) : streaming_linear(x, w);
     };
@@ -112,7 +118,7 @@ int main(int argc, char** argv) {
     for (int64_t m : row_counts) {
       at::Tensor x32 = at::randn({m, s.in});
       at::Tensor x = x32.to(dtype);
-      const at::Tensor w_ref = int8 ? dequantize_int8_rows(w) : w;  // what the kernel multiplies by
+      const at::Tensor w_ref = int8 ? dequantize_int8_rows(w, dtype) : w;  // what the kernel multiplies by
       const double diff = (stream(x) - at::linear(x, w_ref)).abs().max().item<double>();
       const double t_aten = median_seconds(repeat, [&] { at::linear(x, w_aten); });
       const double t_stream = median_seconds(repeat, [&] { stream(x); });
@@ -150,41 +156,48 @@ int main(int argc, char** argv) {
         step_shapes.push_back(s);
     }
     step_shapes.push_back(shapes.back());
-    std::vector<at::Tensor> ws, ws32, xs, xs32;
+    std::vector<at::Tensor> ws, ws32;
     double weights = 0;
     for (const Shape& s : step_shapes) {
       at::Tensor w32 = at::randn({s.out, s.in});
       ws.push_back(int8 ? quantize_int8_rows(w32, s.name) : w32.to(dtype));
       if (narrow) ws32.push_back(w32);
-      xs32.push_back(at::randn({1, s.in}));
-      xs.push_back(xs32.back().to(dtype));
       weights += static_cast<double>(w32.numel());
     }
     const double gigabytes = weights * (int8 ? 1 : bf16 ? 2 : 4) / 1e9;
-    const double t_stream = median_seconds(repeat, [&] {
-      for (size_t i = 0; i < ws.size(); ++i)
-        int8 ? int8_streaming_linear(xs[i], ws[i]) : streaming_linear(xs[i], ws[i]);
-    });
-    double t_fp32 = t_stream;
-    if (narrow) {
-      ws.clear();  // the fp32 copies alone, as an fp32 model would hold
-      t_fp32 = median_seconds(repeat, [&] {
-        for (size_t i = 0; i < ws32.size(); ++i) streaming_linear(xs32[i], ws32[i]);
+    // Each row count of --rows: 1 is batch-1 decoding, 8 a serving step under 8 clients.
+    for (int64_t m : row_counts) {
+      std::vector<at::Tensor> xs, xs32;
+      for (const Shape& s : step_shapes) {
+        xs32.push_back(at::randn({m, s.in}));
+        xs.push_back(xs32.back().to(dtype));
+      }
+      const double t_stream = median_seconds(repeat, [&] {
+        for (size_t i = 0; i < ws.size(); ++i)
+          int8 ? int8_streaming_linear(xs[i], ws[i]) : streaming_linear(xs[i], ws[i]);
       });
+      const double t_fp32 = narrow ? median_seconds(repeat,
+                                                    [&] {
+                                                      for (size_t i = 0; i < ws32.size(); ++i)
+                                                        streaming_linear(xs32[i], ws32[i]);
+                                                    })
+                                   : t_stream;
+      std::printf("  %-10s %5lld %17.0fM %14s %14.1f %8s", "step", (long long)m, weights / 1e6, "-",
+                  gigabytes / t_stream, "-");
+      if (narrow) std::printf("  %20.1f %6.2fx", 4 * weights / 1e9 / t_fp32, t_fp32 / t_stream);
+      std::printf("   (%.2f ms a step, %.0f GFLOP/s)\n", 1e3 * t_stream, 2 * weights * m / 1e9 / t_stream);
+      nlohmann::ordered_json row = {{"weight", "step"},
+                                    {"rows", m},
+                                    {"weights", weights},
+                                    {"streaming_seconds", t_stream},
+                                    {"streaming_gb_s", gigabytes / t_stream},
+                                    {"streaming_gflop_s", 2 * weights * m / 1e9 / t_stream}};
+      if (narrow) {
+        row["fp32_streaming_seconds"] = t_fp32;
+        row["speedup_vs_fp32_streaming"] = t_fp32 / t_stream;
+      }
+      rows.push_back(row);
     }
-    std::printf("  %-10s %5d %17.0fM %14s %14.1f %8s", "step", 1, weights / 1e6, "-", gigabytes / t_stream, "-");
-    if (narrow) std::printf("  %20.1f %6.2fx", 4 * weights / 1e9 / t_fp32, t_fp32 / t_stream);
-    std::printf("   (%.2f ms a step)\n", 1e3 * t_stream);
-    nlohmann::ordered_json row = {{"weight", "step"},
-                                  {"rows", 1},
-                                  {"weights", weights},
-                                  {"streaming_seconds", t_stream},
-                                  {"streaming_gb_s", gigabytes / t_stream}};
-    if (narrow) {
-      row["fp32_streaming_seconds"] = t_fp32;
-      row["speedup_vs_fp32_streaming"] = t_fp32 / t_stream;
-    }
-    rows.push_back(row);
   }
   if (!out.empty()) {
     nlohmann::ordered_json result = {
