@@ -14,6 +14,7 @@
 #include "archspace/kernels/linear.h"
 #include "archspace/util/error.h"
 #include "streaming_gemv.h"
+#include "streaming_gemv_bf16.h"
 
 namespace archspace {
 
@@ -44,9 +45,15 @@ at::Tensor int8_scales_or_undefined(const at::Tensor& t) {
   return scales;
 }
 
-// y[m, n] = scale[n] * sum_k W[n, k] x[m, k]: each fp32 sum times its row's scale (as an fp32) once.
+// y[m, n] = scale[n] * sum_k W[n, k] x[m, k]: each fp32 sum times its row's scale (as an fp32) once; into bf16,
+// that product rounded once to nearest even.
 inline auto scaled(float* y, int64_t N, const double* scale) {
   return [y, N, scale](int64_t m, int64_t n, float sum) { y[m * N + n] = sum * static_cast<float>(scale[n]); };
+}
+inline auto scaled(c10::BFloat16* y, int64_t N, const double* scale) {
+  return [y, N, scale](int64_t m, int64_t n, float sum) {
+    y[m * N + n] = c10::BFloat16(sum * static_cast<float>(scale[n]));
+  };
 }
 
 #if defined(__x86_64__)
@@ -114,7 +121,7 @@ ARCHSPACE_AVX512 void dot_rows_int8_avx512(const int8_t* W, const double* scale,
   const WeightPrefetch prefetch(K, sizeof(int8_t));
   int64_t n = n0;
   for (; n + 4 <= n1; n += 4) {
-    PacedPrefetch ahead = prefetch.block(W, n, n1, then);
+    PacedPrefetch ahead = prefetch.block(W, n, n1, then, M / 4 + M % 4 / 2 + M % 2);
     const int8_t* w = W + n * K;
     const auto out = scaled(y, N, scale);
     int64_t m = 0;
@@ -268,27 +275,44 @@ std::vector<at::Tensor> int8_streaming_linear_many(const at::Tensor& x, const st
                   " features, got " + std::string(c10::toString(x.scalar_type())) + " with " + std::to_string(K));
     }
   }
-  // A few rows: bf16 widened once. fp32 x (the usual case) is read in place and each y made in its final shape,
-  // so a decode call dispatches one ATen op (the empty) a weight besides the kernel.
-  const bool fp32 = x.scalar_type() == at::kFloat;
-  const at::Tensor xf = fp32 ? x.contiguous() : x.to(at::kFloat).contiguous();
   const int64_t M = rows_of(x);
   std::vector<int64_t> out_shape = x.sizes().vec();
   std::vector<at::Tensor> ys;
   std::vector<const int8_t*> W;
   std::vector<const double*> sp;
-  std::vector<float*> yp;
   std::vector<int64_t> N;
   for (size_t i = 0; i < weights.size(); ++i) {
     out_shape.back() = weights[i].size(0);
-    ys.push_back(at::empty(out_shape, x.options().dtype(at::kFloat)));
+    ys.push_back(at::empty(out_shape, x.options()));
     W.push_back(int8_values(weights[i]));
     sp.push_back(scales[i].const_data_ptr<double>());
-    yp.push_back(ys.back().mutable_data_ptr<float>());
     N.push_back(weights[i].size(0));
   }
-  const float* xp = xf.const_data_ptr<float>();
   isa = kernel_isa(isa);
+#if defined(__x86_64__)
+  if (x.scalar_type() == at::kBFloat16 && isa >= CpuIsa::kAvx512Bf16) {
+    // bf16 x with AVX512-BF16: x stays bf16, each int8 weight is widened to bf16 in registers and multiplied by
+    // vdpbf16ps (streaming_gemv_bf16.h), as bf16 weights are.
+    const at::Tensor xc = x.contiguous();
+    const auto* xp = reinterpret_cast<const uint16_t*>(xc.const_data_ptr<at::BFloat16>());
+    for_feature_blocks(N.data(), W.data(), N.size(), [&](size_t i, int64_t n0, int64_t n1, const char* then) {
+      dot_rows_bf16x(W[i], xp, M, K, n0, n1, then, scaled(ys[i].mutable_data_ptr<at::BFloat16>(), N[i], sp[i]));
+    });
+    return ys;
+  }
+#endif
+  // fp32 x (read in place, so a decode call dispatches one ATen op, the empty, a weight besides the kernel), or bf16
+  // x widened once (a few rows) where bf16 does not run natively: fp32 sums of fp32 FMAs, the result rounded to
+  // bf16 once.
+  const bool fp32 = x.scalar_type() == at::kFloat;
+  const at::Tensor xf = fp32 ? x.contiguous() : x.to(at::kFloat).contiguous();
+  std::vector<at::Tensor> ys32;
+  std::vector<float*> yp;
+  for (size_t i = 0; i < weights.size(); ++i) {
+    ys32.push_back(fp32 ? ys[i] : at::empty_like(ys[i], ys[i].options().dtype(at::kFloat)));
+    yp.push_back(ys32.back().mutable_data_ptr<float>());
+  }
+  const float* xp = xf.const_data_ptr<float>();
   for_feature_blocks(N.data(), W.data(), N.size(), [&](size_t i, int64_t n0, int64_t n1, const char* then) {
 #if defined(__x86_64__)
     if (isa >= CpuIsa::kAvx512Bf16) return dot_rows_int8_avx512(W[i], sp[i], xp, yp[i], M, N[i], K, n0, n1, then);
@@ -297,7 +321,7 @@ std::vector<at::Tensor> int8_streaming_linear_many(const at::Tensor& x, const st
     dot_rows_scalar(W[i], xp, M, K, n0, n1, scaled(yp[i], N[i], sp[i]));
   });
   if (!fp32)
-    for (at::Tensor& y : ys) y = y.to(x.scalar_type());
+    for (size_t i = 0; i < ys.size(); ++i) ys[i].copy_(ys32[i]);
   return ys;
 }
 
@@ -305,11 +329,16 @@ at::Tensor int8_streaming_linear(const at::Tensor& x, const at::Tensor& weight, 
   return int8_streaming_linear_many(x, {weight}, isa).front();
 }
 
+int64_t int8_streaming_linear_max_rows(at::ScalarType x_dtype) {
+  return x_dtype == at::kBFloat16 && kernel_isa() >= CpuIsa::kAvx512Bf16 ? kInt8StreamingLinearMaxRowsBf16
+                                                                         : kStreamingLinearMaxRows;
+}
+
 bool uses_int8_streaming_linear(const at::Tensor& x, const at::Tensor& weight) {
   if (!is_int8_weight(weight) || !x.device().is_cpu()) return false;
   if ((x.scalar_type() != at::kFloat && x.scalar_type() != at::kBFloat16) || x.size(-1) != weight.size(1)) return false;
   const int64_t rows = x.size(-1) > 0 ? x.numel() / x.size(-1) : 0;
-  return rows <= kStreamingLinearMaxRows && !(at::GradMode::is_enabled() && x.requires_grad());
+  return rows <= int8_streaming_linear_max_rows(x.scalar_type()) && !(at::GradMode::is_enabled() && x.requires_grad());
 }
 
 at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& weight) {
@@ -317,7 +346,7 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& weight) {
   const int64_t N = weight.size(0);
   const int64_t rows = x.size(-1) > 0 ? x.numel() / x.size(-1) : 0;
   const bool needs_grad = at::GradMode::is_enabled() && x.requires_grad();
-  if (rows <= kStreamingLinearMaxRows && !needs_grad) {
+  if (rows <= int8_streaming_linear_max_rows(x.scalar_type()) && !needs_grad) {
     // Named in profiles (util/profiler.h) beside the fp32/bf16 kernel: in decoding it is most of the time.
     RECORD_FUNCTION("archspace::int8_streaming_linear", c10::ArrayRef<const c10::IValue>{});
     return int8_streaming_linear(x, weight);

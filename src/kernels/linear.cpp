@@ -10,6 +10,7 @@
 #include "archspace/kernels/cpu_isa.h"
 #include "archspace/kernels/int8_weights.h"
 #include "streaming_gemv.h"
+#include "streaming_gemv_bf16.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -34,125 +35,13 @@ inline auto stored(float* y, int64_t N) {
 }
 
 #if defined(__x86_64__)
-// AVX512-BF16: vdpbf16ps multiplies 32 bf16 pairs and adds each pair's two products into one of 16 fp32 lanes
-// (denormal inputs read as zero, as oneDNN's bf16 GEMMs on these CPUs do). x stays bf16. The K tail is one
-// masked load (zeros add nothing), so every K takes the same code.
+// AVX512-BF16: streaming_gemv_bf16.h's vdpbf16ps kernel (shared with int8 weights); x stays bf16.
 // GCC 12's AVX512 cast and extract intrinsics start from _mm256_undefined_*(), which -Wmaybe-uninitialized
 // reports as (maybe) uninitialised (a false positive: every lane is written).
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #define ARCHSPACE_AVX512_BF16 __attribute__((target("avx2,fma,avx512f,avx512bw,avx512bf16")))
-
-ARCHSPACE_AVX512_BF16 inline __m512bh load_bf16x32(const uint16_t* p) { return (__m512bh)_mm512_loadu_si512(p); }
-ARCHSPACE_AVX512_BF16 inline __m512bh load_bf16x32(const uint16_t* p, __mmask32 first) {
-  return (__m512bh)_mm512_maskz_loadu_epi16(first, p);
-}
-
-ARCHSPACE_AVX512_BF16 inline __m256 fold16(__m512 a) {  // lanes 0-7 plus lanes 8-15
-  return _mm512_castps512_ps256(_mm512_add_ps(a, _mm512_shuffle_f32x4(a, a, 0x4E)));
-}
-
-// Weight rows w..w+3 (of block n) against x rows m..m+R-1, one accumulator a pair: 32-wide dot products over k,
-// the K tail as one masked step, each accumulator folded to 8 lanes and the pairs of x rows summed by one
-// horizontal_sums8, so every (x row, weight row) pair takes the same steps whatever R is (rows stay batch invariant).
-template <int R>
-ARCHSPACE_AVX512_BF16 inline void dot_block_bf16_avx512(const uint16_t* w, const uint16_t* x, c10::BFloat16* y,
-                                                        int64_t m, int64_t n, int64_t N, int64_t K,
-                                                        PacedPrefetch& ahead) {
-  const int64_t K32 = K - K % 32;
-  const __mmask32 tail = static_cast<__mmask32>((uint64_t{1} << (K % 32)) - 1);
-  x += m * K;
-  __m512 a[R][4];
-#pragma GCC unroll 4
-  for (int r = 0; r < R; ++r)
-#pragma GCC unroll 4
-    for (int i = 0; i < 4; ++i) a[r][i] = _mm512_setzero_ps();
-  for (int64_t k = 0; k < K32; k += 32) {
-    ahead.advance(4 * 32 * sizeof(uint16_t));
-    __m512bh v[4];
-#pragma GCC unroll 4
-    for (int i = 0; i < 4; ++i) v[i] = load_bf16x32(w + i * K + k);
-#pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) {
-      const __m512bh xv = load_bf16x32(x + r * K + k);
-#pragma GCC unroll 4
-      for (int i = 0; i < 4; ++i) a[r][i] = _mm512_dpbf16_ps(a[r][i], v[i], xv);
-    }
-  }
-  if (K32 < K) {
-#pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) {
-      const __m512bh xv = load_bf16x32(x + r * K + K32, tail);
-#pragma GCC unroll 4
-      for (int i = 0; i < 4; ++i) a[r][i] = _mm512_dpbf16_ps(a[r][i], load_bf16x32(w + i * K + K32, tail), xv);
-    }
-  }
-#pragma GCC unroll 4
-  for (int r = 0; r < R; r += 2) {
-    const int q = r + 1 < R ? r + 1 : r;  // x rows r and r + 1 (or r twice) in one eight-way sum
-    alignas(32) float s[8];
-    _mm256_store_ps(s, horizontal_sums8(fold16(a[r][0]), fold16(a[r][1]), fold16(a[r][2]), fold16(a[r][3]),
-                                        fold16(a[q][0]), fold16(a[q][1]), fold16(a[q][2]), fold16(a[q][3])));
-    for (int j = 0; j <= q - r; ++j)
-      for (int i = 0; i < 4; ++i) y[(m + r + j) * N + n + i] = c10::BFloat16(s[4 * j + i]);
-  }
-}
-
-ARCHSPACE_AVX512_BF16 void dot_rows_bf16_avx512(const uint16_t* W, const uint16_t* x, c10::BFloat16* y, int64_t M,
-                                                int64_t N, int64_t K, int64_t n0, int64_t n1,
-                                                const char* then = nullptr) {
-  const int64_t K32 = K - K % 32;
-  const __mmask32 tail = static_cast<__mmask32>((uint64_t{1} << (K % 32)) - 1);
-  const WeightPrefetch prefetch(K, sizeof(uint16_t));
-  int64_t n = n0;
-  // One row of x (batch-1 decoding): eight weight rows a pass, so the per-block work (the prefetch's set-up, the
-  // horizontal sums, the roundings) is paid per 8 rows instead of 4: at 2 bytes a weight it cost as much per byte as
-  // the fp32 kernel's at 4 with twice its blocks. Each row's sum runs as in the 4-row loop below (one accumulator,
-  // the same k order, the same folds), so results are those of any other batch bit for bit.
-  for (; M == 1 && n + 8 <= n1; n += 8) {
-    PacedPrefetch ahead_lo = prefetch.block(W, n, n1, then), ahead_hi = prefetch.block(W, n + 4, n1, then);
-    const uint16_t* w = W + n * K;
-    __m512 a[8];
-    for (int i = 0; i < 8; ++i) a[i] = _mm512_setzero_ps();
-    for (int64_t k = 0; k < K32; k += 32) {
-      ahead_lo.advance(4 * 32 * sizeof(uint16_t));
-      ahead_hi.advance(4 * 32 * sizeof(uint16_t));
-      const __m512bh xv = load_bf16x32(x + k);
-      for (int i = 0; i < 8; ++i) a[i] = _mm512_dpbf16_ps(a[i], load_bf16x32(w + i * K + k), xv);
-    }
-    if (K32 < K) {
-      const __m512bh xv = load_bf16x32(x + K32, tail);
-      for (int i = 0; i < 8; ++i) a[i] = _mm512_dpbf16_ps(a[i], load_bf16x32(w + i * K + K32, tail), xv);
-    }
-    alignas(32) float s[8];
-    _mm256_store_ps(s, horizontal_sums8(fold16(a[0]), fold16(a[1]), fold16(a[2]), fold16(a[3]), fold16(a[4]),
-                                        fold16(a[5]), fold16(a[6]), fold16(a[7])));
-    for (int i = 0; i < 8; ++i) y[n + i] = c10::BFloat16(s[i]);
-    ahead_lo.finish();
-    ahead_hi.finish();
-  }
-  for (; n + 4 <= n1; n += 4) {
-    PacedPrefetch ahead = prefetch.block(W, n, n1, then);
-    const uint16_t* w = W + n * K;
-    int64_t m = 0;
-    for (; m + 4 <= M; m += 4) dot_block_bf16_avx512<4>(w, x, y, m, n, N, K, ahead);
-    for (; m + 2 <= M; m += 2) dot_block_bf16_avx512<2>(w, x, y, m, n, N, K, ahead);
-    for (; m < M; ++m) dot_block_bf16_avx512<1>(w, x, y, m, n, N, K, ahead);
-    ahead.finish();
-  }
-  // The last N % 4 rows, one at a time with the same instruction.
-  for (; n < n1; ++n) {
-    const uint16_t* w = W + n * K;
-    for (int64_t m = 0; m < M; ++m) {
-      const uint16_t* xm = x + m * K;
-      __m512 a = _mm512_setzero_ps();
-      for (int64_t k = 0; k < K32; k += 32) a = _mm512_dpbf16_ps(a, load_bf16x32(w + k), load_bf16x32(xm + k));
-      if (K32 < K) a = _mm512_dpbf16_ps(a, load_bf16x32(w + K32, tail), load_bf16x32(xm + K32, tail));
-      y[m * N + n] = c10::BFloat16(_mm512_reduce_add_ps(a));
-    }
-  }
-}
 
 // fp32 with AVX512F: four weight rows against four rows of x, 16 accumulators of 16 lanes, so each weight load
 // feeds four FMAs and each x load four (AVX2's 16 registers hold only 4 x 2), and the horizontal sums cost a
@@ -240,7 +129,7 @@ ARCHSPACE_AVX512_BF16 void dot_rows_avx512(const float* W, const float* x, float
   const WeightPrefetch prefetch(K, sizeof(float));
   int64_t n = n0;
   for (; n + 4 <= n1; n += 4) {
-    PacedPrefetch ahead = prefetch.block(W, n, n1, then);
+    PacedPrefetch ahead = prefetch.block(W, n, n1, then, M / 4 + M % 4);
     const float* w = W + n * K;
     int64_t m = 0;
     for (; m + 4 <= M; m += 4) dot_block_fp32_x4(w, x + m * K, y + m * N + n, N, K, ahead);
@@ -313,7 +202,7 @@ void streaming_linear_bf16(const at::Tensor& x, int64_t M, int64_t K, const std:
     const auto* xp = reinterpret_cast<const uint16_t*>(x.const_data_ptr<at::BFloat16>());
     return for_feature_blocks(m.N.data(), m.W.data(), m.N.size(),
                               [&](size_t i, int64_t n0, int64_t n1, const char* then) {
-                                dot_rows_bf16_avx512(m.W[i], xp, m.y[i], M, m.N[i], K, n0, n1, then);
+                                dot_rows_bf16x(m.W[i], xp, M, K, n0, n1, then, rounded_to_bf16(m.y[i], m.N[i]));
                               });
   }
 #endif

@@ -85,17 +85,20 @@ struct PrefetchIntoL2 {
 // block: advance(bytes) after each step that read `bytes` of the current block asks for the lines of the
 // block ahead up to as far into it; finish() asks for what is left (the K tail's lines). A step is called
 // once per pass over the block; passes after the first (more rows of x) find everything asked for already.
+// With `passes` > 1 (several passes of rows of x over the same block: a batch of 8 rows is two passes of 4),
+// the block ahead is spread over all of them, a line for every `passes` lines read: asked for in the first pass
+// alone, the memory stood idle in the later ones, which then ran after the reads instead of beside them.
 // `Issue` is the prefetch instruction (a recorder in tests/unit/test_streaming_gemv.cpp).
 template <typename Issue = PrefetchIntoL2>
 class BasicPacedPrefetch {
  public:
-  BasicPacedPrefetch(const char* block_ahead, int64_t block_bytes, Issue issue = {})
-      : base_(block_ahead), end_(block_ahead ? block_bytes : 0), issue_(issue) {}
+  BasicPacedPrefetch(const char* block_ahead, int64_t block_bytes, Issue issue = {}, int64_t passes = 1)
+      : base_(block_ahead), end_(block_ahead ? block_bytes : 0), issue_(issue), passes_(std::max<int64_t>(1, passes)) {}
 
   void advance(int64_t bytes) {
     if (next_ >= end_) return;
     asked_ += bytes;
-    for (; next_ < asked_ && next_ < end_; next_ += 64) issue_(base_ + next_);
+    for (; next_ * passes_ < asked_ && next_ < end_; next_ += 64) issue_(base_ + next_);
   }
   void finish() { advance(end_); }
 
@@ -106,6 +109,7 @@ class BasicPacedPrefetch {
   const char* base_;
   int64_t end_;
   Issue issue_;
+  int64_t passes_;
   int64_t asked_ = 0, next_ = 0;
 };
 using PacedPrefetch = BasicPacedPrefetch<>;
@@ -118,12 +122,13 @@ class WeightPrefetch {
   // The paced prefetch of the block of four rows `ahead_rows_` after row n of W; if that block is not before n1
   // (this thread's range ends first), the same bytes further on in `then` (the next matrix this thread goes on
   // with, from its first row; same row width), or nothing.
-  PacedPrefetch block(const void* W, int64_t n, int64_t n1, const char* then = nullptr) const {
+  // `passes`: the passes over the current block (PacedPrefetch's).
+  PacedPrefetch block(const void* W, int64_t n, int64_t n1, const char* then = nullptr, int64_t passes = 1) const {
     if (n + ahead_rows_ + 4 > n1) {
       if (!then) return PacedPrefetch(nullptr, 0);
-      return PacedPrefetch(then + (n + ahead_rows_ - n1) * row_bytes_, 4 * row_bytes_);
+      return PacedPrefetch(then + (n + ahead_rows_ - n1) * row_bytes_, 4 * row_bytes_, {}, passes);
     }
-    return PacedPrefetch(static_cast<const char*>(W) + (n + ahead_rows_) * row_bytes_, 4 * row_bytes_);
+    return PacedPrefetch(static_cast<const char*>(W) + (n + ahead_rows_) * row_bytes_, 4 * row_bytes_, {}, passes);
   }
 
  private:
@@ -229,7 +234,7 @@ __attribute__((target("avx2,fma"))) void dot_rows_avx2(const T* W, const float* 
   const WeightPrefetch prefetch(K, sizeof(T));
   int64_t n = n0;
   for (; n + 4 <= n1; n += 4) {
-    PacedPrefetch ahead = prefetch.block(W, n, n1, then);
+    PacedPrefetch ahead = prefetch.block(W, n, n1, then, M / 2 + M % 2);
     const T* w = W + n * K;
     int64_t m = 0;
     for (; m + 2 <= M; m += 2) dot_block_avx2<2>(w, x, m, n, K, ahead, out);

@@ -23,14 +23,16 @@ using archspace::testing::runnable_paths;
 
 // The kernel forms scale * sum_k q x with fp32 sums: each sum is off from the exact one by at most
 // K eps sum|q x| (any order), and the final product by half an ulp; the truth is fp64 with the dequantized
-// weight q * scale (exact in fp64).
+// weight q * scale (exact in fp64). A bf16 result (bf16 x) is that fp32 value rounded once more: off from it by at
+// most half a bf16 ulp, 2^-8 of its size.
 void expect_close_to_fp64(const at::Tensor& got, const at::Tensor& x, const at::Tensor& q, const std::string& what) {
   const at::Tensor s = q.q_per_channel_scales().to(at::kDouble);
   const at::Tensor w = at::from_blob(q.data_ptr(), q.sizes(), at::kChar).to(at::kDouble) * s.unsqueeze(1);
   const at::Tensor xd = x.to(at::kDouble);
   const at::Tensor exact = at::linear(xd, w);
   const double eps = std::numeric_limits<float>::epsilon();
-  const at::Tensor bound = at::linear(xd.abs(), w.abs()) * (x.size(-1) * eps) + exact.abs() * eps + 1e-30;
+  at::Tensor bound = at::linear(xd.abs(), w.abs()) * (x.size(-1) * eps) + exact.abs() * eps + 1e-30;
+  if (got.scalar_type() == at::kBFloat16) bound = bound + (exact.abs() + bound) * std::ldexp(1.0, -8);
   const at::Tensor err = (got.to(at::kDouble) - exact).abs();
   EXPECT_TRUE((err <= bound).all().item<bool>()) << what << ": max error/bound " << (err / bound).max().item<double>();
 }
@@ -111,11 +113,15 @@ TEST(Int8Weights, KernelMatchesFp64OnEveryPathAndTail) {
           ASSERT_EQ(got.sizes().vec(), (std::vector<int64_t>{M, N})) << what;
           ASSERT_EQ(got.scalar_type(), at::kFloat) << what;
           expect_close_to_fp64(got, x, q, what);
-          // bf16 x: widened exactly, the fp32 result rounded to bf16 once (half an ulp, 2^-8 relative)
+          // bf16 x: the fp32 result rounded to bf16 once (half an ulp, 2^-8 relative). Below AVX512-BF16 x is
+          // widened exactly and takes the fp32 kernel's sums; with it, vdpbf16ps sums the same exact products in
+          // an order of its own (BF16ActivationsTakeTheBf16WeightKernelsSteps).
           const at::Tensor xb = x.to(at::kBFloat16);
           const at::Tensor gotb = int8_streaming_linear(xb, q, isa);
           ASSERT_EQ(gotb.scalar_type(), at::kBFloat16) << what;
-          EXPECT_TRUE(at::equal(gotb, int8_streaming_linear(xb.to(at::kFloat), q, isa).to(at::kBFloat16))) << what;
+          expect_close_to_fp64(gotb, xb, q, what + " bf16 x");
+          if (isa < CpuIsa::kAvx512Bf16)
+            EXPECT_TRUE(at::equal(gotb, int8_streaming_linear(xb.to(at::kFloat), q, isa).to(at::kBFloat16))) << what;
         }
       }
     }
@@ -150,6 +156,34 @@ TEST(Int8Weights, RowsAreBatchInvariantBitForBit) {
   }
 }
 
+// bf16 x takes the bf16-weight kernel's steps on every path (kernels/streaming_gemv_bf16.h on AVX512-BF16, the
+// shared AVX2 and scalar kernels below it), with the int8 values widened exactly: with every scale 1 (each row's
+// largest |w| is 127) the int8 result is the bf16 kernel's on the same values bit for bit, for every tail of K
+// (32 lanes), of N (the 8- and 4-row blocks) and of the rows of x; and each row is batch invariant.
+TEST(Int8Weights, BF16ActivationsTakeTheBf16WeightKernelsSteps) {
+  at::manual_seed(6);
+  for (CpuIsa isa : runnable_paths()) {
+    for (int64_t K : {1, 31, 32, 33, 100, 768}) {
+      for (int64_t N : {3, 8, 13, 130}) {
+        at::Tensor w = at::randint(-127, 128, {N, K}).to(at::kFloat);
+        w.select(1, 0).fill_(127);  // the largest |w| of every row: scale 127 / 127 = 1
+        const at::Tensor q = quantize_int8_rows(w, "w");
+        ASSERT_TRUE(at::equal(q.q_per_channel_scales(), at::ones({N}, at::kDouble)));
+        const at::Tensor as_bf16 = q.int_repr().to(at::kBFloat16);  // exact: |q| <= 127
+        const at::Tensor x = at::randn({9, K}).to(at::kBFloat16);
+        const at::Tensor batched = int8_streaming_linear(x, q, isa);
+        for (int64_t M : {1, 2, 3, 4, 5, 8, 9}) {
+          const std::string what = std::string(cpu_isa_name(isa)) + " M=" + std::to_string(M) +
+                                   " N=" + std::to_string(N) + " K=" + std::to_string(K);
+          const at::Tensor xm = x.narrow(0, 0, M);
+          EXPECT_TRUE(at::equal(int8_streaming_linear(xm, q, isa), streaming_linear(xm, as_bf16, isa))) << what;
+          EXPECT_TRUE(at::equal(int8_streaming_linear(x.narrow(0, M - 1, 1), q, isa)[0], batched[M - 1])) << what;
+        }
+      }
+    }
+  }
+}
+
 // linear() sends an int8 weight to int8_linear: few rows to the kernel, many rows (prefill) and autograd through
 // x's GEMM on the widened rows, then the scales.
 TEST(Int8Weights, LinearTakesTheKernelForFewRowsAndDequantizedBlocksForMany) {
@@ -174,6 +208,20 @@ TEST(Int8Weights, LinearTakesTheKernelForFewRowsAndDequantizedBlocksForMany) {
   // bf16 activations: bf16 in, bf16 out on both routes
   EXPECT_EQ(archspace::linear(few.to(at::kBFloat16), q).scalar_type(), at::kBFloat16);
   EXPECT_EQ(archspace::linear(many.to(at::kBFloat16), q).scalar_type(), at::kBFloat16);
+}
+
+// bf16 x takes the kernel up to 16 rows where AVX512-BF16 runs it (beyond, the bf16 GEMM is faster), fp32 x up to 64.
+TEST(Int8Weights, RowsTheKernelTakesDependOnXsDtypeAndTheCpu) {
+  const at::Tensor q = quantize_int8_rows(at::randn({8, 24}), "w");
+  const int64_t bf16_rows =
+      kernel_isa() >= CpuIsa::kAvx512Bf16 ? kInt8StreamingLinearMaxRowsBf16 : kStreamingLinearMaxRows;
+  EXPECT_EQ(int8_streaming_linear_max_rows(at::kBFloat16), bf16_rows);
+  EXPECT_EQ(int8_streaming_linear_max_rows(at::kFloat), kStreamingLinearMaxRows);
+  for (const auto& [dtype, rows] :
+       {std::pair{at::kBFloat16, bf16_rows}, std::pair{at::kFloat, kStreamingLinearMaxRows}}) {
+    EXPECT_TRUE(uses_int8_streaming_linear(at::randn({rows, 24}).to(dtype), q)) << c10::toString(dtype);
+    EXPECT_FALSE(uses_int8_streaming_linear(at::randn({rows + 1, 24}).to(dtype), q)) << c10::toString(dtype);
+  }
 }
 
 // Prefill's route: the int8 values widened exactly, x's own GEMM, then each output column times its scale in fp32,

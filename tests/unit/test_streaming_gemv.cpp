@@ -62,6 +62,24 @@ TEST(StreamingGemvPrefetch, PacedRequestsCoverTheBlockOnceInStepWithTheReads) {
     ASSERT_EQ(static_cast<int64_t>(lines.size()), (static_cast<int64_t>(block.size()) + 63) / 64) << "step " << step;
     for (size_t i = 0; i < lines.size(); ++i) EXPECT_EQ(lines[i], block.data() + 64 * i) << "step " << step;
   }
+  // Several passes over the current block (8 rows of x as two passes of 4): the block ahead is spread over all of
+  // them, a line for every `passes` lines read, and the last pass's end has asked for all of it.
+  for (int64_t passes : {2, 3}) {
+    const int64_t block_bytes = 4 * 768;
+    std::vector<char> block(block_bytes);
+    std::vector<const char*> lines;
+    BasicPacedPrefetch<Recorder> p(block.data(), block_bytes, Recorder{&lines}, passes);
+    int64_t read = 0;
+    for (int64_t pass = 0; pass < passes; ++pass) {
+      for (int64_t k = 0; k < block_bytes; k += 128) {
+        p.advance(128);
+        read += 128;
+        EXPECT_EQ(static_cast<int64_t>(lines.size()), (read / passes + 63) / 64) << passes << " passes";
+      }
+    }
+    EXPECT_EQ(static_cast<int64_t>(lines.size()), block_bytes / 64) << passes << " passes";
+    for (size_t i = 0; i < lines.size(); ++i) EXPECT_EQ(lines[i], block.data() + 64 * i);
+  }
   std::vector<const char*> none;
   BasicPacedPrefetch<Recorder> nothing(nullptr, 4096, Recorder{&none});  // no block ahead
   nothing.advance(64);
