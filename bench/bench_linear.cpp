@@ -31,6 +31,7 @@
 #include "archspace/kernels/cpu_isa.h"
 #include "archspace/kernels/int8_weights.h"
 #include "archspace/kernels/linear.h"
+#include "archspace/util/malloc_policy.h"
 
 using namespace archspace;
 
@@ -50,6 +51,7 @@ double median_seconds(int repeat, F&& f) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  use_huge_pages_for_large_tensors();  // as the engine's own main does
   std::string preset_name = "190M", out, dtype_name = "fp32", which_shapes = "all", int8_x = "fp32";
   int threads = 0, repeat = 20;
   std::vector<int64_t> row_counts = {1, 4};

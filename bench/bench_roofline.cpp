@@ -1,8 +1,9 @@
 // The machine's rooflines, measured (issue 62): what a decode step (memory-bound) and a prefill (compute-bound) could
 // reach at best on these cores, so each engine's tokens/s can be stated as a share of it.
 //   - read_gb_s: memory read bandwidth, every thread summing its own part of a 1 GiB buffer (larger than any cache):
-//     the median of --repeat passes of the fastest of six ways to read (1 or 4 streams a thread, software
-//     prefetch 0, 1 or 4 KB ahead);
+//     the median of --repeat passes of the fastest of twelve ways to read (1 or 4 streams a thread, software
+//     prefetch 0, 1 or 4 KB ahead, 4 KB or 2 MB pages: the engine's large tensors are on 2 MB pages, and llama.cpp's
+//     weights are a file mapping the page cache may hold in huge pages);
 //   - fp32_avx512_gflop_s / fp32_avx2_gflop_s: peak FMA throughput, 12 independent accumulators a thread (enough to
 //     cover the FMA latency on every x86 core we run on), nothing from memory;
 //   - bf16_dot_gflop_s: the same with AVX512-BF16's vdpbf16ps (2 products a lane), where the CPU has it;
@@ -12,6 +13,7 @@
 //
 //     build/bench_roofline [--threads N] [--repeat 7]
 #include <immintrin.h>
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <chrono>
@@ -20,6 +22,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <new>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
@@ -130,26 +133,44 @@ __attribute__((target("avx2"))) float sum_avx2(const float* p, size_t n, int str
   return out[0];
 }
 
-// GB/s of the fastest way to read; each way's figure into `by_way` ("<streams> streams, prefetch <bytes>").
+// A 1 GiB buffer on 4 KB pages, or on 2 MB transparent huge pages (2 MB aligned and advised MADV_HUGEPAGE before
+// its first touch), as the engine's large tensors are (util/malloc_policy.h).
+struct ReadBuffer {
+  float* data = nullptr;
+  explicit ReadBuffer(size_t bytes, bool huge) {
+    data = static_cast<float*>(std::aligned_alloc(huge ? size_t{2} << 20 : 4096, bytes));
+    if (!data) throw std::bad_alloc();
+    if (huge) madvise(data, bytes, MADV_HUGEPAGE);  // advisory: a kernel without THP reads 4 KB pages
+  }
+  ~ReadBuffer() { std::free(data); }
+  ReadBuffer(const ReadBuffer&) = delete;
+  ReadBuffer& operator=(const ReadBuffer&) = delete;
+};
+
+// GB/s of the fastest way to read; each way's figure into `by_way` ("<streams> streams, prefetch <bytes>", with
+// ", 2 MB pages" on huge pages).
 double read_bandwidth(int threads, int repeat, nlohmann::ordered_json& by_way) {
   const size_t n = (size_t{1} << 30) / sizeof(float);
-  std::unique_ptr<float[]> buffer(new float[n]);
-  // First touch by the thread that reads each part, as the engines' threads touch their own weights.
   const size_t part = n / threads;
-  timed_on_threads(threads, [&](int t) { std::memset(buffer.get() + t * part, 0, part * sizeof(float)); });
   std::vector<float> sink(threads);
   double best = 0;
-  for (const int streams : {1, 4})
-    for (const size_t ahead : {size_t{0}, size_t{1024}, size_t{4096}}) {
-      std::vector<double> rates;
-      for (int r = 0; r < repeat + 1; ++r) {
-        const double s = timed_on_threads(
-            threads, [&](int t) { sink[t] = sum_avx2(buffer.get() + t * part, part, streams, ahead); });
-        if (r > 0) rates.push_back(part * threads * sizeof(float) / s / 1e9);  // the first pass is a warm-up
+  for (const bool huge : {false, true}) {
+    ReadBuffer buffer(n * sizeof(float), huge);
+    // First touch by the thread that reads each part, as the engines' threads touch their own weights.
+    timed_on_threads(threads, [&](int t) { std::memset(buffer.data + t * part, 0, part * sizeof(float)); });
+    for (const int streams : {1, 4})
+      for (const size_t ahead : {size_t{0}, size_t{1024}, size_t{4096}}) {
+        std::vector<double> rates;
+        for (int r = 0; r < repeat + 1; ++r) {
+          const double s = timed_on_threads(
+              threads, [&](int t) { sink[t] = sum_avx2(buffer.data + t * part, part, streams, ahead); });
+          if (r > 0) rates.push_back(part * threads * sizeof(float) / s / 1e9);  // the first pass is a warm-up
+        }
+        by_way[std::to_string(streams) + " streams, prefetch " + std::to_string(ahead) + (huge ? ", 2 MB pages" : "")] =
+            median(rates);
+        best = std::max(best, median(rates));
       }
-      by_way[std::to_string(streams) + " streams, prefetch " + std::to_string(ahead)] = median(rates);
-      best = std::max(best, median(rates));
-    }
+  }
   if (sink[0] == 12345.0f) std::puts("");
   return best;
 }

@@ -6,12 +6,14 @@
 
 #include "archspace/kernels/bf16_matmuls.h"
 #include "archspace/util/error.h"
+#include "archspace/util/malloc_policy.h"
 #include "archspace/util/threads.h"
 #include "command.h"
 
 using namespace archspace;
 
 int main(int argc, char** argv) {
+  use_huge_pages_for_large_tensors();  // before LibTorch's first allocation, which reads the setting
   CLI::App app{"archspace: train, evaluate, serve and export OLMo 3 and its SiameseNorm + Depth-Attention variant"};
   app.name("archspace");  // usage lines name the program: "Usage: archspace train [OPTIONS]"
   app.require_subcommand(1);

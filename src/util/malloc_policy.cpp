@@ -3,6 +3,8 @@
 #include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 
 #if defined(__GLIBC__)
 #include <malloc.h>
@@ -19,6 +21,20 @@ bool user_tuned_malloc() {
   return false;
 }
 }  // namespace
+
+std::string use_huge_pages_for_large_tensors() {
+#if defined(__linux__)
+  if (std::getenv("THP_MEM_ALLOC_ENABLE")) return "";
+  std::ifstream thp("/sys/kernel/mm/transparent_hugepage/enabled");
+  std::stringstream modes;
+  modes << thp.rdbuf();
+  if (!thp || modes.str().find("[never]") != std::string::npos) return "";
+  if (setenv("THP_MEM_ALLOC_ENABLE", "1", 0) != 0) return "";
+  return "large tensors on transparent huge pages (THP_MEM_ALLOC_ENABLE=0 turns it off)";
+#else
+  return "";
+#endif
+}
 
 std::string keep_freed_memory_for_reuse() {
 #if defined(__GLIBC__)

@@ -14,6 +14,16 @@
 
 namespace archspace {
 
+// Large tensors (2 MB and more: weights, KV caches, activations) on transparent huge pages, through LibTorch's own
+// switch (THP_MEM_ALLOC_ENABLE=1: its CPU allocator madvises such blocks MADV_HUGEPAGE). Decoding reads every weight
+// from memory each token; with 4 KB pages the 1B's bf16 step read 32-45 GB/s, with 2 MB pages 47-49
+// (bench_linear --preset 1B --dtype bf16 --shapes step, 3 alternating rounds, Zen 4, 2026-12-07), and llama.cpp,
+// whose weights are a file mapping the page cache holds in huge pages, had read faster than the engine until then.
+// LibTorch reads the variable once, at its first allocation, so main() calls this before anything else. Does
+// nothing when the user set THP_MEM_ALLOC_ENABLE (0 turns it off) or the kernel's THP is "never". Returns what it
+// did, for start-up notes ("" when nothing).
+std::string use_huge_pages_for_large_tensors();
+
 // Serves large blocks from the heap and keeps freed memory for reuse (glibc: M_MMAP_MAX = 0, M_TRIM_THRESHOLD
 // = 2 GiB - 1). Does nothing when the user set glibc's malloc tunables or MALLOC_*_ variables (theirs win) or
 // on another C library. Returns what it did, for the run's start-up note ("" when nothing).
