@@ -29,7 +29,8 @@ ARCHSPACE_BF16X_TARGET inline __m512bh load_bf16x32(const uint16_t* p, __mmask32
   return (__m512bh)_mm512_maskz_loadu_epi16(lanes, p);
 }
 ARCHSPACE_BF16X_TARGET inline __m512bh bf16x32_of(__m128i lo, __m128i hi) {
-  return _mm512_cvtne2ps_pbh(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(hi)), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(lo)));
+  return _mm512_cvtne2ps_pbh(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(hi)),
+                             _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(lo)));
 }
 ARCHSPACE_BF16X_TARGET inline __m512bh load_bf16x32(const int8_t* p) {
   return bf16x32_of(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)),
@@ -50,7 +51,7 @@ ARCHSPACE_BF16X_TARGET inline __m256 fold16_bf16(__m512 a) {  // lanes 0-7 plus 
 // takes the same steps whatever R is (rows stay batch invariant). `out(m, n, sum)` stores each fp32 sum.
 template <int R, typename T, typename Out>
 ARCHSPACE_BF16X_TARGET inline void dot_block_bf16x(const T* w, const uint16_t* x, int64_t m, int64_t n, int64_t K,
-                                                  PacedPrefetch& ahead, const Out& out) {
+                                                   PacedPrefetch& ahead, const Out& out) {
   constexpr int I = 4;  // weight rows
   static_assert(I * R <= 16, "at most 16 accumulators");
   const int64_t K32 = K - K % 32;
@@ -107,7 +108,7 @@ inline int64_t passes_over_block(int64_t M) { return M / 4 + M % 4 / 2 + M % 2; 
 
 template <typename T, typename Out>
 ARCHSPACE_BF16X_TARGET inline void dot_passes(const T* w, const uint16_t* x, int64_t M, int64_t n, int64_t K,
-                                             PacedPrefetch& ahead, const Out& out) {
+                                              PacedPrefetch& ahead, const Out& out) {
   int64_t m = 0;
   for (; m + 4 <= M; m += 4) dot_block_bf16x<4>(w, x, m, n, K, ahead, out);
   for (; m + 2 <= M; m += 2) dot_block_bf16x<2>(w, x, m, n, K, ahead, out);
@@ -118,7 +119,7 @@ ARCHSPACE_BF16X_TARGET inline void dot_passes(const T* w, const uint16_t* x, int
 // WeightPrefetch::block's.
 template <typename T, typename Out>
 ARCHSPACE_BF16X_TARGET void dot_rows_bf16x(const T* W, const uint16_t* x, int64_t M, int64_t K, int64_t n0, int64_t n1,
-                                          const char* then, const Out& out) {
+                                           const char* then, const Out& out) {
   const int64_t K32 = K - K % 32;
   const __mmask32 tail = first_lanes(K % 32);
   const int64_t step_bytes = 4 * 32 * static_cast<int64_t>(sizeof(T));
