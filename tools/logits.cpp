@@ -31,7 +31,7 @@ int run(const LogitsArgs& a) {
   for (int i = 0; i < a.repeat; ++i) {
     c10::InferenceMode inference;  // no autograd bookkeeping
     const auto start = std::chrono::steady_clock::now();
-    logits = model.forward(input, {impl});
+    logits = model.forward(input, SequenceOptions{impl});
     if (device.is_cuda()) logits = logits.to(at::kCPU);  // waits for the device
     seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }

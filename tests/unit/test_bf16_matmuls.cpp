@@ -134,7 +134,7 @@ struct StepValues {
 StepValues train_step(CausalLM& model, const at::Tensor& ids, bool autocast) {
   for (auto& [name, p] : model.parameters()) p.mutable_grad().reset();
   const auto start = std::chrono::steady_clock::now();
-  ForwardOptions options;
+  SequenceOptions options;
   options.final_hidden_only = true;
   LossSums sums;
   {
@@ -155,7 +155,7 @@ StepValues train_step(CausalLM& model, const at::Tensor& ids, bool autocast) {
 StepValues score(const CausalLM& model, const at::Tensor& ids) {
   at::NoGradGuard no_grad;
   const auto start = std::chrono::steady_clock::now();
-  ForwardOptions options;
+  SequenceOptions options;
   options.final_hidden_only = true;
   const at::Tensor hidden = model.forward(ids.narrow(1, 0, ids.size(1) - 1), options);
   const at::Tensor lp = label_logprobs(hidden, model.head_weight(), ids.narrow(1, 1, ids.size(1) - 1), 64);

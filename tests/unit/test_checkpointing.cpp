@@ -1,4 +1,4 @@
-// Activation checkpointing per block (ForwardOptions::activation_checkpointing): the same logits and
+// Activation checkpointing per block (SequenceOptions::activation_checkpointing): the same logits and
 // the same gradient for every parameter as the forward that keeps everything, for both blocks (base,
 // SiameseNorm with Depth-Attention reading across blocks), sliding layers on all three attention paths,
 // and under bf16 autocast (whose state the recomputation must restore).
@@ -21,7 +21,7 @@ struct Pass {
 
 Pass forward_backward(const CausalLM& model, const at::Tensor& ids, const at::Tensor& labels, bool checkpointing,
                       bool autocast = false) {
-  ForwardOptions options;
+  SequenceOptions options;
   options.activation_checkpointing = checkpointing;
   Pass run;
   {
@@ -140,7 +140,7 @@ TEST(ActivationCheckpointing, IgnoredWithoutGrad) {
   CausalLM model = CausalLM::random_init(config(Variant::kSiameseDepth), 5);
   for (const auto& [name, p] : model.parameters()) p.requires_grad_(true);
   const at::Tensor ids = at::randint(512, {1, 10}, at::kLong);
-  ForwardOptions options;
+  SequenceOptions options;
   options.activation_checkpointing = true;
   at::NoGradGuard no_grad;
   EXPECT_TRUE(at::equal(model.forward(ids, options), model.forward(ids)));

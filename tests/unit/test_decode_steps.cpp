@@ -29,7 +29,7 @@ CausalLM random_model(const ModelConfig& c, uint64_t seed) { return archspace::t
 std::vector<at::Tensor> decode(const CausalLM& model, const at::Tensor& batch, const std::vector<int64_t>& padding,
                                const at::Tensor& feeds, DecodeMode mode, int64_t end_slot) {
   KVCache cache(model.config(), padding);
-  model.forward(batch, {AttentionImpl::kSdpa, &cache});
+  model.forward(batch, DecodeOptions{&cache, AttentionImpl::kSdpa});
   DecodeSteps steps(model, cache, mode, end_slot);
   std::vector<at::Tensor> out;
   for (int64_t t = 0; t < feeds.size(1); ++t) {
@@ -45,7 +45,8 @@ int64_t greedy_token(const at::Tensor& logits) { return logits.reshape({-1}).arg
 
 // Prefills `prompt` alone into `cache`; its first greedy token.
 int64_t prefill_greedy(const CausalLM& model, KVCache& cache, const std::vector<int64_t>& prompt) {
-  return greedy_token(model.forward(at::tensor(prompt, at::kLong).view({1, -1}), {AttentionImpl::kSdpa, &cache, true}));
+  return greedy_token(
+      model.forward(at::tensor(prompt, at::kLong).view({1, -1}), DecodeOptions{&cache, AttentionImpl::kSdpa, true}));
 }
 
 // The first n greedy tokens of `prompt` decoded alone, eagerly: what a row of a batch must give.
@@ -53,8 +54,8 @@ std::vector<int64_t> greedy_alone(const CausalLM& model, const std::vector<int64
   KVCache cache(model.config());
   std::vector<int64_t> out = {prefill_greedy(model, cache, prompt)};
   while (static_cast<int64_t>(out.size()) < n)
-    out.push_back(
-        greedy_token(model.forward(at::tensor({out.back()}, at::kLong).view({1, 1}), {AttentionImpl::kSdpa, &cache})));
+    out.push_back(greedy_token(
+        model.forward(at::tensor({out.back()}, at::kLong).view({1, 1}), DecodeOptions{&cache, AttentionImpl::kSdpa})));
   return out;
 }
 
@@ -242,7 +243,7 @@ TEST(FixedShapeDecoding, StepsKeepTheirMemory) {
   const ModelConfig c = config_for(Variant::kBase);
   const CausalLM model = random_model(c, 13);
   KVCache cache(c);
-  model.forward(at::randint(0, c.vocab_size, {1, 5}, at::kLong), {AttentionImpl::kSdpa, &cache});
+  model.forward(at::randint(0, c.vocab_size, {1, 5}, at::kLong), DecodeOptions{&cache, AttentionImpl::kSdpa});
   DecodeSteps steps(model, cache, DecodeMode::kFixedShapes, 30);
   const int64_t bytes = cache.bytes();
   std::vector<const void*> buffers;
@@ -273,26 +274,27 @@ TEST(FixedShapeDecoding, MisuseIsRefused) {
       },
       Error);
   KVCache cache(c);
-  model.forward(at::randint(0, c.vocab_size, {1, 4}, at::kLong), {AttentionImpl::kSdpa, &cache});
+  model.forward(at::randint(0, c.vocab_size, {1, 4}, at::kLong), DecodeOptions{&cache, AttentionImpl::kSdpa});
   EXPECT_THROW(cache.fix_shapes(4), Error);                              // nothing left to fill
   EXPECT_THROW(cache.fix_shapes(c.max_position_embeddings + 1), Error);  // past the model's positions
   cache.fix_shapes(7);
   // A step whose slot was not written: refused, not run at a stale slot.
   try {
-    model.forward(at::tensor({3}, at::kLong).view({1, 1}), {AttentionImpl::kSdpa, &cache});
+    model.forward(at::tensor({3}, at::kLong).view({1, 1}), DecodeOptions{&cache, AttentionImpl::kSdpa});
     ADD_FAILURE() << "a step without begin_fixed_step ran";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("begin_fixed_step"), std::string::npos) << e.what();
   }
   cache.begin_fixed_step();
-  EXPECT_THROW(model.forward(at::tensor({3, 4}, at::kLong).view({1, 2}), {AttentionImpl::kSdpa, &cache}), Error);
+  EXPECT_THROW(model.forward(at::tensor({3, 4}, at::kLong).view({1, 2}), DecodeOptions{&cache, AttentionImpl::kSdpa}),
+               Error);
   EXPECT_THROW(cache.keep_rows({0}), Error);
   KVCache other(c);
   EXPECT_THROW(cache.append_rows(other), Error);
   // Three steps fill slots 4, 5 and 6; a fourth would be past the end slot.
   for (int64_t t = 0; t < 3; ++t) {
     if (t > 0) cache.begin_fixed_step();
-    model.forward(at::tensor({3}, at::kLong).view({1, 1}), {AttentionImpl::kSdpa, &cache});
+    model.forward(at::tensor({3}, at::kLong).view({1, 1}), DecodeOptions{&cache, AttentionImpl::kSdpa});
   }
   EXPECT_THROW(cache.begin_fixed_step(), Error);
   EXPECT_THROW(parse_decode_mode("graph"), Error);
@@ -300,7 +302,7 @@ TEST(FixedShapeDecoding, MisuseIsRefused) {
   EXPECT_STREQ(decode_mode_name(DecodeMode::kCudaGraph), "cuda-graph");
   // CUDA graphs on a CPU model: an error naming the device, whatever the build.
   KVCache again(c);
-  model.forward(at::randint(0, c.vocab_size, {1, 4}, at::kLong), {AttentionImpl::kSdpa, &again});
+  model.forward(at::randint(0, c.vocab_size, {1, 4}, at::kLong), DecodeOptions{&again, AttentionImpl::kSdpa});
   try {
     DecodeSteps graph(model, again, DecodeMode::kCudaGraph, 8);
     ADD_FAILURE() << "CUDA graphs accepted a CPU model";

@@ -232,7 +232,7 @@ Pass finish(const CausalLM& model, at::Tensor logits, const at::Tensor& batch) {
 }
 
 Pass packed(const CausalLM& model, const at::Tensor& batch, AttentionImpl impl, bool checkpointing = false) {
-  ForwardOptions o;
+  SequenceOptions o;
   o.attention = impl;
   o.document_eos_id = kEos;
   o.activation_checkpointing = checkpointing;
@@ -247,7 +247,7 @@ Pass alone(const CausalLM& model, const at::Tensor& batch) {
   for (int64_t b = 0; b < batch.size(0); ++b) {
     std::vector<at::Tensor> pieces;
     for (auto [s, e] : docs.row_spans(b)) {
-      ForwardOptions o;
+      SequenceOptions o;
       o.first_position = s;
       pieces.push_back(model.forward(batch.narrow(0, b, 1).narrow(1, s, e - s), o));
     }
@@ -309,7 +309,7 @@ TEST(DocumentMasking, PackedInstanceEqualsEachDocumentAlone) {
       }
     }
     // Without the mask the later documents read the earlier ones: the comparison can fail.
-    ForwardOptions plain;
+    SequenceOptions plain;
     const at::Tensor across = model.forward(batch, plain).detach();
     EXPECT_GT((across - expected.logits).abs().max().item<double>(), 1e-3) << variant_name(v);
   }
@@ -319,18 +319,22 @@ TEST(DocumentMasking, PackedInstanceEqualsEachDocumentAlone) {
 TEST(DocumentMasking, RowsOfOneDocumentAreUnchanged) {
   const CausalLM model = CausalLM::random_init(small(Variant::kBase), 6);
   const at::Tensor batch = at::randint(2, 512, {2, 20}, at::kLong);
-  ForwardOptions masked, plain;
+  SequenceOptions masked, plain;
   masked.document_eos_id = kEos;
   EXPECT_TRUE(at::equal(model.forward(batch, masked), model.forward(batch, plain)));
 }
 
+// Document masking and first_position are fields of whole-sequence forwards only (model/forward_options.h): a
+// decoding call, which continues a KV cache, has neither to be given.
+template <typename Options>
+concept MasksDocuments = requires(Options o) {
+  o.document_eos_id;
+  o.first_position;
+};
+
 TEST(DocumentMasking, NotWithAKvCache) {
-  const CausalLM model = CausalLM::random_init(small(Variant::kBase), 6);
-  KVCache cache(model.config());
-  ForwardOptions o;
-  o.cache = &cache;
-  o.document_eos_id = kEos;
-  testing::expect_error([&] { model.forward(at::ones({1, 4}, at::kLong), o); }, {"without a KV cache"});
+  static_assert(MasksDocuments<SequenceOptions>);
+  static_assert(!MasksDocuments<DecodeOptions> && !MasksDocuments<AnalysisOptions>);
 }
 
 }  // namespace archspace

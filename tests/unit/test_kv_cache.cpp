@@ -35,7 +35,7 @@ TEST_P(IncrementalDecoding, ChunkedPrefillThenTokensEqualFullForward) {
   std::vector<at::Tensor> pieces;
   int64_t pos = 0;
   for (int64_t chunk : {13, 5, 1, 1, 7, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1}) {  // prefill chunks, then single tokens
-    pieces.push_back(model.forward(ids.narrow(1, pos, chunk), {AttentionImpl::kSdpa, &cache}));
+    pieces.push_back(model.forward(ids.narrow(1, pos, chunk), DecodeOptions{&cache, AttentionImpl::kSdpa}));
     pos += chunk;
   }
   ASSERT_EQ(pos, 40);
@@ -52,14 +52,14 @@ TEST_P(IncrementalDecoding, BatchedDecodingEqualsEachRowAlone) {
   CausalLM model = random_model(c, 2);
   at::Tensor ids = at::randint(0, c.vocab_size, {3, 20}, at::kLong);
   KVCache batch_cache(c);
-  at::Tensor batched = at::cat({model.forward(ids.narrow(1, 0, 12), {AttentionImpl::kSdpa, &batch_cache}),
-                                model.forward(ids.narrow(1, 12, 8), {AttentionImpl::kSdpa, &batch_cache})},
+  at::Tensor batched = at::cat({model.forward(ids.narrow(1, 0, 12), DecodeOptions{&batch_cache, AttentionImpl::kSdpa}),
+                                model.forward(ids.narrow(1, 12, 8), DecodeOptions{&batch_cache, AttentionImpl::kSdpa})},
                                1);
   for (int64_t b = 0; b < 3; ++b) {
     KVCache row_cache(c);
     at::Tensor row = ids.narrow(0, b, 1);
-    at::Tensor alone = at::cat({model.forward(row.narrow(1, 0, 12), {AttentionImpl::kSdpa, &row_cache}),
-                                model.forward(row.narrow(1, 12, 8), {AttentionImpl::kSdpa, &row_cache})},
+    at::Tensor alone = at::cat({model.forward(row.narrow(1, 0, 12), DecodeOptions{&row_cache, AttentionImpl::kSdpa}),
+                                model.forward(row.narrow(1, 12, 8), DecodeOptions{&row_cache, AttentionImpl::kSdpa})},
                                1);
     EXPECT_TRUE(tolerance::within(batched[b], alone[0], tolerance::forward_bound(model, 20))) << "row " << b;
   }
@@ -90,21 +90,21 @@ TEST_P(IncrementalDecoding, DifferentLengthsInOneBatchEqualEachRowAlone) {
     std::vector<at::Tensor> prefill;
     for (int64_t s = 0; s < longest; s += 8) {
       const int64_t n = std::min<int64_t>(8, longest - s);
-      prefill.push_back(model.forward(batch.narrow(1, s, n), {impl, &cache}));
+      prefill.push_back(model.forward(batch.narrow(1, s, n), DecodeOptions{&cache, impl}));
     }
     at::Tensor prefill_logits = at::cat(prefill, 1);  // [3, 21, V]
     std::vector<at::Tensor> decoded;
     for (int64_t step = 0; step < decode_steps; ++step) {
       at::Tensor next =
           at::stack({continuations[0][step], continuations[1][step], continuations[2][step]}).view({3, 1});
-      decoded.push_back(model.forward(next, {impl, &cache}));
+      decoded.push_back(model.forward(next, DecodeOptions{&cache, impl}));
     }
     at::Tensor decode_logits = at::cat(decoded, 1);              // [3, 12, V]
     ASSERT_FALSE(at::isnan(prefill_logits).any().item<bool>());  // padding rows stay finite
 
     for (size_t b = 0; b < lengths.size(); ++b) {
       // Alone: no padding, the full forward over prompt + continuation.
-      at::Tensor alone = model.forward(at::cat({prompts[b], continuations[b]}).unsqueeze(0), {impl})[0];
+      at::Tensor alone = model.forward(at::cat({prompts[b], continuations[b]}).unsqueeze(0), SequenceOptions{impl})[0];
       at::Tensor batched = at::cat({prefill_logits[b].narrow(0, padding[b], lengths[b]), decode_logits[b]}, 0);
       EXPECT_TRUE(tolerance::within(batched, alone, tolerance::forward_bound(model, longest + decode_steps)))
           << "row " << b << " (length " << lengths[b] << ")";
@@ -150,7 +150,7 @@ TEST(KVCache, SlidingMemoryIsBoundedByTheWindow) {
   KVCache cache(c);
   int64_t sliding_bytes_at_window = 0;
   for (int64_t step = 0; step < 60; ++step) {
-    model.forward(at::randint(0, c.vocab_size, {1, 1}, at::kLong), {AttentionImpl::kSdpa, &cache});
+    model.forward(at::randint(0, c.vocab_size, {1, 1}, at::kLong), DecodeOptions{&cache, AttentionImpl::kSdpa});
     if (step == c.sliding_window) sliding_bytes_at_window = cache.bytes(LayerType::kSliding);
   }
   EXPECT_EQ(cache.bytes(LayerType::kSliding), sliding_bytes_at_window);  // no growth after the window
@@ -167,7 +167,7 @@ TEST(KVCache, FullLayerGrowthStopsAtTheModelsMaximum) {
   CausalLM model = random_model(c, 5);
   KVCache cache(c);
   for (int64_t step = 0; step < 40; ++step)
-    model.forward(at::randint(0, c.vocab_size, {1, 1}, at::kLong), {AttentionImpl::kSdpa, &cache});
+    model.forward(at::randint(0, c.vocab_size, {1, 1}, at::kLong), DecodeOptions{&cache, AttentionImpl::kSdpa});
   EXPECT_EQ(cache.cached_positions(3), 40);
   EXPECT_EQ(cache.bytes(LayerType::kFull), 1 * 2 * 2 * 40 * 16 * 4);  // 16, 32, then 40 rather than 64
 }
@@ -191,9 +191,9 @@ TEST_P(IncrementalDecoding, JoiningAndLeavingABatchEqualsEachSequenceAlone) {
   std::vector<std::vector<at::Tensor>> alone(lengths.size());
   for (size_t s = 0; s < lengths.size(); ++s) {
     KVCache cache(c);
-    model.forward(prompts[s], {AttentionImpl::kSdpa, &cache});
+    model.forward(prompts[s], DecodeOptions{&cache, AttentionImpl::kSdpa});
     for (int64_t t = 0; t < steps; ++t)
-      alone[s].push_back(model.forward(feeds[s][t].view({1, 1}), {AttentionImpl::kSdpa, &cache})[0][0]);
+      alone[s].push_back(model.forward(feeds[s][t].view({1, 1}), DecodeOptions{&cache, AttentionImpl::kSdpa})[0][0]);
   }
   // Batched: when each sequence joins (the decode step) and leaves (the step after its last).
   const std::vector<int64_t> joins = {0, 0, 3, 5}, leaves = {9, 16, 12, 16};
@@ -218,13 +218,13 @@ TEST_P(IncrementalDecoding, JoiningAndLeavingABatchEqualsEachSequenceAlone) {
     for (size_t s = 0; s < lengths.size(); ++s) {
       if (joins[s] != t) continue;
       KVCache joining(c);
-      model.forward(prompts[s], {AttentionImpl::kSdpa, &joining});
+      model.forward(prompts[s], DecodeOptions{&joining, AttentionImpl::kSdpa});
       batch.append_rows(joining);
       rows.push_back(static_cast<int64_t>(s));
     }
     std::vector<at::Tensor> next;
     for (int64_t s : rows) next.push_back(feeds[s][fed[s]]);
-    at::Tensor logits = model.forward(at::stack(next).view({-1, 1}), {AttentionImpl::kSdpa, &batch});
+    at::Tensor logits = model.forward(at::stack(next).view({-1, 1}), DecodeOptions{&batch, AttentionImpl::kSdpa});
     for (size_t r = 0; r < rows.size(); ++r) {
       const int64_t s = rows[r];
       const double diff = (logits[r][0] - alone[s][fed[s]]).abs().max().item<double>();
@@ -256,14 +256,14 @@ TEST_P(IncrementalDecoding, SeveralJoiningAtOnceEqualEachAlone) {
   std::vector<std::vector<at::Tensor>> alone(lengths.size());
   for (size_t s = 0; s < lengths.size(); ++s) {
     KVCache cache(c);
-    model.forward(prompts[s], {AttentionImpl::kSdpa, &cache});
+    model.forward(prompts[s], DecodeOptions{&cache, AttentionImpl::kSdpa});
     for (int64_t t = 0; t < steps + 2; ++t)
-      alone[s].push_back(model.forward(feeds[s][t].view({1, 1}), {AttentionImpl::kSdpa, &cache})[0][0]);
+      alone[s].push_back(model.forward(feeds[s][t].view({1, 1}), DecodeOptions{&cache, AttentionImpl::kSdpa})[0][0]);
   }
   const double bound = tolerance::forward_bound(model, 26 + steps + 2);
   auto prefilled = [&](size_t s) {
     auto cache = std::make_unique<KVCache>(c);
-    model.forward(prompts[s], {AttentionImpl::kSdpa, cache.get()});
+    model.forward(prompts[s], DecodeOptions{cache.get(), AttentionImpl::kSdpa});
     return cache;
   };
   for (bool running_first : {true, false}) {
@@ -271,8 +271,9 @@ TEST_P(IncrementalDecoding, SeveralJoiningAtOnceEqualEachAlone) {
     KVCache batch(c);
     std::vector<int64_t> fed(lengths.size(), 0), rows;
     if (running_first) {
-      model.forward(prompts[0], {AttentionImpl::kSdpa, &batch});
-      for (int64_t t = 0; t < 2; ++t) model.forward(feeds[0][fed[0]++].view({1, 1}), {AttentionImpl::kSdpa, &batch});
+      model.forward(prompts[0], DecodeOptions{&batch, AttentionImpl::kSdpa});
+      for (int64_t t = 0; t < 2; ++t)
+        model.forward(feeds[0][fed[0]++].view({1, 1}), DecodeOptions{&batch, AttentionImpl::kSdpa});
       rows.push_back(0);
     }
     std::vector<std::unique_ptr<KVCache>> joining;
@@ -287,7 +288,8 @@ TEST_P(IncrementalDecoding, SeveralJoiningAtOnceEqualEachAlone) {
     for (int64_t t = 0; t < steps; ++t) {
       std::vector<at::Tensor> next;
       for (int64_t s : rows) next.push_back(feeds[s][fed[s]]);
-      const at::Tensor logits = model.forward(at::stack(next).view({-1, 1}), {AttentionImpl::kSdpa, &batch});
+      const at::Tensor logits =
+          model.forward(at::stack(next).view({-1, 1}), DecodeOptions{&batch, AttentionImpl::kSdpa});
       for (size_t r = 0; r < rows.size(); ++r) {
         const int64_t s = rows[r];
         EXPECT_TRUE(tolerance::within(logits[r][0], alone[s][fed[s]], bound))

@@ -32,10 +32,10 @@ TEST(LongContext, Prefill65536InChunksAndDecodeMatchTheFullForward) {
   std::vector<at::Tensor> pieces;
   for (int64_t s = 0; s < T - decoded; s += chunk) {
     const int64_t n = std::min(chunk, T - decoded - s);
-    pieces.push_back(model.forward(ids.narrow(1, s, n), {AttentionImpl::kSdpa, &cache})[0]);
+    pieces.push_back(model.forward(ids.narrow(1, s, n), DecodeOptions{&cache, AttentionImpl::kSdpa})[0]);
   }
   for (int64_t s = T - decoded; s < T; ++s)
-    pieces.push_back(model.forward(ids.narrow(1, s, 1), {AttentionImpl::kSdpa, &cache})[0]);
+    pieces.push_back(model.forward(ids.narrow(1, s, 1), DecodeOptions{&cache, AttentionImpl::kSdpa})[0]);
   at::Tensor incremental = at::cat(pieces, 0);
   ASSERT_EQ(incremental.size(0), T);
 

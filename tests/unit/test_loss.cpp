@@ -220,7 +220,7 @@ TEST(HeadLoss, WholeModelGradientsWithAccumulationMatchBothVariants) {
     auto grads = [&](int64_t chunk, double* loss) {
       *loss = 0;
       for (int m = 0; m < 2; ++m) {
-        ForwardOptions o;
+        SequenceOptions o;
         o.final_hidden_only = true;
         const LossSums s = head_loss(model.forward(ids[m], o), model.head_weight(), labels[m], 1e-3, chunk);
         at::Tensor l = (s.ce_sum + s.z_sum) / static_cast<double>(labelled);

@@ -48,7 +48,8 @@ TEST(Forward, SdpaEqualsReferencePath) {
   c.rope_scaling = YarnScaling{8.0, 16, 32.0, 1.0, std::nullopt};
   CausalLM m = CausalLM::random_init(c, 3);
   at::Tensor ids = at::randint(0, 512, {2, 40}, at::kLong);
-  at::Tensor fast = m.forward(ids, {AttentionImpl::kSdpa}), ref = m.forward(ids, {AttentionImpl::kReference});
+  at::Tensor fast = m.forward(ids, SequenceOptions{AttentionImpl::kSdpa}),
+             ref = m.forward(ids, SequenceOptions{AttentionImpl::kReference});
   EXPECT_TRUE(tolerance::within(fast, ref, tolerance::forward_bound(m, 40)));
 }
 

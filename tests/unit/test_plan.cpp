@@ -171,7 +171,7 @@ int64_t measured_activations(const ModelConfig& c, int64_t B, int64_t T, bool ch
   int64_t kept = 0;
   {
     // As the Trainer runs it: the final hidden states into the loss, which applies the head.
-    ForwardOptions options;
+    SequenceOptions options;
     options.activation_checkpointing = checkpointing;
     options.final_hidden_only = true;
     options.document_eos_id = document_eos;

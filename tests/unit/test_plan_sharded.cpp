@@ -198,7 +198,7 @@ std::vector<RankBytes> measure(const ModelConfig& c, const Shape& s) {
       FullyShardedModel fsdp(model, shards ? *shards : group, replicas.get(), false, false);
       AdamW optimizer(fsdp.optimizer_groups(), AdamWOptions{});
       auto micro_batch = [&](bool measured) {
-        ForwardOptions options;
+        SequenceOptions options;
         options.parameters = &fsdp;
         options.final_hidden_only = true;
         options.activation_checkpointing = s.checkpointing;

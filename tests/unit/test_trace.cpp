@@ -65,7 +65,7 @@ TEST(Trace, NamesInForwardOrderForEveryBlockKindAndSwitch) {
     const ModelConfig c = three_layers(k.variant, k.siamese, k.depth);
     const CausalLM m = CausalLM::random_init(c, 1);
     ActivationRecorder recorder;
-    ForwardOptions options;
+    AnalysisOptions options;
     options.recorder = &recorder;
     m.forward(at::randint(0, 512, {2, 7}, at::kLong), options);
     const bool variant = k.variant == Variant::kSiameseDepth;
@@ -99,11 +99,12 @@ TEST(Trace, RecordingLeavesTheLogitsBitForBit) {
     const CausalLM m = CausalLM::random_init(three_layers(v), 3);
     const at::Tensor ids = at::randint(0, 512, {2, 9}, at::kLong);
     for (AttentionImpl impl : {AttentionImpl::kSdpa, AttentionImpl::kReference}) {
-      ForwardOptions plain;
+      SequenceOptions plain;
       plain.attention = impl;
       const at::Tensor without = m.forward(ids, plain);
       ActivationRecorder recorder;
-      ForwardOptions recording = plain;
+      AnalysisOptions recording;
+      recording.attention = impl;
       recording.recorder = &recorder;
       EXPECT_TRUE(at::equal(m.forward(ids, recording), without));
       EXPECT_FALSE(recorder.tensors.empty());
@@ -137,7 +138,7 @@ TEST(Trace, WithKvCacheRecordsThisCallsPositions) {
   const ModelConfig c = three_layers(Variant::kSiameseDepth);
   const CausalLM m = CausalLM::random_init(c, 5);
   KVCache cache(c);
-  ForwardOptions options;
+  DecodeOptions options;
   options.cache = &cache;
   m.forward(at::randint(0, 512, {1, 5}, at::kLong), options);
   ActivationRecorder recorder;

@@ -179,7 +179,7 @@ TEST(Variant, FiniteDifferenceGradientsFp64) {
   CausalLM model(c, params);
   at::Tensor ids = at::randint(0, c.vocab_size, {2, 9}, at::kLong);
   at::Tensor probe = at::randn({2, 9, c.vocab_size}, at::kDouble);
-  auto objective = [&]() { return (model.forward(ids, {AttentionImpl::kReference}) * probe).sum(); };
+  auto objective = [&]() { return (model.forward(ids, SequenceOptions{AttentionImpl::kReference}) * probe).sum(); };
   objective().backward();
 
   const std::vector<std::string> checked = {

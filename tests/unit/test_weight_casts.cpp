@@ -26,7 +26,7 @@ StepResult step(CausalLM& model, const std::vector<at::Tensor>& batches, bool ch
   StepResult r;
   for (auto& [name, p] : model.parameters()) p.mutable_grad().reset();
   for (const at::Tensor& ids : batches) {
-    ForwardOptions options;
+    SequenceOptions options;
     options.final_hidden_only = true;
     options.activation_checkpointing = checkpointing;
     options.parameters = casts;

@@ -45,10 +45,6 @@ class CausalLM {
   // input_ids [B, T] (int64) -> logits [B, T, vocab_size] in the model's dtype. `mode`: decoding, whole
   // sequences or analysis (model/forward_options.h; any of its options types converts).
   at::Tensor forward(const at::Tensor& input_ids, const ForwardMode& mode = {}) const;
-  // The flat form (braced lists such as {AttentionImpl::kSdpa, &cache} build it), through ForwardMode's checks.
-  at::Tensor forward(const at::Tensor& input_ids, const ForwardOptions& options) const {
-    return forward(input_ids, ForwardMode(options));
-  }
   // The output head: final normalised hidden states [..., d] -> logits [..., vocab_size].
   at::Tensor head(const at::Tensor& final_hidden) const;
   // The head's weight [vocab_size, d]: what model/loss.h multiplies a chunk of rows at a time.

@@ -6,8 +6,7 @@
 //                    Depth-Attention's mixing weights, named activations
 // ForwardMode is one of them, checked when it is built: forward itself checks no combination of options. A
 // combination no mode has (context parallelism with a KV cache, a pruned layer in training, ...) is refused there,
-// with an error naming the fields. ForwardOptions, every field in one struct, is the form generic code and tests
-// fill in; it converts to the mode its fields select, through the same checks.
+// with an error naming the fields, or cannot be written at all: each mode's type has only its own fields.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -85,36 +84,14 @@ struct AnalysisOptions {
   ActivationRecorder* recorder = nullptr;
 };
 
-// Every field of the three modes in one struct (the fields mean what they mean there). Its mode: decoding when
-// `cache` is set, analysis when a probe (skip_layer, depth_weights, or a recorder without a cache) is, else
-// sequences; a field of another mode is refused when it converts to ForwardMode.
-struct ForwardOptions {
-  AttentionImpl attention = AttentionImpl::kSdpa;
-  KVCache* cache = nullptr;
-  bool last_position_only = false;
-  bool final_hidden_only = false;
-  int64_t skip_layer = -1;
-  std::vector<at::Tensor>* depth_weights = nullptr;
-  ActivationRecorder* recorder = nullptr;
-  bool activation_checkpointing = false;
-  int64_t document_eos_id = -1;
-  int64_t first_position = 0;
-  bool sparse_embedding_gradient = false;
-  ParameterSource* parameters = nullptr;
-  ContextParallel* context_parallel = nullptr;
-  bool fp8 = false;
-};
-
 // One forward's mode, checked at construction (archspace::Error naming the fields of a combination no mode has).
-// Implicit from each mode's options type, so forward(ids, options) takes any of them (and ForwardOptions through
-// its own overload of forward).
+// Implicit from each mode's options type, so forward(ids, options) takes any of them.
 class ForwardMode {
  public:
   ForwardMode() : mode_(SequenceOptions{}) {}
   ForwardMode(const DecodeOptions& options);    // NOLINT(google-explicit-constructor)
   ForwardMode(const SequenceOptions& options);  // NOLINT(google-explicit-constructor)
   ForwardMode(const AnalysisOptions& options);  // NOLINT(google-explicit-constructor)
-  explicit ForwardMode(const ForwardOptions& options);
 
   const DecodeOptions* decoding() const { return std::get_if<DecodeOptions>(&mode_); }
   const SequenceOptions* sequences() const { return std::get_if<SequenceOptions>(&mode_); }
