@@ -11,6 +11,7 @@
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
+#include <utility>
 
 #include "archspace/data/token_source.h"
 #include "archspace/dist/test_fault.h"
@@ -491,13 +492,18 @@ StepStats Trainer::train_step(int64_t step) {
   const std::vector<Batch> micro = assemble_micro_batches(step, ids);
   const int64_t labelled = global_labelled_tokens(step, micro);
   strategy_->begin_step(step, micro);
-  // The step's bf16 weights go before the optimizer changes the fp32 ones, also when this step throws.
+  // The step's bf16 weights go before the optimizer changes the fp32 ones: once the backwards are done, or when
+  // this step throws before that.
   struct EndOfBackward {
     GradientStrategy& strategy;
-    ~EndOfBackward() { strategy.end_backward(); }
+    bool ended = false;
+    void end() {
+      if (!std::exchange(ended, true)) strategy.end_backward();
+    }
+    ~EndOfBackward() { end(); }
   } end_of_backward{*strategy_};
   const auto [ce, z] = forward_backward(step, micro, labelled);
-  strategy_->end_backward();  // the step's graph handles dropped before the optimizer's step
+  end_of_backward.end();  // the step's graph handles dropped before the optimizer's step
   record_batch(step, ce, z, labelled, ids, stats);
   callbacks_.post_backward(*this, step);  // e.g. gradient dumps
   // Before clipping: the gradients as backward made them (reduced already in data-parallel runs).
