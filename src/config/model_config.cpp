@@ -335,6 +335,35 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
   return c;
 }
 
+std::vector<std::string> ModelConfig::architecture_differences(const ModelConfig& other) const {
+  std::vector<std::string> diffs;
+  auto same = [&](const char* field, auto a, auto b) {
+    if (a != b) diffs.push_back(std::string(field) + " " + std::to_string(a) + " -> " + std::to_string(b));
+  };
+  if (variant != other.variant)
+    diffs.push_back(std::string("variant ") + variant_name(variant) + " -> " + variant_name(other.variant));
+  same("hidden_size", hidden_size, other.hidden_size);
+  same("num_hidden_layers", num_hidden_layers, other.num_hidden_layers);
+  same("num_attention_heads", num_attention_heads, other.num_attention_heads);
+  same("num_key_value_heads", num_key_value_heads, other.num_key_value_heads);
+  same("head_dim", head_dim, other.head_dim);
+  same("intermediate_size", intermediate_size, other.intermediate_size);
+  same("vocab_size", vocab_size, other.vocab_size);
+  if (variant == Variant::kSiameseDepth && other.variant == variant) {
+    same("use_siamese_norm", int(use_siamese_norm), int(other.use_siamese_norm));
+    same("use_depth_attention", int(use_depth_attention), int(other.use_depth_attention));
+    same("depth_attention_stride", depth_attention_stride, other.depth_attention_stride);
+    same("depth_attention_recent_window", depth_attention_recent_window, other.depth_attention_recent_window);
+    if (topology() != other.topology()) {
+      diffs.push_back(std::string("norm_topology ") + norm_topology_name(topology()) + " -> " +
+                      norm_topology_name(other.topology()));
+    }
+    same("siamese_depth_scaling", int(siamese_depth_scaling), int(other.siamese_depth_scaling));
+    same("siamese_normalized_input", int(siamese_normalized_input), int(other.siamese_normalized_input));
+  }
+  return diffs;
+}
+
 void ModelConfig::validate(const std::string& source) const {
   auto fail = [&](const std::string& field, const std::string& what) {
     throw Error(source + ": field '" + field + "' " + what);

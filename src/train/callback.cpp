@@ -24,6 +24,10 @@ void TrainCallbacks::post_step(Trainer& t, int64_t step, const StepStats& stats,
   for (auto& c : callbacks_) c->post_step(t, step, stats, seconds);
 }
 
+void TrainCallbacks::on_stop_signal(Trainer& t, int64_t step, int signal) {
+  for (auto& c : callbacks_) c->on_stop_signal(t, step, signal);
+}
+
 void TrainCallbacks::post_checkpoint_saved(Trainer& t, int64_t step, const std::string& path) {
   for (auto& c : callbacks_) c->post_checkpoint_saved(t, step, path);
 }

@@ -50,31 +50,7 @@ CausalLM build_stage_model(const TrainConfig& cfg, at::Device device) {
   if (!cfg.preset.empty() || !cfg.model_config.empty()) {
     // The stage names its model too: it must be the same architecture as the weights it starts from.
     ModelConfig wanted = cfg.model();
-    std::vector<std::string> diffs;
-    auto same = [&](const char* field, auto a, auto b) {
-      if (a != b) diffs.push_back(std::string(field) + " " + std::to_string(a) + " -> " + std::to_string(b));
-    };
-    if (wanted.variant != next.variant)
-      diffs.push_back(std::string("variant ") + variant_name(next.variant) + " -> " + variant_name(wanted.variant));
-    same("hidden_size", next.hidden_size, wanted.hidden_size);
-    same("num_hidden_layers", next.num_hidden_layers, wanted.num_hidden_layers);
-    same("num_attention_heads", next.num_attention_heads, wanted.num_attention_heads);
-    same("num_key_value_heads", next.num_key_value_heads, wanted.num_key_value_heads);
-    same("head_dim", next.head_dim, wanted.head_dim);
-    same("intermediate_size", next.intermediate_size, wanted.intermediate_size);
-    same("vocab_size", next.vocab_size, wanted.vocab_size);
-    if (next.variant == Variant::kSiameseDepth && wanted.variant == next.variant) {
-      same("use_siamese_norm", int(next.use_siamese_norm), int(wanted.use_siamese_norm));
-      same("use_depth_attention", int(next.use_depth_attention), int(wanted.use_depth_attention));
-      same("depth_attention_stride", next.depth_attention_stride, wanted.depth_attention_stride);
-      same("depth_attention_recent_window", next.depth_attention_recent_window, wanted.depth_attention_recent_window);
-      if (next.topology() != wanted.topology()) {
-        diffs.push_back(std::string("norm_topology ") + norm_topology_name(next.topology()) + " -> " +
-                        norm_topology_name(wanted.topology()));
-      }
-      same("siamese_depth_scaling", int(next.siamese_depth_scaling), int(wanted.siamese_depth_scaling));
-      same("siamese_normalized_input", int(next.siamese_normalized_input), int(wanted.siamese_normalized_input));
-    }
+    const std::vector<std::string> diffs = next.architecture_differences(wanted);
     if (!diffs.empty()) {
       std::string list;
       for (const auto& d : diffs) list += "\n  " + d;
@@ -426,7 +402,7 @@ TrainResult Trainer::run() {
       result.losses.push_back(stats.loss);
       callbacks_.post_step(*this, step, stats, seconds);  // metrics, progress, evaluations, checkpoints
       if (const int sig = stop_signal_received(step)) {
-        if (last_saved_step_ != step + 1) save_checkpoint(step + 1, false);
+        callbacks_.on_stop_signal(*this, step, sig);  // the checkpointing callback saves the step
         progress_->note(std::string("stopped by ") + (sig == SIGINT ? "SIGINT" : "SIGTERM") + " after step " +
                         std::to_string(step + 1) + ": checkpoint " + last_checkpoint_ +
                         " written; --resume continues the run");
@@ -663,7 +639,6 @@ void Trainer::save_checkpoint(int64_t step, bool is_final) {
   }
   // train.dist_timeout_s bounds this wait too: a hung rank 0 must not hold the others forever.
   if (dist_) dist_->barrier("the barrier after the checkpoint of step " + std::to_string(step), dist_->timeout());
-  last_saved_step_ = step;
   callbacks_.post_checkpoint_saved(*this, step, last_checkpoint_);
 }
 

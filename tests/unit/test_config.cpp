@@ -84,6 +84,37 @@ TEST(Config, JsonRoundTrip) {
   }
 }
 
+// What a stage transition may not change: every architecture field that differs, named with both values; the
+// sequence length, RoPE and token ids are not among them, and the variant's switches count only between two
+// siamese_depth configs.
+static std::string changed(const std::string& field, int64_t from, int64_t to) {
+  return field + " " + std::to_string(from) + " -> " + std::to_string(to);
+}
+
+TEST(Config, ArchitectureDifferencesNameEachFieldWithBothValues) {
+  const ModelConfig tiny = preset("tiny");
+  EXPECT_TRUE(tiny.architecture_differences(tiny).empty());
+  ModelConfig longer = tiny;
+  longer.max_position_embeddings *= 2;
+  longer.rope_scaling = YarnScaling{};
+  longer.eos_token_id = 7;
+  EXPECT_TRUE(tiny.architecture_differences(longer).empty());
+  ModelConfig wider = tiny;
+  wider.hidden_size *= 2;
+  wider.vocab_size += 1;
+  EXPECT_EQ(tiny.architecture_differences(wider),
+            (std::vector<std::string>{changed("hidden_size", tiny.hidden_size, wider.hidden_size),
+                                      changed("vocab_size", tiny.vocab_size, wider.vocab_size)}));
+  const ModelConfig siamese = preset("tiny", Variant::kSiameseDepth);
+  EXPECT_EQ(tiny.architecture_differences(siamese),
+            (std::vector<std::string>{std::string("variant base -> siamese_depth")}));
+  ModelConfig strided = siamese;
+  strided.depth_attention_stride += 1;
+  EXPECT_EQ(siamese.architecture_differences(strided),
+            (std::vector<std::string>{
+                changed("depth_attention_stride", siamese.depth_attention_stride, strided.depth_attention_stride)}));
+}
+
 TEST(Config, LoadsPublishedArchSpaceConfigs) {
   ModelConfig s2 = ModelConfig::load(data_file("archspace-1b-siamese-depth-stage2.config.json"));
   EXPECT_EQ(s2.variant, Variant::kSiameseDepth);

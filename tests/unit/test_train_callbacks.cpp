@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 
@@ -45,11 +46,11 @@ TrainOptions quiet() {
   return o;
 }
 
-// Records every hook it sees as "NAME hook step"; optionally skips the update or throws at a step.
+// Records every hook it sees as "NAME hook step"; optionally skips the update, throws or raises SIGTERM at a step.
 class Recorder final : public TrainCallback {
  public:
   Recorder(std::string name, std::vector<std::string>& events) : name_(std::move(name)), events_(events) {}
-  int64_t skip_at = -1, throw_at = -1;
+  int64_t skip_at = -1, throw_at = -1, signal_at = -1;
 
   std::string name() const override { return name_; }
   void on_start(Trainer&) override { log("on_start"); }
@@ -62,6 +63,10 @@ class Recorder final : public TrainCallback {
   void post_step(Trainer&, int64_t step, const StepStats& stats, double) override {
     log(stats.skipped ? "post_step(skipped)" : "post_step", step);
     if (step == throw_at) throw Error("thrown by " + name_);
+    if (step == signal_at) std::raise(SIGTERM);  // the trainer's handler notes it; the run stops after this step
+  }
+  void on_stop_signal(Trainer&, int64_t step, int signal) override {
+    log(signal == SIGTERM ? "on_stop_signal(SIGTERM)" : "on_stop_signal", step);
   }
   void post_checkpoint_saved(Trainer&, int64_t step, const std::string&) override { log("checkpoint", step); }
   void post_train(Trainer&) override { log("post_train"); }
@@ -113,6 +118,25 @@ TEST(TrainCallbacks, HooksRunInRegistrationOrderWithTheStepNumbers) {
   expected.insert(expected.end(), {"a checkpoint 2", "b checkpoint 2", "a post_step 1", "b post_step 1", "a post_train",
                                    "b post_train"});
   EXPECT_EQ(events, expected);
+}
+
+// A stop signal ends the run after its step, and saving that step is the checkpointing callback's (registered
+// before the recorder, so its checkpoint comes first); the run resumes from it.
+TEST(TrainCallbacks, AStopSignalsCheckpointIsTheCheckpointingCallbacks) {
+  const fs::path dir = archspace::testing::fresh_dir("callbacks_stop_signal");
+  Trainer trainer(tiny_run(dir, 5), quiet());
+  std::vector<std::string> events;
+  auto recorder = std::make_unique<Recorder>("a", events);
+  recorder->signal_at = 1;
+  trainer.add_callback(std::move(recorder));
+  const TrainResult result = trainer.run();
+  EXPECT_EQ(result.stopped_by_signal, SIGTERM);
+  ASSERT_EQ(result.losses.size(), 2u);
+  ASSERT_GE(events.size(), 4u);
+  EXPECT_EQ(
+      std::vector<std::string>(events.end() - 4, events.end()),
+      (std::vector<std::string>{"a post_step 1", "a checkpoint 2", "a on_stop_signal(SIGTERM) 1", "a post_train"}));
+  EXPECT_EQ(fs::path(result.final_checkpoint).filename(), "step-00000002");
 }
 
 TEST(TrainCallbacks, ASkippedUpdateSkipsTheLaterCallbacksAndIsLogged) {

@@ -93,6 +93,11 @@ struct ModelConfig {
   // Throws archspace::Error naming `source` and the first inconsistent field.
   void validate(const std::string& source = "config") const;
 
+  // The architecture's fields where `other` differs from this config, each as "field this -> other": the variant,
+  // the sizes, and (when both are siamese_depth) the variant's switches and norm topology. Sequence length, RoPE
+  // and token ids are not the architecture (what a stage transition may change).
+  std::vector<std::string> architecture_differences(const ModelConfig& other) const;
+
   nlohmann::json to_json() const;
   // `source` names the file in error messages.
   static ModelConfig from_json(const nlohmann::json& j, const std::string& source = "config.json");

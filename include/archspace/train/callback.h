@@ -40,6 +40,9 @@ class TrainCallback {
   virtual bool pre_optim_step(Trainer&, int64_t /*step*/, StepStats&) { return true; }
   // After the step (taken or skipped): `seconds` is its wall time. Evaluations and checkpoints run here.
   virtual void post_step(Trainer&, int64_t /*step*/, const StepStats&, double /*seconds*/) {}
+  // The run stops after step `step` because a signal asked it to (SIGINT or SIGTERM; every rank agreed): what must
+  // not be lost is saved here (the checkpointing callback's checkpoint of step + 1). Called before post_train.
+  virtual void on_stop_signal(Trainer&, int64_t /*step*/, int /*signal*/) {}
   // After a checkpoint of `step` (the number of steps it holds) was written (rank 0) or waited for (the others).
   virtual void post_checkpoint_saved(Trainer&, int64_t /*step*/, const std::string& /*path*/) {}
   // After the last step of this call (the run finished, was stopped by a signal or by --stop-after).
@@ -70,6 +73,7 @@ class TrainCallbacks {
   void post_backward(Trainer& t, int64_t step);
   bool pre_optim_step(Trainer& t, int64_t step, StepStats& stats);  // false: some callback skipped the update
   void post_step(Trainer& t, int64_t step, const StepStats& stats, double seconds);
+  void on_stop_signal(Trainer& t, int64_t step, int signal);
   void post_checkpoint_saved(Trainer& t, int64_t step, const std::string& path);
   void post_train(Trainer& t);
   void on_error(Trainer& t, const std::exception& error);  // every callback, even when one of them throws

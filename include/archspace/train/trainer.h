@@ -145,7 +145,6 @@ class Trainer {
   TrainCallbacks callbacks_;
 
   int64_t start_step_ = 0;
-  int64_t last_saved_step_ = -1;
   uint64_t tokens_seen_ = 0;
   std::unique_ptr<MetricsLog> metrics_;
   std::unique_ptr<ProgressLine> progress_;
