@@ -8,6 +8,7 @@
 #include "archspace/dist/sequence_exchange.h"
 #include "archspace/model/causal_lm.h"
 #include "archspace/model/kv_cache.h"
+#include "forward_option_fields.h"
 #include "test_support.h"
 #include "tolerance.h"
 
@@ -191,14 +192,8 @@ TEST(ContextParallelModel, TheHookChangesTheResult) {
 
 // Context parallelism is a field of whole-sequence forwards only (model/forward_options.h): a decoding call, the
 // one that holds a KV cache, has no such field to be given, and a whole-sequence call has no cache.
-template <typename Options>
-concept TakesContextParallel = requires(Options o) {
-  o.context_parallel;
-};
-template <typename Options>
-concept TakesCache = requires(Options o) {
-  o.cache;
-};
+using testing::TakesCache;
+using testing::TakesContextParallel;
 
 TEST(ContextParallelModel, RefusedWithAKvCache) {
   static_assert(TakesContextParallel<SequenceOptions> && !TakesCache<SequenceOptions>);

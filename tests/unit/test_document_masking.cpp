@@ -10,6 +10,7 @@
 #include "archspace/model/causal_lm.h"
 #include "archspace/model/documents.h"
 #include "archspace/model/loss.h"
+#include "forward_option_fields.h"
 #include "test_support.h"
 #include "tolerance.h"
 
@@ -326,15 +327,9 @@ TEST(DocumentMasking, RowsOfOneDocumentAreUnchanged) {
 
 // Document masking and first_position are fields of whole-sequence forwards only (model/forward_options.h): a
 // decoding call, which continues a KV cache, has neither to be given.
-template <typename Options>
-concept MasksDocuments = requires(Options o) {
-  o.document_eos_id;
-  o.first_position;
-};
-
 TEST(DocumentMasking, NotWithAKvCache) {
-  static_assert(MasksDocuments<SequenceOptions>);
-  static_assert(!MasksDocuments<DecodeOptions> && !MasksDocuments<AnalysisOptions>);
+  static_assert(testing::TakesDocumentMasking<SequenceOptions>);
+  static_assert(!testing::TakesDocumentMasking<DecodeOptions> && !testing::TakesDocumentMasking<AnalysisOptions>);
 }
 
 }  // namespace archspace

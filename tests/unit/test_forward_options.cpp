@@ -8,6 +8,7 @@
 #include "archspace/model/forward_options.h"
 #include "archspace/model/kv_cache.h"
 #include "archspace/model/trace.h"
+#include "forward_option_fields.h"
 #include "test_support.h"
 
 namespace archspace {
@@ -22,28 +23,13 @@ class NoSlices final : public ContextParallel {
 
 // Each mode's options type has only its own fields, so a combination no mode has cannot be written: decoding has no
 // training or analysis fields, the analyses none of training's, whole sequences no cache and no probes.
+using testing::TakesCache;
+using testing::TakesContextParallel;
+using testing::TakesDocumentMasking;
+using testing::TakesProbes;
+using testing::TakesTrainingFields;
 template <typename Options>
-concept TakesCache = requires(Options o) {
-  o.cache;
-};
-template <typename Options>
-concept TakesTrainingFields = requires(Options o) {
-  o.activation_checkpointing;
-  o.sparse_embedding_gradient;
-  o.parameters;
-  o.fp8;
-};
-template <typename Options>
-concept TakesPositions = requires(Options o) {
-  o.first_position;
-  o.document_eos_id;
-  o.context_parallel;
-};
-template <typename Options>
-concept TakesProbes = requires(Options o) {
-  o.skip_layer;
-  o.depth_weights;
-};
+concept TakesPositions = TakesDocumentMasking<Options> && TakesContextParallel<Options>;
 
 static_assert(TakesCache<DecodeOptions> && !TakesTrainingFields<DecodeOptions> && !TakesPositions<DecodeOptions> &&
               !TakesProbes<DecodeOptions>);

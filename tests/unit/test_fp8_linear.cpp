@@ -18,6 +18,7 @@
 #include "archspace/model/causal_lm.h"
 #include "archspace/model/loss.h"
 #include "archspace/train/autocast.h"
+#include "forward_option_fields.h"
 #include "test_support.h"
 
 namespace archspace {
@@ -303,7 +304,7 @@ TEST(Fp8Linear, ModelForwardWithCheckpointingAndModes) {
   EXPECT_LE(worst, 1e-6 * scale);
 
   // fp8 is training's (whole sequences): the analyses' and decoding's options have no such field to be given.
-  static_assert(!RunsFp8<AnalysisOptions> && !RunsFp8<DecodeOptions>);
+  static_assert(!testing::TakesFp8<AnalysisOptions> && !testing::TakesFp8<DecodeOptions>);
   SequenceOptions sequences;
   sequences.fp8 = true;
   EXPECT_TRUE(ForwardMode(sequences).fp8());
