@@ -118,7 +118,8 @@ def test_one_access_line_per_request_and_a_throughput_line(model_dir):  # noqa: 
         body = json.dumps({"prompt": PROMPTS[3], "max_tokens": 3000, "ignore_eos": True}).encode()
         sock = socket.create_connection((host, int(port)), timeout=30)
         sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
-        wait_for_health(s, lambda h: h["running"] == 1)
+        # Reset once it has sampled a token (running == 1 comes at admission, before its prefill has made one).
+        wait_for_health(s, lambda h: h["running"] == 1 and h["sampled_tokens"] > 4 * 9 + 7)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         sock.close()
 
