@@ -5,16 +5,22 @@
 namespace archspace::testing {
 
 template <typename Options>
-concept TakesCache = requires(Options o) { o.cache; };
+concept TakesCache = requires(Options o) {
+  o.cache;
+};
 template <typename Options>
-concept TakesContextParallel = requires(Options o) { o.context_parallel; };
+concept TakesContextParallel = requires(Options o) {
+  o.context_parallel;
+};
 template <typename Options>
 concept TakesDocumentMasking = requires(Options o) {
   o.document_eos_id;
   o.first_position;
 };
 template <typename Options>
-concept TakesFp8 = requires(Options o) { o.fp8; };
+concept TakesFp8 = requires(Options o) {
+  o.fp8;
+};
 template <typename Options>
 concept TakesTrainingFields = requires(Options o) {
   o.activation_checkpointing;
