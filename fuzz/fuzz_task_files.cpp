@@ -4,7 +4,8 @@
 // The first byte chooses: bit 0 the loader, bit 1 whether the rest is gzip-compressed here (to reach the JSON
 // lines) or written as it is (to reach the gzip reader: util/gzip_lines), bit 2 a config with unconditional
 // requests (multiple choice) or --chat (generation), bit 3 a document limit of 2, bits 4-6 the generation task
-// (one per kind of gold). config.json is fixed: it is read by read_json_file, which other targets reach.
+// (one per kind of gold), bit 4 the multiple-choice task (arc_easy or truthfulqa). config.json is fixed: it is read by
+// read_json_file, which other targets reach.
 #include <zlib.h>
 
 #include <cstddef>
@@ -14,7 +15,7 @@
 #include <string>
 
 #include "archspace/eval/generation_tasks.h"
-#include "archspace/eval/tasks.h"
+#include "archspace/eval/task_files.h"
 #include "archspace/util/error.h"
 #include "fuzz_common.h"
 
@@ -40,7 +41,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const int64_t limit = (mode & 8) ? 2 : 0;
   static const char* const kGenerationTasks[] = {"gsm8k",           "drop",       "naturalqs_open", "ifeval",
                                                  "codex_humaneval", "codex_mbpp", "bbh_navigate",   "popqa"};
-  const std::string task = generation ? kGenerationTasks[(mode >> 4) & 7] : "arc_easy";
+  // A multiple-choice file as arc_easy's (one gold label per document) or as truthfulqa's (the family reads each
+  // document's own labels).
+  const std::string task = generation ? kGenerationTasks[(mode >> 4) & 7] : (mode & 16) ? "truthfulqa" : "arc_easy";
   const std::string dir = fuzz::scratch_dir() + "/variant";
   std::filesystem::create_directories(dir);
   const std::string config =

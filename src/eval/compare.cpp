@@ -11,10 +11,10 @@
 #include <sstream>
 
 #include "archspace/eval/generation_metrics.h"
+#include "archspace/eval/multiple_choice_task_family.h"
 #include "archspace/eval/seed_statistics.h"
 #include "archspace/eval/suites.h"
 #include "archspace/eval/task_groups.h"
-#include "archspace/eval/tasks/truthfulqa.h"
 #include "archspace/io/run_dir.h"
 #include "archspace/text/python_str.h"
 #include "archspace/text/utf8.h"
@@ -403,25 +403,135 @@ using Rows = std::map<std::string, TaskRows>;  // task -> rows
 
 int64_t utf8_chars(const std::string& s) { return std::max<int64_t>(text::utf8_character_count(s), 1); }
 
-// One side's requests-out file: generation rows give their primary metric; log-likelihood rows (one per
-// choice) give the document's correctness under the task's primary metric, argmax over the choices as
-// eval/downstream.cpp's task_metrics scores it (the first maximum on ties).
-Rows read_requests(const std::string& path) {
-  struct Choice {
-    int64_t idx;
-    double ll, tokens, chars;
-  };
-  struct Doc {
-    std::vector<Choice> choices;
-    int64_t label = 0;
-    std::string where;
-    json multi_true;  // TruthfulQA's labels (mc1, mc2)
-  };
-  std::map<std::string, std::map<std::string, Doc>> ll_docs;
+// A log-likelihood row's document: its choices, gold label and (when its family reads them) its own labels.
+struct Choice {
+  int64_t idx;
+  double ll, tokens, chars;
+};
+struct ChoiceDoc {
+  std::vector<Choice> choices;
+  int64_t label = 0;
+  std::string where;
+  json own_labels;  // the row's family labels field (TruthfulQA's multi_true)
+};
+struct ChoiceRows {
+  std::map<std::string, std::map<std::string, ChoiceDoc>> docs;  // task -> doc_id -> document
+  std::map<std::string, std::vector<std::string>> order;         // task -> doc_ids in file order
   // acc_uncond's normalisers: task -> (the conditional doc_id, idx) -> the unconditional log-likelihood.
   std::map<std::string, std::map<std::pair<std::string, int64_t>, double>> uncond;
-  std::map<std::string, std::vector<std::string>> ll_order;  // task -> doc_ids in file order
+};
+
+// A generation row: the instance's primary metric.
+void add_generation_row(const json& j, const std::string& task, const std::string& doc, const std::string& where,
+                        TaskRows& t) {
+  const GenerationTaskSpec* spec = find_generation_task(task);
+  const std::string metric = j.contains("primary_metric") && j["primary_metric"].is_string()
+                                 ? j["primary_metric"].get<std::string>()
+                             : spec ? spec->primary_metric
+                                    : "";
+  if (metric.empty()) throw Error(where + ": task " + task + " is no generation task known here");
+  if (!j.contains("metrics") || !j["metrics"].is_object() || !j["metrics"].contains(metric) ||
+      !j["metrics"][metric].is_number())
+    throw Error(where + ": no number \"metrics\"." + metric + " (the task's primary metric)");
+  t.metric = metric;
+  if (t.docs.count(doc)) throw Error(where + ": task " + task + " doc_id " + doc + " appears twice");
+  t.add(doc, {j["metrics"][metric].get<double>(), j.value("gold", json()), where});
+}
+
+// The primary metrics compare scores from log-likelihood rows: the ranked accuracies, and those a family scores from
+// its documents' own labels.
+std::vector<std::string> row_metrics() {
+  std::vector<std::string> metrics = {"acc_raw", "acc_per_token", "acc_per_char", "acc_uncond"};
+  for (const auto* family : multiple_choice_task_families()) {
+    for (const auto& m : family->document_metrics()) metrics.push_back(m);
+  }
+  return metrics;
+}
+
+// A log-likelihood row (one choice of a document, or its unconditional normaliser).
+void add_choice_row(const json& j, const std::string& task, const std::string& doc, const std::string& where,
+                    TaskRows& t, ChoiceRows& out) {
+  for (const char* key : {"loglikelihood", "n_continuation_tokens", "idx", "label"}) {
+    if (!j.contains(key) || !j[key].is_number())
+      throw Error(where + ": no number \"" + std::string(key) +
+                  "\" (a log-likelihood row; rows without \"label\" come from before compare existed: "
+                  "rerun eval downstream --requests-out)");
+  }
+  if (j.value("unconditional", false)) {  // the acc_uncond normaliser of a choice
+    if (!j.contains("uncond_offset") || !j["uncond_offset"].is_number_integer() || !j["doc_id"].is_number_integer())
+      throw Error(where +
+                  ": an unconditional row needs an integer \"doc_id\" and \"uncond_offset\" (rerun eval "
+                  "downstream --requests-out)");
+    const int64_t conditional = j["doc_id"].get<int64_t>() - j["uncond_offset"].get<int64_t>();
+    out.uncond[task][{std::to_string(conditional), j["idx"].get<int64_t>()}] = j["loglikelihood"].get<double>();
+    return;
+  }
+  const std::string metric = j.value("primary_metric", "");
+  static const std::vector<std::string> scored = row_metrics();
+  if (std::find(scored.begin(), scored.end(), metric) == scored.end())
+    throw Error(where + ": task " + task + "'s primary metric \"" + metric +
+                "\" is not one compare scores from rows (" + join(scored) + ")");
+  const MultipleChoiceTaskFamily& family = multiple_choice_task_family(task);
+  const std::vector<std::string> own = family.document_metrics();
+  const std::string field = family.document_labels_field();
+  if (std::find(own.begin(), own.end(), metric) != own.end() && (!j.contains(field) || !j[field].is_object()))
+    throw Error(where + ": task " + task + " is scored by " + metric + ", which needs the row's \"" + field +
+                "\" labels (rerun eval downstream --requests-out)");
+  t.metric = metric;
+  ChoiceDoc& d = out.docs[task][doc];
+  if (d.choices.empty()) {
+    d.where = where;
+    out.order[task].push_back(doc);
+  }
+  if (!field.empty() && j.contains(field)) d.own_labels = j[field];
+  d.label = j["label"].get<int64_t>();
+  d.choices.push_back({j["idx"].get<int64_t>(), j["loglikelihood"].get<double>(),
+                       std::max(1.0, j["n_continuation_tokens"].get<double>()),
+                       static_cast<double>(utf8_chars(j.value("continuation", "")))});
+}
+
+// One document's value under its task's primary metric, as eval/downstream.cpp's task_metrics scores it: argmax over
+// the choices (the first maximum on ties) against the label, or its family's metric from its own labels.
+Instance score_choices(const std::string& task, const std::string& doc, ChoiceDoc& d, const std::string& metric,
+                       const std::map<std::pair<std::string, int64_t>, double>& uncond) {
+  std::sort(d.choices.begin(), d.choices.end(), [](const Choice& x, const Choice& y) { return x.idx < y.idx; });
+  const MultipleChoiceTaskFamily& family = multiple_choice_task_family(task);
+  const std::vector<std::string> own = family.document_metrics();
+  if (std::find(own.begin(), own.end(), metric) != own.end()) {
+    try {
+      std::map<int64_t, double> ll;
+      for (const Choice& c : d.choices) ll[c.idx] = c.ll;
+      return {family.document_metric(metric, d.own_labels, ll), d.own_labels, d.where};
+    } catch (const std::exception& e) {
+      throw Error(d.where + ": task " + task + " doc_id " + doc + ": its " + family.document_labels_field() +
+                  " labels do not fit its choices (" + e.what() + ")");
+    }
+  }
+  size_t best = 0;
+  double best_score = -INFINITY;
+  for (size_t i = 0; i < d.choices.size(); ++i) {
+    const Choice& c = d.choices[i];
+    double s = metric == "acc_per_token" ? c.ll / c.tokens : metric == "acc_per_char" ? c.ll / c.chars : c.ll;
+    if (metric == "acc_uncond") {  // the choice's log-likelihood over its unconditional one (PMI)
+      const auto it = uncond.find({doc, c.idx});
+      if (it == uncond.end())
+        throw Error(d.where + ": task " + task + " doc_id " + doc + " choice " + std::to_string(c.idx) +
+                    " has no unconditional row (acc_uncond)");
+      s -= it->second;
+    }
+    if (s > best_score) {
+      best_score = s;
+      best = i;
+    }
+  }
+  return {d.choices[best].idx == d.label ? 1.0 : 0.0, json(d.label), d.where};
+}
+
+// One side's requests-out file: generation rows give their primary metric; log-likelihood rows (one per
+// choice) give the document's value under the task's primary metric (score_choices).
+Rows read_requests(const std::string& path) {
   Rows rows;
+  ChoiceRows choices;
   const auto rows_in = read_json_lines(path);
   if (rows_in.empty()) throw Error(path + ": no rows (zero instances)");
   for (const auto& [number, j] : rows_in) {
@@ -435,103 +545,15 @@ Rows read_requests(const std::string& path) {
     t.format = j.value("format", "");
     if (j.contains("shots")) t.shots = j["shots"];
     if (j.contains("generation")) {
-      const GenerationTaskSpec* spec = find_generation_task(task);
-      const std::string metric = j.contains("primary_metric") && j["primary_metric"].is_string()
-                                     ? j["primary_metric"].get<std::string>()
-                                 : spec ? spec->primary_metric
-                                        : "";
-      if (metric.empty()) throw Error(where + ": task " + task + " is no generation task known here");
-      if (!j.contains("metrics") || !j["metrics"].is_object() || !j["metrics"].contains(metric) ||
-          !j["metrics"][metric].is_number())
-        throw Error(where + ": no number \"metrics\"." + metric + " (the task's primary metric)");
-      t.metric = metric;
-      if (t.docs.count(doc)) throw Error(where + ": task " + task + " doc_id " + doc + " appears twice");
-      t.add(doc, {j["metrics"][metric].get<double>(), j.value("gold", json()), where});
-      continue;
+      add_generation_row(j, task, doc, where, t);
+    } else {
+      add_choice_row(j, task, doc, where, t, choices);
     }
-    for (const char* key : {"loglikelihood", "n_continuation_tokens", "idx", "label"}) {
-      if (!j.contains(key) || !j[key].is_number())
-        throw Error(where + ": no number \"" + std::string(key) +
-                    "\" (a log-likelihood row; rows without \"label\" come from before compare existed: "
-                    "rerun eval downstream --requests-out)");
-    }
-    if (j.value("unconditional", false)) {  // the acc_uncond normaliser of a choice
-      if (!j.contains("uncond_offset") || !j["uncond_offset"].is_number_integer() || !j["doc_id"].is_number_integer())
-        throw Error(where +
-                    ": an unconditional row needs an integer \"doc_id\" and \"uncond_offset\" (rerun eval "
-                    "downstream --requests-out)");
-      const int64_t conditional = j["doc_id"].get<int64_t>() - j["uncond_offset"].get<int64_t>();
-      uncond[task][{std::to_string(conditional), j["idx"].get<int64_t>()}] = j["loglikelihood"].get<double>();
-      continue;
-    }
-    const std::string metric = j.value("primary_metric", "");
-    static const std::set<std::string> scored = {"acc_raw",    "acc_per_token", "acc_per_char",
-                                                 "acc_uncond", "mc1",           "mc2"};
-    if (!scored.count(metric))
-      throw Error(where + ": task " + task + "'s primary metric \"" + metric +
-                  "\" is not one compare scores from rows (acc_raw, acc_per_token, acc_per_char, acc_uncond, mc1, "
-                  "mc2)");
-    if ((metric == "mc1" || metric == "mc2") && (!j.contains("multi_true") || !j["multi_true"].is_object()))
-      throw Error(where + ": task " + task + " is scored by " + metric +
-                  ", which needs the row's \"multi_true\" labels (rerun eval downstream --requests-out)");
-    t.metric = metric;
-    Doc& d = ll_docs[task][doc];
-    if (d.choices.empty()) {
-      d.where = where;
-      ll_order[task].push_back(doc);
-    }
-    if (j.contains("multi_true")) d.multi_true = j["multi_true"];
-    d.label = j["label"].get<int64_t>();
-    d.choices.push_back({j["idx"].get<int64_t>(), j["loglikelihood"].get<double>(),
-                         std::max(1.0, j["n_continuation_tokens"].get<double>()),
-                         static_cast<double>(utf8_chars(j.value("continuation", "")))});
   }
-  for (auto& [task, docs] : ll_docs) {
+  for (auto& [task, docs] : choices.docs) {
     TaskRows& t = rows[task];
-    for (const auto& doc : ll_order.at(task)) {
-      Doc& d = docs.at(doc);
-      std::sort(d.choices.begin(), d.choices.end(), [](const Choice& x, const Choice& y) { return x.idx < y.idx; });
-      if (t.metric == "mc1" || t.metric == "mc2") {  // truthfulqa's family scores the document (eval downstream's)
-        MultiTrueLabels labels;
-        std::map<int64_t, double> ll;
-        try {
-          labels = {d.multi_true.at("labels").get<std::vector<int64_t>>(),
-                    d.multi_true.at("mc1_indices").get<std::vector<int64_t>>(),
-                    d.multi_true.at("mc2_indices").get<std::vector<int64_t>>()};
-          for (const Choice& c : d.choices) ll[c.idx] = c.ll;
-          for (const auto* list : {&labels.mc1_indices, &labels.mc2_indices}) {
-            for (int64_t i : *list) {
-              if (i < 0 || i >= static_cast<int64_t>(labels.labels.size()) || !ll.count(i))
-                throw Error("choice " + std::to_string(i) + " has no label or no row");
-            }
-          }
-          const auto [mc1, mc2] = truthfulqa_mc1_mc2(labels, ll);
-          t.add(doc, {t.metric == "mc1" ? mc1 : mc2, d.multi_true, d.where});
-        } catch (const std::exception& e) {
-          throw Error(d.where + ": task " + task + " doc_id " + doc +
-                      ": its multi_true labels do not fit its choices (" + e.what() + ")");
-        }
-        continue;
-      }
-      size_t best = 0;
-      double best_score = -INFINITY;
-      for (size_t i = 0; i < d.choices.size(); ++i) {
-        const Choice& c = d.choices[i];
-        double s = t.metric == "acc_per_token" ? c.ll / c.tokens : t.metric == "acc_per_char" ? c.ll / c.chars : c.ll;
-        if (t.metric == "acc_uncond") {  // the choice's log-likelihood over its unconditional one (PMI)
-          const auto it = uncond[task].find({doc, c.idx});
-          if (it == uncond[task].end())
-            throw Error(d.where + ": task " + task + " doc_id " + doc + " choice " + std::to_string(c.idx) +
-                        " has no unconditional row (acc_uncond)");
-          s -= it->second;
-        }
-        if (s > best_score) {
-          best_score = s;
-          best = i;
-        }
-      }
-      t.add(doc, {d.choices[best].idx == d.label ? 1.0 : 0.0, json(d.label), d.where});
-    }
+    for (const auto& doc : choices.order.at(task))
+      t.add(doc, score_choices(task, doc, docs.at(doc), t.metric, choices.uncond[task]));
   }
   return rows;
 }
@@ -658,11 +680,11 @@ json task_seeds_needed(const PairedTask& p, const std::vector<std::pair<size_t, 
   return {{"sd", seed_spread(a, b, !pairs.empty())}, {"rows", seeds_needed_rows(a, b, !pairs.empty(), {0.01, 0.02})}};
 }
 
-json evaluation(const CompareOptions& o, const std::vector<std::pair<size_t, size_t>>& pairs) {
-  const std::vector<Rows> a = read_side(o.eval_a), b = read_side(o.eval_b);
+// The tasks both sides evaluated (the same set on each, else an error naming those only one side has).
+std::set<std::string> common_tasks(const CompareOptions& o, const Rows& a, const Rows& b) {
   std::set<std::string> tasks_a, tasks_b;
-  for (const auto& [t, _] : a[0]) tasks_a.insert(t);
-  for (const auto& [t, _] : b[0]) tasks_b.insert(t);
+  for (const auto& [t, _] : a) tasks_a.insert(t);
+  for (const auto& [t, _] : b) tasks_b.insert(t);
   if (tasks_a != tasks_b) {
     std::string only;
     for (const auto& t : tasks_a)
@@ -671,101 +693,84 @@ json evaluation(const CompareOptions& o, const std::vector<std::pair<size_t, siz
       if (!tasks_a.count(t)) only += " " + t + " (only in " + o.eval_b[0] + ")";
     throw Error("compare: the two sides evaluated different tasks:" + only);
   }
-  json out = {{"resamples", o.resamples},
-              {"seed", o.seed},
-              {"level", 0.95},
-              {"runs_a", o.eval_a.size()},
-              {"runs_b", o.eval_b.size()},
-              {"rng",
-               "SplitMix64; task t draws from state splitmix64_mix(seed + t); index = floor(u * n), "
-               "u = (x >> 11) * 2^-53"},
-              {"method", o.eval_a.size() > 1 || o.eval_b.size() > 1
-                             ? "paired bootstrap over runs and instances: each resample draws the runs of each side "
-                               "with replacement, then the instances with replacement; the difference is the mean "
-                               "over drawn B runs minus drawn A runs; percentile interval; p: twice the smaller "
-                               "share of resamples on either side of 0; Holm across the tasks"
-                             : "paired bootstrap over instances (percentile interval); p: McNemar's exact test "
-                               "for 0/1 metrics, else twice the smaller share of resamples on either side of 0; "
-                               "Holm across the tasks"}};
-  json tasks = json::array(), dropped = json::object();
-  std::vector<PairedResult> results;
-  std::vector<size_t> sizes;
-  int64_t task_index = 0;
-  for (const auto& task : tasks_a) {
-    const TaskRows& ta = a[0].at(task);
-    const TaskRows& tb = b[0].at(task);
-    if (ta.metric != tb.metric)
-      throw Error("compare: task " + task + " is scored by " + ta.metric + " in " + o.eval_a[0] + " but by " +
-                  tb.metric + " in " + o.eval_b[0]);
-    std::vector<std::string> docs;
-    int64_t only_one = 0, gold_differs = 0;
-    // A's instances in A's file order, then those only B has.
-    std::vector<std::string> all = ta.order;
-    for (const auto& d : tb.order)
-      if (!ta.docs.count(d)) all.push_back(d);
-    for (const auto& d : all) {
-      const auto ia = ta.docs.find(d), ib = tb.docs.find(d);
-      if (ia == ta.docs.end() || ib == tb.docs.end()) {
-        if (!o.intersect)
-          throw Error("compare: task " + task + " doc_id " + d + " is only in " +
-                      (ia == ta.docs.end() ? ib->second.where : ia->second.where) +
-                      " (--intersect drops such instances)");
-        ++only_one;
-        continue;
-      }
-      if (ia->second.gold != ib->second.gold) {
-        if (!o.intersect)
-          throw Error("compare: task " + task + " doc_id " + d + " has different gold in " + ia->second.where +
-                      " and " + ib->second.where + " (--intersect drops such instances)");
-        ++gold_differs;
-        continue;
-      }
-      docs.push_back(d);
+  return tasks_a;
+}
+
+// How the evaluation rows are compared, as compare.json states it.
+json evaluation_method(const CompareOptions& o) {
+  return {{"resamples", o.resamples},
+          {"seed", o.seed},
+          {"level", 0.95},
+          {"runs_a", o.eval_a.size()},
+          {"runs_b", o.eval_b.size()},
+          {"rng",
+           "SplitMix64; task t draws from state splitmix64_mix(seed + t); index = floor(u * n), "
+           "u = (x >> 11) * 2^-53"},
+          {"method", o.eval_a.size() > 1 || o.eval_b.size() > 1
+                         ? "paired bootstrap over runs and instances: each resample draws the runs of each side "
+                           "with replacement, then the instances with replacement; the difference is the mean "
+                           "over drawn B runs minus drawn A runs; percentile interval; p: twice the smaller "
+                           "share of resamples on either side of 0; Holm across the tasks"
+                         : "paired bootstrap over instances (percentile interval); p: McNemar's exact test "
+                           "for 0/1 metrics, else twice the smaller share of resamples on either side of 0; "
+                           "Holm across the tasks"}};
+}
+
+// A task's instances on both sides with the same gold: A's in A's file order, then those only B has. Under
+// --intersect the others are dropped and counted in `dropped`; else they are an error naming the row.
+std::vector<std::string> paired_instances(const CompareOptions& o, const std::string& task, const TaskRows& ta,
+                                          const TaskRows& tb, json& dropped) {
+  std::vector<std::string> docs;
+  int64_t only_one = 0, gold_differs = 0;
+  std::vector<std::string> all = ta.order;
+  for (const auto& d : tb.order)
+    if (!ta.docs.count(d)) all.push_back(d);
+  for (const auto& d : all) {
+    const auto ia = ta.docs.find(d), ib = tb.docs.find(d);
+    if (ia == ta.docs.end() || ib == tb.docs.end()) {
+      if (!o.intersect)
+        throw Error("compare: task " + task + " doc_id " + d + " is only in " +
+                    (ia == ta.docs.end() ? ib->second.where : ia->second.where) +
+                    " (--intersect drops such instances)");
+      ++only_one;
+      continue;
     }
-    if (only_one + gold_differs > 0) dropped[task] = {{"only_one_side", only_one}, {"gold_differs", gold_differs}};
-    if (docs.empty()) throw Error("compare: task " + task + " has no instance on both sides (zero instances)");
-    PairedTask p;
-    p.task = task;
-    p.metric = ta.metric;
-    for (const auto& rows : a) {
-      std::vector<double> v;
-      for (const auto& d : docs) v.push_back(rows.at(task).docs.at(d).value);
-      p.a.push_back(std::move(v));
+    if (ia->second.gold != ib->second.gold) {
+      if (!o.intersect)
+        throw Error("compare: task " + task + " doc_id " + d + " has different gold in " + ia->second.where + " and " +
+                    ib->second.where + " (--intersect drops such instances)");
+      ++gold_differs;
+      continue;
     }
-    for (const auto& rows : b) {
-      std::vector<double> v;
-      for (const auto& d : docs) v.push_back(rows.at(task).docs.at(d).value);
-      p.b.push_back(std::move(v));
-    }
-    PairedResult r = paired_bootstrap(p, o.resamples, o.seed, task_index++);
-    tasks.push_back({{"task", task},
-                     {"metric", ta.metric},
-                     {"format", ta.format},
-                     {"shots", ta.shots},
-                     {"n", docs.size()},
-                     {"a", r.mean_a},
-                     {"b", r.mean_b},
-                     {"diff", r.diff},
-                     {"low", r.low},
-                     {"high", r.high},
-                     {"test", r.test},
-                     {"only_a", r.only_a},
-                     {"only_b", r.only_b},
-                     {"p", r.p}});
-    tasks.back()["seeds_needed"] = task_seeds_needed(p, pairs);
-    sizes.push_back(docs.size());
-    results.push_back(std::move(r));
+    docs.push_back(d);
   }
-  std::vector<double> p;
-  for (const auto& r : results) p.push_back(r.p);
-  const std::vector<double> holm = holm_adjust(p);
-  for (size_t i = 0; i < tasks.size(); ++i) {
-    tasks[i]["p_holm"] = holm[i];
-    tasks[i]["significant"] = holm[i] < 0.05;
+  if (only_one + gold_differs > 0) dropped[task] = {{"only_one_side", only_one}, {"gold_differs", gold_differs}};
+  if (docs.empty()) throw Error("compare: task " + task + " has no instance on both sides (zero instances)");
+  return docs;
+}
+
+// Each run's values of `docs`, in that order.
+std::vector<std::vector<double>> run_values(const std::vector<Rows>& side, const std::string& task,
+                                            const std::vector<std::string>& docs) {
+  std::vector<std::vector<double>> out;
+  for (const auto& rows : side) {
+    std::vector<double> v;
+    for (const auto& d : docs) v.push_back(rows.at(task).docs.at(d).value);
+    out.push_back(std::move(v));
   }
-  // The macro difference: the tasks' mean difference, each resample's from the tasks' own resamples
-  // (instances resampled within each task, the tasks independently).
-  std::vector<double> macro(static_cast<size_t>(o.resamples), 0.0);
+  return out;
+}
+
+json task_row(const std::string& task, const TaskRows& t, size_t n, const PairedResult& r) {
+  return {{"task", task},   {"metric", t.metric}, {"format", t.format}, {"shots", t.shots}, {"n", n},
+          {"a", r.mean_a},  {"b", r.mean_b},      {"diff", r.diff},     {"low", r.low},     {"high", r.high},
+          {"test", r.test}, {"only_a", r.only_a}, {"only_b", r.only_b}, {"p", r.p}};
+}
+
+// The macro difference: the tasks' mean difference, each resample's from the tasks' own resamples (instances
+// resampled within each task, the tasks independently).
+json macro_row(const std::vector<PairedResult>& results, int64_t resamples) {
+  std::vector<double> macro(static_cast<size_t>(resamples), 0.0);
   double diff = 0, ma = 0, mb = 0;
   for (const auto& r : results) {
     diff += r.diff;
@@ -775,10 +780,44 @@ json evaluation(const CompareOptions& o, const std::vector<std::pair<size_t, siz
   }
   const double k = static_cast<double>(results.size());
   for (double& v : macro) v /= k;
+  json row = resampled_row(ma / k, mb / k, macro);
+  row["diff"] = diff / k;  // the tasks' mean difference, as summed (b - a of the means may round apart)
+  return row;
+}
+
+json evaluation(const CompareOptions& o, const std::vector<std::pair<size_t, size_t>>& pairs) {
+  const std::vector<Rows> a = read_side(o.eval_a), b = read_side(o.eval_b);
+  json out = evaluation_method(o);
+  json tasks = json::array(), dropped = json::object();
+  std::vector<PairedResult> results;
+  int64_t task_index = 0;
+  for (const auto& task : common_tasks(o, a[0], b[0])) {
+    const TaskRows& ta = a[0].at(task);
+    const TaskRows& tb = b[0].at(task);
+    if (ta.metric != tb.metric)
+      throw Error("compare: task " + task + " is scored by " + ta.metric + " in " + o.eval_a[0] + " but by " +
+                  tb.metric + " in " + o.eval_b[0]);
+    const std::vector<std::string> docs = paired_instances(o, task, ta, tb, dropped);
+    PairedTask p;
+    p.task = task;
+    p.metric = ta.metric;
+    p.a = run_values(a, task, docs);
+    p.b = run_values(b, task, docs);
+    PairedResult r = paired_bootstrap(p, o.resamples, o.seed, task_index++);
+    tasks.push_back(task_row(task, ta, docs.size(), r));
+    tasks.back()["seeds_needed"] = task_seeds_needed(p, pairs);
+    results.push_back(std::move(r));
+  }
+  std::vector<double> p;
+  for (const auto& r : results) p.push_back(r.p);
+  const std::vector<double> holm = holm_adjust(p);
+  for (size_t i = 0; i < tasks.size(); ++i) {
+    tasks[i]["p_holm"] = holm[i];
+    tasks[i]["significant"] = holm[i] < 0.05;
+  }
   if (!o.suite.empty()) out["suite"] = suite_comparison(o.suite, tasks, results, o.resamples);
   out["tasks"] = tasks;
-  out["macro"] = resampled_row(ma / k, mb / k, macro);
-  out["macro"]["diff"] = diff / k;  // the tasks' mean difference, as summed (b - a of the means may round apart)
+  out["macro"] = macro_row(results, o.resamples);
   out["dropped"] = dropped;
   return out;
 }

@@ -230,6 +230,7 @@ std::string results_table(const std::vector<TaskResult>& results) {
 
 std::vector<nlohmann::json> request_rows(const TaskFiles& files, const TaskResult& result) {
   std::vector<nlohmann::json> rows;
+  const std::string labels_field = multiple_choice_task_family(files.task).document_labels_field();
   for (size_t i = 0; i < files.requests.size(); ++i) {
     const TaskRequest& r = files.requests[i];
     const RequestScore& s = result.requests.at(i);
@@ -247,13 +248,11 @@ std::vector<nlohmann::json> request_rows(const TaskFiles& files, const TaskResul
                     {"label", r.label},
                     {"primary_metric", files.primary_metric},
                     {"unconditional", files.uncond_offset > 0 && r.doc_id >= files.uncond_offset}});
-    // acc_uncond pairs a choice with its unconditional request at doc_id + uncond_offset; TruthfulQA's documents
-    // are scored by their labels (mc1, mc2).
+    // acc_uncond pairs a choice with its unconditional request at doc_id + uncond_offset; a document with its own
+    // labels is scored by its family from them.
     if (files.uncond_offset > 0) rows.back()["uncond_offset"] = files.uncond_offset;
-    if (const auto it = files.multi_true.find(r.doc_id); it != files.multi_true.end())
-      rows.back()["multi_true"] = {{"labels", it->second.labels},
-                                   {"mc1_indices", it->second.mc1_indices},
-                                   {"mc2_indices", it->second.mc2_indices}};
+    if (const auto it = files.document_labels.find(r.doc_id); it != files.document_labels.end())
+      rows.back()[labels_field] = it->second->to_json();
   }
   return rows;
 }

@@ -5,8 +5,8 @@
 
 #include "archspace/eval/chat_format.h"
 #include "archspace/eval/code_sandbox.h"
+#include "archspace/eval/task_files.h"
 #include "archspace/eval/task_groups.h"
-#include "archspace/eval/tasks.h"
 #include "archspace/eval/tasks/drop_llama3.h"
 #include "archspace/util/error.h"
 #include "archspace/util/strings.h"

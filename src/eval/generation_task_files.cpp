@@ -6,7 +6,7 @@
 #include "archspace/eval/generation_metrics.h"
 #include "archspace/eval/generation_task_family.h"
 #include "archspace/eval/generation_tasks.h"
-#include "archspace/eval/tasks.h"
+#include "archspace/eval/task_files.h"
 #include "archspace/util/error.h"
 #include "archspace/util/gzip_lines.h"
 #include "archspace/util/json_file.h"

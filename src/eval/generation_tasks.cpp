@@ -3,7 +3,7 @@
 #include <limits>
 
 #include "archspace/eval/generation_metrics.h"
-#include "archspace/eval/tasks.h"
+#include "archspace/eval/task_files.h"
 #include "archspace/infer/scheduler.h"
 #include "archspace/util/error.h"
 

@@ -1,8 +1,8 @@
 #include "archspace/eval/suites.h"
 
 #include "archspace/eval/generation_tasks.h"
+#include "archspace/eval/task_files.h"
 #include "archspace/eval/task_groups.h"
-#include "archspace/eval/tasks.h"
 #include "archspace/util/error.h"
 #include "archspace/util/strings.h"
 

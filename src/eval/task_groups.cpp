@@ -8,7 +8,7 @@
 
 #include "archspace/eval/generation_task_family.h"
 #include "archspace/eval/multiple_choice_task_family.h"
-#include "archspace/eval/tasks.h"
+#include "archspace/eval/task_files.h"
 #include "archspace/util/error.h"
 #include "archspace/util/strings.h"
 

@@ -8,7 +8,7 @@
 #include "archspace/eval/code_sandbox.h"
 #include "archspace/eval/generation_metrics.h"
 #include "archspace/eval/generation_tasks.h"
-#include "archspace/eval/tasks.h"
+#include "archspace/eval/task_files.h"
 #include "archspace/eval/tasks/code.h"
 #include "test_support.h"
 

@@ -4,9 +4,11 @@
 
 #include <cmath>
 #include <fstream>
+#include <memory>
 
 #include "archspace/eval/downstream.h"
-#include "archspace/eval/tasks.h"
+#include "archspace/eval/task_files.h"
+#include "archspace/eval/tasks/truthfulqa.h"
 #include "test_support.h"
 
 namespace archspace {
@@ -109,7 +111,8 @@ TEST(DownstreamMetrics, TruthfulqaMembershipAndRequestOrderAsOlmes) {
   f.primary_metric = "mc2";
   const std::vector<double> ll = {-1.0, -2.0, -0.5, -3.0};
   for (int64_t i = 0; i < 4; ++i) f.requests.push_back(request(0, i, 0, " x"));
-  f.multi_true[0] = MultiTrueLabels{{1, 0, 1, 0}, {3, 1, 2}, {2, 0, 1, 2, 3, 3}};
+  f.document_labels[0] = std::make_shared<MultiTrueLabels>(
+      std::vector<int64_t>{1, 0, 1, 0}, std::vector<int64_t>{3, 1, 2}, std::vector<int64_t>{2, 0, 1, 2, 3, 3});
   std::vector<RequestScore> scores;
   for (double x : ll) scores.push_back({x, false, 1});
   const TaskResult r = task_metrics(f, scores);

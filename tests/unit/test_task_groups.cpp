@@ -3,8 +3,8 @@
 #include <cmath>
 #include <set>
 
+#include "archspace/eval/task_files.h"
 #include "archspace/eval/task_groups.h"
-#include "archspace/eval/tasks.h"
 #include "test_support.h"
 
 namespace archspace {

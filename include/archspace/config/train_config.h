@@ -163,7 +163,7 @@ struct TrainConfig {
   // [eval]
   int64_t eval_interval = 0;
   int64_t eval_batches = 4;
-  // Downstream tasks (OLMES names, eval/tasks.h) scored at every evaluation, their first downstream_limit
+  // Downstream tasks (OLMES names, eval/task_files.h) scored at every evaluation, their first downstream_limit
   // documents each (0: all), in downstream_format (rc or mc) with downstream_shots (unset: 5 where the task
   // has them, else its only count).
   std::vector<std::string> downstream;

@@ -35,7 +35,7 @@
 #include <string>
 #include <vector>
 
-#include "archspace/eval/tasks.h"
+#include "archspace/eval/task_files.h"
 
 namespace archspace {
 

@@ -1,4 +1,4 @@
-// Downstream evaluation on OLMES multiple-choice tasks (eval/tasks.h): every request's continuation
+// Downstream evaluation on OLMES multiple-choice tasks (eval/task_files.h): every request's continuation
 // log-likelihood, scored in batches (infer/score.h), then per document the choice each normalisation
 // prefers, against the gold label.
 //
@@ -17,7 +17,8 @@
 //                  file gives it, leading space included, as OLMES counts; OLMo's in-loop len_norm drops it)
 //   acc_uncond     that sum minus the same continuation's after the unconditional context ("Answer:"),
 //                  where the task has unconditional requests (PMI, OLMo's pmi_dc)
-// A TruthfulQA-style task (eval/tasks.h, several true choices) has instead OLMES' MC1MC2Accuracy:
+// A task whose family reads its own document labels is scored by the family instead (eval/tasks/truthfulqa.h,
+// OLMES' MC1MC2Accuracy):
 //   mc1            the label of the choice with the highest sum among the MC1 choices
 //   mc2            the normalised probability mass of the true MC2 choices, sum exp(ll) true / sum exp(ll)
 // Each with lm-eval's standard error of a mean: sqrt(sample variance / n), the sample variance with n - 1.
@@ -31,7 +32,7 @@
 #include <string>
 #include <vector>
 
-#include "archspace/eval/tasks.h"
+#include "archspace/eval/task_files.h"
 #include "archspace/infer/score.h"
 #include "archspace/model/causal_lm.h"
 #include "archspace/tokenizer/tokenizer.h"

@@ -6,8 +6,8 @@
 // (eval/generation_metrics.h: scoring, aggregation, rescoring; the request-file reader; eval/task_groups.h) reaches a
 // task only through its family: no task names outside the family's file.
 //
-// A new family: one file in src/eval/tasks/ defining a GenerationTaskFamily, its accessor declared in
-// src/eval/tasks/families.h, and one line in the list of src/eval/tasks/registry.cpp.
+// A new family: one file in src/eval/tasks/ defining a GenerationTaskFamily and registering it
+// (eval/task_family_registration.h).
 #pragma once
 
 #include <cstdint>
@@ -23,12 +23,21 @@
 
 namespace archspace {
 
-// What scoring needs from outside C++, supplied by the caller (the CLI runs lm-eval's own Python where C++ cannot
-// reproduce it): each is called at most once per scoring, with every instance that needs it.
+// The kinds of scoring done outside C++ (the CLI runs lm-eval's own Python where C++ cannot reproduce it, and the
+// code sandbox): a family declares the one it needs (GenerationTaskFamily::external_scorer).
+enum class ExternalScorer {
+  none,
+  answer_equivalence,  // are two answers the same mathematical expression (sympy)
+  instruction_checks,  // does a response follow its verifiable instructions
+  program_execution,   // does a program pass its tests (the sandbox)
+};
+
+// The scorers of each kind, supplied by the caller: each is called at most once per scoring, with every instance
+// that needs it.
 struct ExternalScorers {
-  AnswerEquivalence equivalence;  // Minerva's is_equiv
-  InstructionCheck instructions;  // IFEval's checks
-  CodeExecutor execute;           // the code tasks' programs
+  AnswerEquivalence equivalence;  // answer_equivalence
+  InstructionCheck instructions;  // instruction_checks
+  CodeExecutor execute;           // program_execution
 };
 
 // One request's prompt and generation settings (eval/generation_tasks.h: a GenerationRequest holds them).
@@ -91,14 +100,14 @@ class GenerationTaskFamily {
   // The task groups the family defines (eval/task_groups.h), in report order.
   virtual std::vector<TaskGroup> groups() const { return {}; }
 
-  // True when scoring runs generated programs (the code sandbox must be available before generating).
-  virtual bool runs_programs() const { return false; }
-
-  // True when scoring needs one of the ExternalScorers (a caller without them refuses the task up front).
-  virtual bool needs_external_scorer() const { return false; }
+  // The scorer from outside C++ that scoring needs (a caller without it refuses the task up front).
+  virtual ExternalScorer external_scorer() const { return ExternalScorer::none; }
+  bool needs_external_scorer() const { return external_scorer() != ExternalScorer::none; }
+  // Scoring runs generated programs (the code sandbox must be available before generating).
+  bool runs_programs() const { return external_scorer() == ExternalScorer::program_execution; }
 };
 
-// The registry: every family once, in registration order.
+// The registry: every family once, by the order its registration states (eval/task_family_registration.h).
 const std::vector<const GenerationTaskFamily*>& generation_task_families();
 
 // Helpers the families share.

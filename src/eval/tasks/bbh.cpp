@@ -9,9 +9,9 @@
 
 #include <map>
 
+#include "archspace/eval/task_family_registration.h"
 #include "archspace/text/utf8.h"
 #include "archspace/util/error.h"
-#include "families.h"
 
 namespace archspace {
 
@@ -181,10 +181,7 @@ class Bbh final : public GenerationTaskFamily {
 
 }  // namespace
 
-const GenerationTaskFamily& bbh() {
-  static const Bbh family;
-  return family;
-}
+ARCHSPACE_GENERATION_TASK_FAMILY(bbh, Bbh, 60)
 
 }  // namespace task_families
 }  // namespace archspace

@@ -6,8 +6,8 @@
 // from the request line's doc.
 #include "archspace/eval/tasks/code.h"
 
+#include "archspace/eval/task_family_registration.h"
 #include "archspace/util/error.h"
-#include "families.h"
 
 namespace archspace {
 
@@ -98,16 +98,12 @@ class Code final : public GenerationTaskFamily {
                   std::to_string(programs.size()));
     for (size_t k = 0; k < programs.size(); ++k) set_metric(*program_of[k], "pass_at_1", passed[k] ? 1.0 : 0.0);
   }
-  bool needs_external_scorer() const override { return true; }
-  bool runs_programs() const override { return true; }
+  ExternalScorer external_scorer() const override { return ExternalScorer::program_execution; }
 };
 
 }  // namespace
 
-const GenerationTaskFamily& code() {
-  static const Code family;
-  return family;
-}
+ARCHSPACE_GENERATION_TASK_FAMILY(code, Code, 80)
 
 }  // namespace task_families
 }  // namespace archspace

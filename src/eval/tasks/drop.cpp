@@ -7,8 +7,8 @@
 #include <cmath>
 #include <set>
 
+#include "archspace/eval/task_family_registration.h"
 #include "archspace/util/error.h"
-#include "families.h"
 
 namespace archspace {
 
@@ -171,10 +171,7 @@ class Drop final : public GenerationTaskFamily {
 
 }  // namespace
 
-const GenerationTaskFamily& drop() {
-  static const Drop family;
-  return family;
-}
+ARCHSPACE_GENERATION_TASK_FAMILY(drop, Drop, 30)
 
 }  // namespace task_families
 }  // namespace archspace

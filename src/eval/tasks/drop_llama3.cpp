@@ -8,7 +8,7 @@
 
 #include "archspace/data/python_random.h"
 #include "archspace/eval/generation_metrics.h"
-#include "archspace/eval/tasks.h"
+#include "archspace/eval/task_files.h"
 #include "archspace/text/python_str.h"
 #include "archspace/util/error.h"
 #include "archspace/util/gzip_lines.h"

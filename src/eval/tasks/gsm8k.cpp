@@ -3,7 +3,7 @@
 // metric_kwargs (regexes_to_ignore, ignore_case).
 #include "archspace/eval/tasks/gsm8k.h"
 
-#include "families.h"
+#include "archspace/eval/task_family_registration.h"
 
 namespace archspace {
 
@@ -57,10 +57,7 @@ class Gsm8k final : public GenerationTaskFamily {
 
 }  // namespace
 
-const GenerationTaskFamily& gsm8k() {
-  static const Gsm8k family;
-  return family;
-}
+ARCHSPACE_GENERATION_TASK_FAMILY(gsm8k, Gsm8k, 10)
 
 }  // namespace task_families
 }  // namespace archspace

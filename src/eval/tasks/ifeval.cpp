@@ -6,8 +6,8 @@
 #include <algorithm>
 #include <limits>
 
+#include "archspace/eval/task_family_registration.h"
 #include "archspace/util/error.h"
-#include "families.h"
 
 namespace archspace::task_families {
 namespace {
@@ -77,7 +77,7 @@ class IfEval final : public GenerationTaskFamily {
       m.scoring_errors.insert(m.scoring_errors.end(), r.scoring_errors.begin(), r.scoring_errors.end());
     }
   }
-  bool needs_external_scorer() const override { return true; }
+  ExternalScorer external_scorer() const override { return ExternalScorer::instruction_checks; }
   // inst_level: over all instructions pooled, each document's fraction weighing its number of instructions.
   MetricValue aggregate(const std::string& metric, const std::vector<const GenerationInstance*>& instances,
                         const std::vector<double>& values) const override {
@@ -97,9 +97,6 @@ class IfEval final : public GenerationTaskFamily {
 
 }  // namespace
 
-const GenerationTaskFamily& ifeval() {
-  static const IfEval family;
-  return family;
-}
+ARCHSPACE_GENERATION_TASK_FAMILY(ifeval, IfEval, 50)
 
 }  // namespace archspace::task_families

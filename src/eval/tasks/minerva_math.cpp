@@ -13,10 +13,10 @@
 #include <algorithm>
 #include <map>
 
-#include "archspace/eval/tasks.h"
+#include "archspace/eval/task_family_registration.h"
+#include "archspace/eval/task_files.h"
 #include "archspace/olmes_fewshot.h"
 #include "archspace/util/error.h"
-#include "families.h"
 
 namespace archspace {
 
@@ -219,7 +219,7 @@ class MinervaMath final : public GenerationTaskFamily {
       ++k;
     }
   }
-  bool needs_external_scorer() const override { return true; }
+  ExternalScorer external_scorer() const override { return ExternalScorer::answer_equivalence; }
   std::optional<FewShotMarkers> few_shot_markers(const std::string&) const override {
     return FewShotMarkers{"Problem:", "\n\nSolution:"};
   }
@@ -227,10 +227,7 @@ class MinervaMath final : public GenerationTaskFamily {
 
 }  // namespace
 
-const GenerationTaskFamily& minerva_math() {
-  static const MinervaMath family;
-  return family;
-}
+ARCHSPACE_GENERATION_TASK_FAMILY(minerva_math, MinervaMath, 20)
 
 }  // namespace task_families
 }  // namespace archspace

@@ -1,7 +1,7 @@
 // mmlu_<subject> (the 57 of OLMES' MMLU_SUBJECTS, hails/mmlu_no_train and cais/mmlu; the group mmlu), rendered by
 // scripts/render_tasks.py as OLMES' mmlu_<subject>:mc::olmes and :rc::olmes: the generic multiple-choice prompts
 // ("Question:" / "\nAnswer:", after the subject's description) and metrics.
-#include "families.h"
+#include "archspace/eval/task_family_registration.h"
 
 namespace archspace::task_families {
 namespace {
@@ -80,9 +80,6 @@ class Mmlu final : public MultipleChoiceTaskFamily {
 
 }  // namespace
 
-const MultipleChoiceTaskFamily& mmlu() {
-  static const Mmlu family;
-  return family;
-}
+ARCHSPACE_MULTIPLE_CHOICE_TASK_FAMILY(mmlu, Mmlu, 20)
 
 }  // namespace archspace::task_families

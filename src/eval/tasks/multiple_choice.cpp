@@ -2,7 +2,8 @@
 // as OLMES' request files give them). Its few-shot prompts are "Question: ...\nAnswer: ..." blocks, rendered as
 // OLMES' <task>:mc::tulu configs do (fewshot_as_multiturn, no assistant prefix); its metrics the generic ranked
 // accuracies (eval/downstream.h: task_metrics). The defaults of MultipleChoiceTaskFamily live here too.
-#include "families.h"
+#include "archspace/eval/task_family_registration.h"
+#include "archspace/util/error.h"
 
 namespace archspace {
 
@@ -16,20 +17,28 @@ std::optional<TaskResult> MultipleChoiceTaskFamily::metrics(const TaskFiles&, co
   return std::nullopt;
 }
 
+std::shared_ptr<DocumentLabels> MultipleChoiceTaskFamily::read_document_labels(const nlohmann::json&,
+                                                                               const std::string&) const {
+  return nullptr;
+}
+
+double MultipleChoiceTaskFamily::document_metric(const std::string& metric, const nlohmann::json&,
+                                                 const std::map<int64_t, double>&) const {
+  throw Error("metric \"" + metric + "\" is not scored from a document's own labels");
+}
+
 namespace task_families {
 namespace {
 
 class MultipleChoice final : public MultipleChoiceTaskFamily {
  public:
   bool has_task(const std::string&) const override { return true; }
+  bool takes_every_task() const override { return true; }
 };
 
 }  // namespace
 
-const MultipleChoiceTaskFamily& multiple_choice() {
-  static const MultipleChoice family;
-  return family;
-}
+ARCHSPACE_MULTIPLE_CHOICE_TASK_FAMILY(multiple_choice, MultipleChoice, 90)
 
 }  // namespace task_families
 }  // namespace archspace

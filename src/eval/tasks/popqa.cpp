@@ -3,9 +3,9 @@
 // generation, as in Python). Gold: doc.alias, else the request's label, else doc.possible_answers.
 #include "archspace/eval/tasks/popqa.h"
 
+#include "archspace/eval/task_family_registration.h"
 #include "archspace/util/error.h"
 #include "archspace/util/json_file.h"
-#include "families.h"
 
 namespace archspace {
 
@@ -69,10 +69,7 @@ class PopQa final : public GenerationTaskFamily {
 
 }  // namespace
 
-const GenerationTaskFamily& popqa() {
-  static const PopQa family;
-  return family;
-}
+ARCHSPACE_GENERATION_TASK_FAMILY(popqa, PopQa, 70)
 
 }  // namespace task_families
 }  // namespace archspace

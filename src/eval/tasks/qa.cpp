@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <map>
 
-#include "families.h"
+#include "archspace/eval/task_family_registration.h"
 
 namespace archspace {
 
@@ -88,10 +88,7 @@ class QuestionAnswering final : public GenerationTaskFamily {
 
 }  // namespace
 
-const GenerationTaskFamily& qa() {
-  static const QuestionAnswering family;
-  return family;
-}
+ARCHSPACE_GENERATION_TASK_FAMILY(qa, QuestionAnswering, 40)
 
 }  // namespace task_families
 }  // namespace archspace

@@ -6,15 +6,14 @@
 // scored after "Answer:" alone) behind acc_uncond. request.context is a string, or OLMES' chat-format object
 // {"messages", "assistant_prefix"} (TaskRequest::chat_context, rendered under --chat by to_chat_format).
 //
-// TruthfulQA (several true choices per document) as OLMES' truthfulqa writes it: each line's doc carries the
-// document's choices' 0/1 `labels`, `mc1_indices` and `mc2_indices` (OLMES' TruthfulQA._process_doc merges the
-// mc1_targets and mc2_targets choices into one list; `idx` indexes it); lm-eval's form, doc.mc2_targets.labels with
-// one request per MC2 choice, is read too (MC2 over every choice, no MC1). Such a task is scored by OLMES'
-// MC1MC2Accuracy (eval/downstream.h), its requests' `label` not used.
+// A family whose gold is not one `label` per document (TruthfulQA's several true choices) reads its own labels from
+// each document's `doc` (eval/multiple_choice_task_family.h: read_document_labels) and scores the task from them;
+// the loader keeps them per document and checks them against the document's choices, knowing no family.
 #pragma once
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -36,21 +35,26 @@ struct TaskRequest {
   nlohmann::json chat_context;
 };
 
-// One TruthfulQA document's labels (see the top of this file).
-struct MultiTrueLabels {
-  std::vector<int64_t> labels;       // per choice (idx), 1 true, 0 false
-  std::vector<int64_t> mc1_indices;  // the choices MC1 ranks (empty: no MC1)
-  std::vector<int64_t> mc2_indices;  // the choices MC2 weighs
+// A family's own labels of one document (eval/multiple_choice_task_family.h: read_document_labels).
+class DocumentLabels {
+ public:
+  virtual ~DocumentLabels() = default;
+  // Completes and checks the labels against the document's `choices` (numbered 0..k-1); throws a message the
+  // loader prefixes with the file and the document.
+  virtual void fit_choices(int64_t choices) = 0;
+  // As the requests-out rows carry them (MultipleChoiceTaskFamily::document_labels_field).
+  virtual nlohmann::json to_json() const = 0;
 };
 
 struct TaskFiles {
   std::string task, format, dir;  // format: "rc" or "mc"
   int64_t shots = 0;
-  std::string primary_metric;                     // as OLMES names it: acc_raw, acc_per_char, ...
-  int64_t uncond_offset = 0;                      // 0: no unconditional requests
-  int64_t documents = 0;                          // conditional documents loaded (after the limit)
-  std::vector<TaskRequest> requests;              // in file order: conditional ones first, then unconditional ones
-  std::map<int64_t, MultiTrueLabels> multi_true;  // per document of a TruthfulQA-style task; else empty
+  std::string primary_metric;         // as OLMES names it: acc_raw, acc_per_char, ...
+  int64_t uncond_offset = 0;          // 0: no unconditional requests
+  int64_t documents = 0;              // conditional documents loaded (after the limit)
+  std::vector<TaskRequest> requests;  // in file order: conditional ones first, then unconditional ones
+  // Per document, when the task's family reads its own labels (TruthfulQA's); else empty.
+  std::map<int64_t, std::shared_ptr<DocumentLabels>> document_labels;
 };
 
 // Where task directories are looked for: ARCHSPACE_EVAL_TASKS (':'-separated) when set, else the
@@ -85,7 +89,7 @@ std::vector<TaskVariant> select_task_variants(const std::vector<std::string>& di
 // and where it looked when it has none.
 std::string find_generation_variant(const std::vector<std::string>& dirs, const std::string& task);
 
-// Shared by the task readers (tasks.cpp, generation_task_files.cpp): how their requests.jsonl.gz is read
+// Shared by the task readers (task_files.cpp, generation_task_files.cpp): how their requests.jsonl.gz is read
 // (util/gzip_lines: streamed; a line within 64 MiB, the longest OLMES line is 14.6 KB; the whole file within 4 GiB
 // decompressed, the largest OLMES file, hellaswag's train_mc_5shot, is 867 MiB), and JSON fields that must exist,
 // be an integer or a string (errors "WHERE: missing field ..." / "... must be ...").
@@ -97,7 +101,8 @@ std::string json_string_field(const nlohmann::json& j, const std::string& key, c
 // Reads one variant directory: config.json and requests.jsonl.gz, the first `limit` documents (0: all,
 // with their unconditional requests). Throws naming the file (and line) for a missing or corrupt file, a
 // request of another type than loglikelihood (generation-based tasks are not supported), or documents
-// whose choices are not 0..k-1 with the gold among them (TruthfulQA's: labels per choice, indices among them).
+// whose choices are not 0..k-1 with the gold among them (or, where the task's family reads its own labels, labels
+// that do not fit the choices).
 TaskFiles load_task(const std::string& variant_dir, const std::string& task, const std::string& format, int64_t shots,
                     int64_t limit = 0);
 

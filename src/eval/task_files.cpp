@@ -1,4 +1,4 @@
-#include "archspace/eval/tasks.h"
+#include "archspace/eval/task_files.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -8,6 +8,7 @@
 #include <set>
 #include <sstream>
 
+#include "archspace/eval/multiple_choice_task_family.h"
 #include "archspace/util/error.h"
 #include "archspace/util/files.h"
 #include "archspace/util/gzip_lines.h"
@@ -29,32 +30,6 @@ std::optional<std::pair<std::string, int64_t>> parse_variant(const std::string& 
   if (std::regex_match(name, m, pattern)) return std::make_pair(m[1].str(), std::stoll(m[2].str()));
   if (std::regex_match(name, m, generation)) return std::make_pair(std::string("gen"), std::stoll(m[1].str()));
   return std::nullopt;
-}
-
-// A TruthfulQA document's labels from one of its request lines' doc (tasks.h): OLMES' labels, mc1_indices,
-// mc2_indices, or lm-eval's mc2_targets.labels.
-MultiTrueLabels read_multi_true(const nlohmann::json& doc, const std::string& where) {
-  const auto ints = [&](const nlohmann::json& v, const std::string& field, bool binary) {
-    if (!v.is_array()) throw Error(where + ": field \"doc." + field + "\" must be a list of integers");
-    std::vector<int64_t> out;
-    for (const auto& x : v) {
-      if (!x.is_number_integer() || x.get<int64_t>() < 0 || (binary && x.get<int64_t>() > 1))
-        throw Error(where + ": field \"doc." + field + "\" must be a list of " +
-                    (binary ? "0/1 labels" : "choice indices"));
-      out.push_back(x.get<int64_t>());
-    }
-    return out;
-  };
-  MultiTrueLabels l;
-  if (doc.contains("mc2_indices")) {
-    l.labels = ints(doc["labels"], "labels", true);
-    if (doc.contains("mc1_indices")) l.mc1_indices = ints(doc["mc1_indices"], "mc1_indices", false);
-    l.mc2_indices = ints(doc["mc2_indices"], "mc2_indices", false);
-    if (l.mc2_indices.empty()) throw Error(where + ": field \"doc.mc2_indices\" is empty");
-  } else {
-    l.labels = ints(json_field(doc["mc2_targets"], "labels", where + " doc.mc2_targets"), "mc2_targets.labels", true);
-  }
-  return l;
 }
 
 }  // namespace
@@ -180,16 +155,11 @@ std::vector<TaskVariant> select_task_variants(const std::vector<std::string>& di
   return out;
 }
 
-TaskFiles load_task(const std::string& variant_dir, const std::string& task, const std::string& format, int64_t shots,
-                    int64_t limit) {
-  if (limit < 0) throw Error("the document limit must be at least 1 (0: all), got " + std::to_string(limit));
-  TaskFiles t;
-  t.task = task;
-  t.format = format;
-  t.shots = shots;
-  t.dir = variant_dir;
+namespace {
 
-  const std::string config_path = (fs::path(variant_dir) / "config.json").string();
+// config.json's primary metric and unconditional offset.
+void read_task_config(TaskFiles& t) {
+  const std::string config_path = (fs::path(t.dir) / "config.json").string();
   const nlohmann::json config = read_json_file(config_path);
   const nlohmann::json& task_config = json_field(config, "task_config", config_path);
   t.primary_metric = json_string_field(task_config, "primary_metric", config_path + " task_config");
@@ -198,97 +168,75 @@ TaskFiles load_task(const std::string& variant_dir, const std::string& task, con
     t.uncond_offset =
         json_int_field(task_config["metric_kwargs"], "uncond_docid_offset", config_path + " metric_kwargs");
   }
+}
 
-  const std::string requests_path = (fs::path(variant_dir) / "requests.jsonl.gz").string();
-  std::vector<TaskRequest> conditional, unconditional;
-  std::set<int64_t> kept;  // conditional documents within the limit
-  for_each_gzip_line(requests_path, kTaskRequestFileLimits, [&](const std::string& line, int64_t line_no) {
-    const std::string where = requests_path + ":" + std::to_string(line_no);
-    const auto j = parse_json_line(line, where);
-    if (!j) return true;
-    const std::string type = json_string_field(*j, "request_type", where);
-    if (type != "loglikelihood") {
-      throw Error(where + ": task " + task + " has a \"" + type +
-                  "\" request: generation-based tasks are not supported (only loglikelihood, multiple-choice ones)");
-    }
-    TaskRequest r;
-    r.doc_id = json_int_field(*j, "doc_id", where);
-    r.idx = json_int_field(*j, "idx", where);
-    const nlohmann::json* doc = j->contains("doc") && (*j)["doc"].is_object() ? &(*j)["doc"] : nullptr;
-    const bool multi = doc && ((doc->contains("labels") && doc->contains("mc2_indices")) ||
-                               (doc->contains("mc2_targets") && (*doc)["mc2_targets"].is_object()));
-    if (multi) {
-      if (!t.multi_true.count(r.doc_id)) t.multi_true[r.doc_id] = read_multi_true(*doc, where);
-    } else {
-      r.label = json_int_field(*j, "label", where);
-    }
-    r.native_id = j->contains("native_id") ? (*j)["native_id"] : nlohmann::json();
-    const auto& request = json_field(*j, "request", where);
-    const nlohmann::json& context = json_field(request, "context", where + " request");
-    if (context.is_object()) {
-      r.chat_context = context;  // OLMES' chat format: rendered by to_chat_format (--chat)
-      r.context = context.dump();
-    } else if (!context.is_string()) {
-      throw Error(where +
-                  " request: field \"context\" must be a string or OLMES' chat-format {\"messages\": [...], "
-                  "\"assistant_prefix\": \"...\"} object");
-    } else {
-      r.context = context.get<std::string>();
-    }
-    r.continuation = json_string_field(request, "continuation", where + " request");
-    const bool uncond = t.uncond_offset > 0 && r.doc_id >= t.uncond_offset;
-    if (uncond) {
-      unconditional.push_back(std::move(r));
-    } else {
-      if (!kept.count(r.doc_id) && (limit == 0 || static_cast<int64_t>(kept.size()) < limit)) kept.insert(r.doc_id);
-      if (kept.count(r.doc_id)) conditional.push_back(std::move(r));
-    }
-    return true;
-  });
-  if (conditional.empty()) throw Error(requests_path + ": no requests");
+// One request line; a document's own labels (when its family reads them from the line's doc) go into `labels`, the
+// first line's per document, and such a document's requests need no `label`.
+TaskRequest read_request(const nlohmann::json& j, const std::string& task, const MultipleChoiceTaskFamily& family,
+                         std::map<int64_t, std::shared_ptr<DocumentLabels>>& labels, const std::string& where) {
+  const std::string type = json_string_field(j, "request_type", where);
+  if (type != "loglikelihood") {
+    throw Error(where + ": task " + task + " has a \"" + type +
+                "\" request: generation-based tasks are not supported (only loglikelihood, multiple-choice ones)");
+  }
+  TaskRequest r;
+  r.doc_id = json_int_field(j, "doc_id", where);
+  r.idx = json_int_field(j, "idx", where);
+  std::shared_ptr<DocumentLabels> own;
+  if (j.contains("doc") && j["doc"].is_object()) own = family.read_document_labels(j["doc"], where);
+  if (own) {
+    labels.emplace(r.doc_id, std::move(own));
+  } else {
+    r.label = json_int_field(j, "label", where);
+  }
+  r.native_id = j.contains("native_id") ? j["native_id"] : nlohmann::json();
+  const auto& request = json_field(j, "request", where);
+  const nlohmann::json& context = json_field(request, "context", where + " request");
+  if (context.is_object()) {
+    r.chat_context = context;  // OLMES' chat format: rendered by to_chat_format (--chat)
+    r.context = context.dump();
+  } else if (!context.is_string()) {
+    throw Error(where +
+                " request: field \"context\" must be a string or OLMES' chat-format {\"messages\": [...], "
+                "\"assistant_prefix\": \"...\"} object");
+  } else {
+    r.context = context.get<std::string>();
+  }
+  r.continuation = json_string_field(request, "continuation", where + " request");
+  return r;
+}
 
-  // Each document's choices must be 0..k-1, once each, with one gold label among them (TruthfulQA's: a label per
-  // choice and indices among them).
-  std::map<int64_t, std::vector<const TaskRequest*>> docs;
-  for (const auto& r : conditional) docs[r.doc_id].push_back(&r);
-  for (auto it = t.multi_true.begin(); it != t.multi_true.end();)  // documents past the limit
-    it = docs.count(it->first) ? std::next(it) : t.multi_true.erase(it);
-  if (!t.multi_true.empty() && t.multi_true.size() != docs.size())
-    throw Error(requests_path +
-                ": some documents carry TruthfulQA labels (doc.labels, doc.mc2_indices) and some do not");
+// Each document's choices must be 0..k-1, once each, with one gold label among them (or its own labels fitting
+// them). Drops the labels of documents past the limit.
+void check_documents(const std::string& requests_path, std::map<int64_t, std::vector<const TaskRequest*>>& docs,
+                     TaskFiles& t) {
+  auto& own = t.document_labels;
+  for (auto it = own.begin(); it != own.end();) it = docs.count(it->first) ? std::next(it) : own.erase(it);
+  if (!own.empty() && own.size() != docs.size())
+    throw Error(requests_path + ": some documents carry " + t.task + "'s own labels and some do not");
   for (auto& [doc_id, choices] : docs) {
+    const std::string where = requests_path + ": document " + std::to_string(doc_id);
     std::sort(choices.begin(), choices.end(), [](auto* a, auto* b) { return a->idx < b->idx; });
     for (size_t i = 0; i < choices.size(); ++i) {
-      if (choices[i]->idx != static_cast<int64_t>(i) || choices[i]->label != choices[0]->label) {
-        throw Error(requests_path + ": document " + std::to_string(doc_id) +
-                    ": choices must be numbered 0..k-1 once each, with one label");
-      }
+      if (choices[i]->idx != static_cast<int64_t>(i) || choices[i]->label != choices[0]->label)
+        throw Error(where + ": choices must be numbered 0..k-1 once each, with one label");
     }
-    if (auto m = t.multi_true.find(doc_id); m != t.multi_true.end()) {
-      const auto k = static_cast<int64_t>(choices.size());
-      MultiTrueLabels& l = m->second;
-      if (l.mc2_indices.empty()) {  // lm-eval's form: one request per MC2 choice
-        for (int64_t i = 0; i < k; ++i) l.mc2_indices.push_back(i);
+    if (const auto it = own.find(doc_id); it != own.end()) {
+      try {
+        it->second->fit_choices(static_cast<int64_t>(choices.size()));
+      } catch (const Error& e) {
+        throw Error(where + ": " + e.what());
       }
-      const bool in_range = std::all_of(l.mc1_indices.begin(), l.mc1_indices.end(), [k](int64_t i) { return i < k; }) &&
-                            std::all_of(l.mc2_indices.begin(), l.mc2_indices.end(), [k](int64_t i) { return i < k; });
-      if (static_cast<int64_t>(l.labels.size()) != k || !in_range)
-        throw Error(requests_path + ": document " + std::to_string(doc_id) + ": its " +
-                    std::to_string(l.labels.size()) +
-                    " labels (doc.labels or doc.mc2_targets.labels) and its indices must cover its " +
-                    std::to_string(k) + " choices");
-      continue;
-    }
-    if (choices[0]->label < 0 || choices[0]->label >= static_cast<int64_t>(choices.size())) {
-      throw Error(requests_path + ": document " + std::to_string(doc_id) + ": label " +
-                  std::to_string(choices[0]->label) + " is not one of its " + std::to_string(choices.size()) +
-                  " choices");
+    } else if (choices[0]->label < 0 || choices[0]->label >= static_cast<int64_t>(choices.size())) {
+      throw Error(where + ": label " + std::to_string(choices[0]->label) + " is not one of its " +
+                  std::to_string(choices.size()) + " choices");
     }
   }
-  t.documents = static_cast<int64_t>(docs.size());
-  t.requests = std::move(conditional);
+}
 
-  // Unconditional requests: all documents have them (acc_uncond) or none do.
+// Appends the unconditional requests of the kept documents: all documents have them (acc_uncond) or none do.
+void add_unconditional(const std::string& requests_path, std::vector<TaskRequest>& unconditional,
+                       const std::map<int64_t, std::vector<const TaskRequest*>>& docs, TaskFiles& t) {
   std::map<int64_t, int64_t> uncond_choices;
   for (auto& r : unconditional) {
     if (docs.count(r.doc_id - t.uncond_offset)) {
@@ -298,16 +246,55 @@ TaskFiles load_task(const std::string& variant_dir, const std::string& task, con
   }
   if (uncond_choices.empty()) {
     t.uncond_offset = 0;
-  } else {
-    for (const auto& [doc_id, choices] : docs) {
-      if (uncond_choices[doc_id] != static_cast<int64_t>(choices.size())) {
-        throw Error(requests_path + ": document " + std::to_string(doc_id) + " has " +
-                    std::to_string(uncond_choices[doc_id]) + " unconditional requests (doc_id " +
-                    std::to_string(doc_id + t.uncond_offset) + ") for its " + std::to_string(choices.size()) +
-                    " choices");
-      }
+    return;
+  }
+  for (const auto& [doc_id, choices] : docs) {
+    if (uncond_choices[doc_id] != static_cast<int64_t>(choices.size())) {
+      throw Error(requests_path + ": document " + std::to_string(doc_id) + " has " +
+                  std::to_string(uncond_choices[doc_id]) + " unconditional requests (doc_id " +
+                  std::to_string(doc_id + t.uncond_offset) + ") for its " + std::to_string(choices.size()) +
+                  " choices");
     }
   }
+}
+
+}  // namespace
+
+TaskFiles load_task(const std::string& variant_dir, const std::string& task, const std::string& format, int64_t shots,
+                    int64_t limit) {
+  if (limit < 0) throw Error("the document limit must be at least 1 (0: all), got " + std::to_string(limit));
+  TaskFiles t;
+  t.task = task;
+  t.format = format;
+  t.shots = shots;
+  t.dir = variant_dir;
+  read_task_config(t);
+
+  const MultipleChoiceTaskFamily& family = multiple_choice_task_family(task);
+  const std::string requests_path = (fs::path(variant_dir) / "requests.jsonl.gz").string();
+  std::vector<TaskRequest> conditional, unconditional;
+  std::set<int64_t> kept;  // conditional documents within the limit
+  for_each_gzip_line(requests_path, kTaskRequestFileLimits, [&](const std::string& line, int64_t line_no) {
+    const std::string where = requests_path + ":" + std::to_string(line_no);
+    const auto j = parse_json_line(line, where);
+    if (!j) return true;
+    TaskRequest r = read_request(*j, task, family, t.document_labels, where);
+    if (t.uncond_offset > 0 && r.doc_id >= t.uncond_offset) {
+      unconditional.push_back(std::move(r));
+    } else {
+      if (!kept.count(r.doc_id) && (limit == 0 || static_cast<int64_t>(kept.size()) < limit)) kept.insert(r.doc_id);
+      if (kept.count(r.doc_id)) conditional.push_back(std::move(r));
+    }
+    return true;
+  });
+  if (conditional.empty()) throw Error(requests_path + ": no requests");
+
+  std::map<int64_t, std::vector<const TaskRequest*>> docs;
+  for (const auto& r : conditional) docs[r.doc_id].push_back(&r);
+  check_documents(requests_path, docs, t);
+  t.documents = static_cast<int64_t>(docs.size());
+  t.requests = std::move(conditional);  // the pointers in `docs` stay valid: the vector's buffer moves whole
+  add_unconditional(requests_path, unconditional, docs, t);
   return t;
 }
 
