@@ -106,23 +106,12 @@ int run_rescore(const DownstreamArgs& a) {
   return 0;
 }
 
-int run_downstream(const DownstreamArgs& a, bool limit_given) {
-  if (!a.rescore.empty()) {
-    if (!a.model.empty() || !a.tasks.empty() || !a.suite.empty() || limit_given || !a.tasks_dirs.empty() || a.chat ||
-        !a.drop_dataset.empty())
-      throw Error(
-          "--rescore recomputes the metrics of a requests-out file without a model: it takes no --model, "
-          "--tasks, --suite, --chat, --tasks-dir, --drop-dataset or --limit");
-    return run_rescore(a);
-  }
+// The flags that are not --rescore's, checked; the tasks they select.
+DownstreamSelection downstream_selection(const DownstreamArgs& a, bool limit_given) {
   if (a.model.empty() || (a.tasks.empty() == a.suite.empty()))
     throw Error("--model and one of --tasks or --suite are required (unless --rescore)");
   if (limit_given && a.limit < 1) throw Error("--limit must be at least 1 (got " + std::to_string(a.limit) + ")");
   if (a.batch_size < 0 || a.batch_tokens < 1) throw Error("--batch-size must be >= 0 and --batch-tokens >= 1");
-  const DecodeMode decode_steps = decode_mode_for(a.decode_steps, a.device);
-  for (const auto* path : {&a.out, &a.requests_out}) {
-    if (!path->empty()) check_writable(*path);
-  }
   DownstreamSelection selection;
   selection.tasks = split_nonempty(a.tasks, ',');
   selection.suite = a.suite;
@@ -132,23 +121,12 @@ int run_downstream(const DownstreamArgs& a, bool limit_given) {
   selection.limit = a.limit;
   selection.chat = a.chat;
   selection.drop_dataset = a.drop_dataset;
-  DownstreamPlan plan = plan_downstream(selection);
-  const bool chat = plan.chat;
-  ProgressLine progress("eval downstream");
-  const NoteFn note = [&progress](const std::string& n) { progress.note(n); };
-  // Each batch's activations and KV caches are fresh tensors of varying sizes: reused memory, not fresh mmaps.
-  if (const std::string memory = keep_freed_memory_for_reuse(); !memory.empty()) progress.note(memory);
-  for (const auto& n : plan.notes) progress.note(n);
-  DownstreamPipeline pipeline(selection, std::move(plan), note);
+  return selection;
+}
 
-  const std::string model_dir = model_dir_to_use(a.model, a.skip_checksums);
-  CausalLM model =
-      load_model(model_dir, {scalar_type(parse_dtype(a.dtype, "--dtype")), parse_device(a.device, "--device").device(),
-                             false, parse_quantization(a.quantization, "--quantization")});
-  auto tokenizer = model_tokenizer(model_dir, a.tokenizer, model.config().vocab_size);
-  CommandProfile profile(a.profile);  // the evaluation's work, not the loading
-  pipeline.prepare(*tokenizer, model.config(), a.max_length);
-
+// The pipeline's options from the flags, its progress on `progress`.
+DownstreamOptions downstream_options(const DownstreamArgs& a, DecodeMode decode_steps, ProgressLine& progress,
+                                     const NoteFn& note) {
   DownstreamOptions options;
   options.score.max_batch_sequences = a.batch_size;
   options.score.max_batch_tokens = a.batch_tokens;
@@ -171,21 +149,76 @@ int run_downstream(const DownstreamArgs& a, bool limit_given) {
   // A scorer that failed must not lose the generation time: the generations go to --requests-out first (without
   // metrics), so that `--rescore` can finish the job.
   if (!a.requests_out.empty()) {
-    options.save_unscored = [&](const std::string& lines) {
+    options.save_unscored = [&a, &progress](const std::string& lines) {
       write_text_file_atomically(a.requests_out, lines);
       progress.note("the generations were written to " + a.requests_out + " (rescore them with --rescore)");
     };
   }
-  DownstreamResult result = pipeline.run(model, tokenizer, options);
+  return options;
+}
+
+// --out's JSON.
+nlohmann::json downstream_json(const DownstreamArgs& a, const std::string& tokenizer, bool chat, double elapsed,
+                               const DownstreamResult& result,
+                               const std::map<std::string, std::string>& prompts_differ) {
+  const GenerationScores& scored = result.generation;
+  nlohmann::json j = {{"model", a.model},
+                      {"dtype", a.dtype},
+                      {"quantization", a.quantization},
+                      {"device", a.device},
+                      {"tokenizer", tokenizer},
+                      {"elapsed_seconds", elapsed},
+                      {"requests", result.requests},
+                      {"scoring_seconds", result.scoring_seconds},
+                      {"generation_requests", result.instances.size()},
+                      {"generation_seconds", result.generation_seconds},
+                      {"stderr", "lm-eval's standard error of the mean: sqrt(sample variance / n)"},
+                      {"results", rows_with_macro_over(result.shown, scored.macro_over)}};
+  j["chat"] = chat;
+  j["prompts_differ"] = prompts_differ;
+  j["scoring_errors"] = scored.scoring_errors;
+  if (result.suite) j["suite"] = suite_json(*result.suite);
+  return j;
+}
+
+int run_downstream(const DownstreamArgs& a, bool limit_given) {
+  if (!a.rescore.empty()) {
+    if (!a.model.empty() || !a.tasks.empty() || !a.suite.empty() || limit_given || !a.tasks_dirs.empty() || a.chat ||
+        !a.drop_dataset.empty())
+      throw Error(
+          "--rescore recomputes the metrics of a requests-out file without a model: it takes no --model, "
+          "--tasks, --suite, --chat, --tasks-dir, --drop-dataset or --limit");
+    return run_rescore(a);
+  }
+  const DownstreamSelection selection = downstream_selection(a, limit_given);
+  const DecodeMode decode_steps = decode_mode_for(a.decode_steps, a.device);
+  for (const auto* path : {&a.out, &a.requests_out}) {
+    if (!path->empty()) check_writable(*path);
+  }
+  DownstreamPlan plan = plan_downstream(selection);
+  const bool chat = plan.chat;
+  ProgressLine progress("eval downstream");
+  const NoteFn note = [&progress](const std::string& n) { progress.note(n); };
+  // Each batch's activations and KV caches are fresh tensors of varying sizes: reused memory, not fresh mmaps.
+  if (const std::string memory = keep_freed_memory_for_reuse(); !memory.empty()) progress.note(memory);
+  for (const auto& n : plan.notes) progress.note(n);
+  DownstreamPipeline pipeline(selection, std::move(plan), note);
+
+  const std::string model_dir = model_dir_to_use(a.model, a.skip_checksums);
+  CausalLM model =
+      load_model(model_dir, {scalar_type(parse_dtype(a.dtype, "--dtype")), parse_device(a.device, "--device").device(),
+                             false, parse_quantization(a.quantization, "--quantization")});
+  auto tokenizer = model_tokenizer(model_dir, a.tokenizer, model.config().vocab_size);
+  CommandProfile profile(a.profile);  // the evaluation's work, not the loading
+  pipeline.prepare(*tokenizer, model.config(), a.max_length);
+  DownstreamResult result = pipeline.run(model, tokenizer, downstream_options(a, decode_steps, progress, note));
   progress.finish();
   profile.finish();
 
   std::vector<std::string> notes;
   pipeline.tabulate(result, &notes);
   for (const auto& n : notes) progress.note(n);
-  const std::vector<TaskResult>& shown = result.shown;
-  const GenerationScores& scored = result.generation;
-  std::cout << results_table(shown);
+  std::cout << results_table(result.shown);
   const std::map<std::string, std::string> prompts_differ = pipeline.prompts_differ();
   if (result.suite) {
     std::cout << suite_table(*result.suite);  // with a line per task whose prompts differ
@@ -196,22 +229,7 @@ int run_downstream(const DownstreamArgs& a, bool limit_given) {
 
   if (!a.requests_out.empty()) write_text_file_atomically(a.requests_out, pipeline.request_lines(result));
   if (!a.out.empty()) {
-    nlohmann::json j = {{"model", a.model},
-                        {"dtype", a.dtype},
-                        {"quantization", a.quantization},
-                        {"device", a.device},
-                        {"tokenizer", tokenizer->name()},
-                        {"elapsed_seconds", progress.elapsed_seconds()},
-                        {"requests", result.requests},
-                        {"scoring_seconds", result.scoring_seconds},
-                        {"generation_requests", result.instances.size()},
-                        {"generation_seconds", result.generation_seconds},
-                        {"stderr", "lm-eval's standard error of the mean: sqrt(sample variance / n)"},
-                        {"results", rows_with_macro_over(shown, scored.macro_over)}};
-    j["chat"] = chat;
-    j["prompts_differ"] = prompts_differ;
-    j["scoring_errors"] = scored.scoring_errors;
-    if (result.suite) j["suite"] = suite_json(*result.suite);
+    const auto j = downstream_json(a, tokenizer->name(), chat, progress.elapsed_seconds(), result, prompts_differ);
     write_text_file_atomically(a.out, j.dump(2) + "\n");
   }
   return 0;

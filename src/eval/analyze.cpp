@@ -68,6 +68,141 @@ at::Tensor through(const at::Tensor& x, const std::vector<at::Tensor>& norms, do
   return y;
 }
 
+// The recorded residual streams, per layer, and the embeddings (model/trace.h names).
+struct RecordedStreams {
+  std::map<std::string, std::vector<at::Tensor>> per_layer;  // stream name -> per layer
+  at::Tensor embeddings;
+};
+
+RecordedStreams recorded_streams(const ActivationRecorder& recorder) {
+  RecordedStreams out;
+  const std::regex layer_name(R"(model\.layers\.(\d+)\.(\w+))");
+  for (const auto& [name, t] : recorder.tensors) {
+    if (name == "model.embeddings") out.embeddings = t;
+    std::smatch m;
+    if (!std::regex_match(name, m, layer_name)) continue;
+    for (const char* s : kStreams) {
+      if (m[2] == s) out.per_layer[s].push_back(t);
+    }
+  }
+  return out;
+}
+
+// What the analysis reads through the head: the token ids, the head and its chunk, the output's own top tokens.
+struct Lens {
+  const CausalLM& model;
+  const at::Tensor& tokens;
+  const bf16_matmuls::Operand& head;
+  const at::Tensor& output_argmax;
+  int64_t chunk;
+};
+
+// Per stream: hidden-state norm per layer (mean L2 norm of a token's vector; the embeddings first), and the logit
+// lens (how often the stream's most likely token is the output's, and the lens's own loss). `lens_argmax` gets each
+// stream's top tokens per layer.
+json stream_norms_and_lens(const Lens& lens, const RecordedStreams& streams,
+                           std::map<std::string, std::vector<at::Tensor>>& lens_argmax) {
+  const double eps = lens.model.config().rms_norm_eps;
+  json out = json::object();
+  for (const auto& [name, per_layer] : streams.per_layer) {
+    json s;
+    s["norm"] = json::array({streams.embeddings.to(at::kFloat).norm(2, -1).mean().item<double>()});
+    s["rms"] = json::array({rms(streams.embeddings)});
+    const std::vector<at::Tensor> norms = lens_norms(lens.model, name);
+    for (const auto& h : per_layer) {
+      s["norm"].push_back(h.to(at::kFloat).norm(2, -1).mean().item<double>());
+      s["rms"].push_back(rms(h));
+      const at::Tensor lensed = through(h, norms, eps);
+      const at::Tensor top = argmax_tokens(lens.head, lensed, lens.chunk);
+      lens_argmax[name].push_back(top);
+      s["lens_agreement"].push_back(top.eq(lens.output_argmax).to(at::kDouble).mean().item<double>());
+      s["lens_loss"].push_back(next_token_loss(lens.model, lensed, lens.tokens, lens.chunk));
+    }
+    out[name] = s;
+  }
+  return out;
+}
+
+// Where the two SiameseNorm streams' lenses disagree: how often each one has the output's token.
+json stream_disagreement(const std::vector<at::Tensor>& x_top, const std::vector<at::Tensor>& y_top,
+                         const at::Tensor& output_argmax) {
+  json d = json::array();
+  for (int64_t l = 0; l < static_cast<int64_t>(x_top.size()); ++l) {
+    const at::Tensor& x = x_top[l];
+    const at::Tensor& y = y_top[l];
+    const at::Tensor differ = x.ne(y);
+    const int64_t n = differ.sum().item<int64_t>();
+    json row = {{"layer", l}, {"fraction", differ.to(at::kDouble).mean().item<double>()}, {"positions", n}};
+    if (n > 0) {
+      row["X_agrees"] = x.eq(output_argmax).logical_and(differ).sum().item<double>() / static_cast<double>(n);
+      row["Y_agrees"] = y.eq(output_argmax).logical_and(differ).sum().item<double>() / static_cast<double>(n);
+    }
+    d.push_back(row);
+  }
+  return d;
+}
+
+// Each layer's 1-D weights (the norms and scales), as their mean absolute value.
+json norm_weights_mean_abs(const CausalLM& model) {
+  json norms = json::array();
+  for (int64_t l = 0; l < model.config().num_hidden_layers; ++l) {
+    json row = json::object();
+    const std::string prefix = "model.layers." + std::to_string(l) + ".";
+    for (const auto& [name, t] : model.parameters()) {
+      if (name.rfind(prefix, 0) == 0 && t.dim() == 1) row[name.substr(prefix.size())] = t.abs().mean().item<double>();
+    }
+    norms.push_back(row);
+  }
+  return norms;
+}
+
+std::optional<double> weight_rms(const CausalLM& model, const std::string& name) {
+  auto w = find_parameter(model, name);
+  if (!w) return std::nullopt;
+  return rms(*w);
+}
+
+// Each summand of a SiameseNorm sublayer's fused input, as an estimated RMS: a normalised stream has unit RMS
+// before its weight, so its summand's RMS is the weight's RMS; the X stream enters attention un-normalised
+// (hybrid_pre: times siamese_hybrid_attn_scale), so its measured RMS counts there.
+json input_intensity(const CausalLM& model, const RecordedStreams& streams) {
+  json intensity = json::array();
+  const std::vector<at::Tensor>& x_stream = streams.per_layer.at("X");
+  for (int64_t l = 0; l < model.config().num_hidden_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    const at::Tensor x_in = l == 0 ? streams.embeddings : x_stream[l - 1];
+    json row = {{"layer", l}};
+    if (auto y = weight_rms(model, p + "siamese_attn_pre_norm.weight")) {
+      const double scale = weight_rms(model, p + "siamese_hybrid_attn_scale").value_or(1.0);
+      row["attn_Y"] = *y;
+      row["attn_X"] = scale * rms(x_in);
+    }
+    if (auto y = weight_rms(model, p + "siamese_mlp_pre_norm.weight")) {
+      row["mlp_Y"] = *y;
+      auto x = weight_rms(model, p + "pre_mlp_layernorm.weight");
+      if (!x) x = weight_rms(model, p + "post_attention_layernorm.weight");
+      if (x) row["mlp_X"] = *x;
+    }
+    intensity.push_back(row);
+  }
+  return intensity;
+}
+
+// Depth-Attention: the mean mixing weight per source layer, for each layer that mixes.
+json depth_attention_weights(const ModelConfig& c, const std::vector<at::Tensor>& depth_weights) {
+  json depth = json::array();
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    if (!depth_weights[l].defined()) continue;
+    std::vector<int64_t> sources = depth_sources(l, c.depth_attention_stride, c.depth_attention_recent_window);
+    sources.push_back(l);  // the layer's own value comes last
+    const at::Tensor mean = depth_weights[l].to(at::kDouble).reshape({-1, depth_weights[l].size(-1)}).mean(0).cpu();
+    json w = json::object();
+    for (size_t i = 0; i < sources.size(); ++i) w[std::to_string(sources[i])] = mean[i].item<double>();
+    depth.push_back({{"layer", l}, {"weights", w}});
+  }
+  return depth;
+}
+
 }  // namespace
 
 json analyze_model(const CausalLM& model, const at::Tensor& tokens, const AnalyzeOptions& options,
@@ -76,14 +211,13 @@ json analyze_model(const CausalLM& model, const at::Tensor& tokens, const Analyz
   if (tokens.dim() != 2 || tokens.size(1) < 2) throw Error("analyze: tokens must be [sequences, length >= 2]");
   c10::InferenceMode guard;
   const int64_t L = c.num_hidden_layers, total_forwards = 1 + L;
-  const double eps = c.rms_norm_eps;
   const at::Tensor input = tokens.to(model.device());
   json out;
   out["sequences"] = tokens.size(0);
   out["sequence_length"] = tokens.size(1);
   out["layers"] = L;
 
-  // ---- one recorded forward: streams, logits, Depth-Attention weights -----------------------------
+  // One recorded forward: streams, logits, Depth-Attention weights.
   ActivationRecorder recorder;
   std::vector<at::Tensor> depth_weights;
   AnalysisOptions fwd;
@@ -97,113 +231,21 @@ json analyze_model(const CausalLM& model, const at::Tensor& tokens, const Analyz
   out["loss"] = loss;
   if (progress) progress(1, total_forwards);
 
-  std::map<std::string, std::vector<at::Tensor>> streams;  // name -> per layer
-  at::Tensor embeddings;
-  const std::regex layer_name(R"(model\.layers\.(\d+)\.(\w+))");
-  for (const auto& [name, t] : recorder.tensors) {
-    if (name == "model.embeddings") embeddings = t;
-    std::smatch m;
-    if (!std::regex_match(name, m, layer_name)) continue;
-    for (const char* s : kStreams) {
-      if (m[2] == s) streams[s].push_back(t);
-    }
-  }
-  // Per stream: hidden-state norm per layer (mean L2 norm of a token's vector; the embeddings first), and
-  // the logit lens (how often the stream's most likely token is the output's, and the lens's own loss).
-  json stream_json = json::object();
+  const RecordedStreams streams = recorded_streams(recorder);
   std::map<std::string, std::vector<at::Tensor>> lens_argmax;
-  for (const auto& [name, per_layer] : streams) {
-    json s;
-    s["norm"] = json::array({embeddings.to(at::kFloat).norm(2, -1).mean().item<double>()});
-    s["rms"] = json::array({rms(embeddings)});
-    const std::vector<at::Tensor> norms = lens_norms(model, name);
-    for (const auto& h : per_layer) {
-      s["norm"].push_back(h.to(at::kFloat).norm(2, -1).mean().item<double>());
-      s["rms"].push_back(rms(h));
-      const at::Tensor lensed = through(h, norms, eps);
-      const at::Tensor top = argmax_tokens(head, lensed, options.head_chunk);
-      lens_argmax[name].push_back(top);
-      s["lens_agreement"].push_back(top.eq(output_argmax).to(at::kDouble).mean().item<double>());
-      s["lens_loss"].push_back(next_token_loss(model, lensed, tokens, options.head_chunk));
-    }
-    stream_json[name] = s;
-  }
-  out["streams"] = stream_json;
-  // Where the two SiameseNorm streams' lenses disagree: how often each one has the output's token.
-  if (lens_argmax.count("X") && lens_argmax.count("Y")) {
-    json d = json::array();
-    for (int64_t l = 0; l < static_cast<int64_t>(lens_argmax["X"].size()); ++l) {
-      const at::Tensor x = lens_argmax["X"][l], y = lens_argmax["Y"][l];
-      const at::Tensor differ = x.ne(y);
-      const int64_t n = differ.sum().item<int64_t>();
-      json row = {{"layer", l}, {"fraction", differ.to(at::kDouble).mean().item<double>()}, {"positions", n}};
-      if (n > 0) {
-        row["X_agrees"] = x.eq(output_argmax).logical_and(differ).sum().item<double>() / static_cast<double>(n);
-        row["Y_agrees"] = y.eq(output_argmax).logical_and(differ).sum().item<double>() / static_cast<double>(n);
-      }
-      d.push_back(row);
-    }
-    out["stream_disagreement"] = d;
-  }
+  out["streams"] =
+      stream_norms_and_lens({model, tokens, head, output_argmax, options.head_chunk}, streams, lens_argmax);
+  if (lens_argmax.count("X") && lens_argmax.count("Y"))
+    out["stream_disagreement"] = stream_disagreement(lens_argmax["X"], lens_argmax["Y"], output_argmax);
 
-  // ---- norm weights, input intensity, fusion --------------------------------------------------------
-  auto weight_rms = [&](const std::string& name) -> std::optional<double> {
-    auto w = find_parameter(model, name);
-    if (!w) return std::nullopt;
-    return rms(*w);
-  };
-  json norms = json::array();
-  for (int64_t l = 0; l < L; ++l) {
-    json row = json::object();
-    const std::string prefix = "model.layers." + std::to_string(l) + ".";
-    for (const auto& [name, t] : model.parameters()) {
-      if (name.rfind(prefix, 0) == 0 && t.dim() == 1) row[name.substr(prefix.size())] = t.abs().mean().item<double>();
-    }
-    norms.push_back(row);
-  }
-  out["norm_weights_mean_abs"] = norms;
-  // Each summand of a SiameseNorm sublayer's fused input, as an estimated RMS: a normalised stream has unit RMS
-  // before its weight, so its summand's RMS is the weight's RMS; the X stream enters attention un-normalised
-  // (hybrid_pre: times siamese_hybrid_attn_scale), so its measured RMS counts there.
-  if (streams.count("X")) {
-    json intensity = json::array();
-    for (int64_t l = 0; l < L; ++l) {
-      const std::string p = "model.layers." + std::to_string(l) + ".";
-      const at::Tensor x_in = l == 0 ? embeddings : streams["X"][l - 1];
-      json row = {{"layer", l}};
-      if (auto y = weight_rms(p + "siamese_attn_pre_norm.weight")) {
-        const double scale = weight_rms(p + "siamese_hybrid_attn_scale").value_or(1.0);
-        row["attn_Y"] = *y;
-        row["attn_X"] = scale * rms(x_in);
-      }
-      if (auto y = weight_rms(p + "siamese_mlp_pre_norm.weight")) {
-        row["mlp_Y"] = *y;
-        auto x = weight_rms(p + "pre_mlp_layernorm.weight");
-        if (!x) x = weight_rms(p + "post_attention_layernorm.weight");
-        if (x) row["mlp_X"] = *x;
-      }
-      intensity.push_back(row);
-    }
-    out["input_intensity"] = intensity;
-  }
-  auto post = weight_rms("model.siamese_post_final_layernorm.weight");
-  auto pre = weight_rms("model.siamese_pre_final_layernorm.weight");
+  out["norm_weights_mean_abs"] = norm_weights_mean_abs(model);
+  if (streams.per_layer.count("X")) out["input_intensity"] = input_intensity(model, streams);
+  auto post = weight_rms(model, "model.siamese_post_final_layernorm.weight");
+  auto pre = weight_rms(model, "model.siamese_pre_final_layernorm.weight");
   if (post && pre) out["fusion"] = {{"X", *post}, {"Y", *pre}, {"X_share", *post / (*post + *pre)}};
+  if (json depth = depth_attention_weights(c, depth_weights); !depth.empty()) out["depth_attention"] = depth;
 
-  // ---- Depth-Attention: mean mixing weight per source layer ----------------------------------------
-  json depth = json::array();
-  for (int64_t l = 0; l < L; ++l) {
-    if (!depth_weights[l].defined()) continue;
-    std::vector<int64_t> sources = depth_sources(l, c.depth_attention_stride, c.depth_attention_recent_window);
-    sources.push_back(l);  // the layer's own value comes last
-    const at::Tensor mean = depth_weights[l].to(at::kDouble).reshape({-1, depth_weights[l].size(-1)}).mean(0).cpu();
-    json w = json::object();
-    for (size_t i = 0; i < sources.size(); ++i) w[std::to_string(sources[i])] = mean[i].item<double>();
-    depth.push_back({{"layer", l}, {"weights", w}});
-  }
-  if (!depth.empty()) out["depth_attention"] = depth;
-
-  // ---- layer pruning: one block removed at a time --------------------------------------------------
+  // Layer pruning: one block removed at a time.
   json pruning = json::array();
   for (int64_t l = 0; l < L; ++l) {
     AnalysisOptions skip;

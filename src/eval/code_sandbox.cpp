@@ -392,6 +392,145 @@ std::string hint(int32_t step) {
   return "";
 }
 
+// The program in a fresh scratch directory (handed to the sandbox's user when running as root); the directory is
+// removed with `cleanup`, which the caller holds.
+struct ScratchCleanup {
+  fs::path dir;
+  ~ScratchCleanup() {
+    if (!dir.empty()) remove_tree(dir);
+  }
+};
+void write_scratch(const std::string& program, bool drop_root, uid_t uid, gid_t gid, ScratchCleanup& cleanup) {
+  std::string tmpl = (fs::temp_directory_path() / "archspace-sandbox-XXXXXX").string();
+  if (!::mkdtemp(tmpl.data()))
+    throw Error("code sandbox: cannot create a scratch directory in " + fs::temp_directory_path().string() + ": " +
+                std::strerror(errno));
+  const fs::path scratch(tmpl);
+  cleanup.dir = scratch;
+  {
+    std::ofstream out(scratch / "program.py", std::ios::binary);
+    out << program;
+    if (!out) throw Error("code sandbox: cannot write " + (scratch / "program.py").string());
+  }
+  if (drop_root &&
+      (::chown(scratch.c_str(), uid, gid) != 0 || ::chown((scratch / "program.py").c_str(), uid, gid) != 0))
+    throw Error("code sandbox: cannot hand " + scratch.string() + " to the sandbox's user: " + std::strerror(errno));
+}
+
+// The limits as the launcher applies them (setrlimit), in `p`.
+void set_rlimits(const SandboxLimits& limits, Plan& p) {
+  const auto cpu = static_cast<rlim_t>(std::ceil(limits.timeout_seconds + limits.grace_seconds));
+  p.cpu = {cpu, cpu + 1};
+  p.as = {static_cast<rlim_t>(limits.memory_bytes), static_cast<rlim_t>(limits.memory_bytes)};
+  p.fsize = {static_cast<rlim_t>(limits.file_bytes), static_cast<rlim_t>(limits.file_bytes)};
+  p.nproc = {static_cast<rlim_t>(limits.processes), static_cast<rlim_t>(limits.processes)};
+  p.nofile = {static_cast<rlim_t>(limits.open_files), static_cast<rlim_t>(limits.open_files)};
+  p.core = {0, 0};
+}
+
+// What the parent hears from a running sandbox until every pipe closes (or it is killed at the deadline).
+struct Watched {
+  std::string output;
+  bool output_truncated = false;
+  pid_t init = -1;  // PID 1 of the namespace, once reported
+  int init_status = -1;
+  bool killed = false, have_status = false;
+  int32_t setup_step = -1, setup_errno = 0;
+  std::string status_bytes, result_bytes;
+
+  // One read from the status pipe: whole messages are applied, a partial one waits for the rest.
+  void on_status(const char* buf, size_t n) {
+    status_bytes.append(buf, n);
+    while (status_bytes.size() >= sizeof(Message)) {
+      Message m;
+      std::memcpy(&m, status_bytes.data(), sizeof(m));
+      status_bytes.erase(0, sizeof(m));
+      if (m.kind == kInitPid) init = m.value;
+      if (m.kind == kInitStatus) {
+        init_status = m.value;
+        have_status = true;
+      }
+      if (m.kind == kSetupError && setup_step < 0) {
+        setup_step = m.step;
+        setup_errno = m.error;
+      }
+    }
+  }
+  void on_output(const char* buf, size_t n, int64_t limit) {
+    const size_t room = static_cast<size_t>(limit) - std::min(output.size(), static_cast<size_t>(limit));
+    output.append(buf, std::min(room, n));
+    if (n > room) output_truncated = true;
+  }
+};
+
+// Reads the sandbox's output, status and result pipes until they close, killing it at `deadline`.
+Watched watch_sandbox(pid_t launcher, Pipe* pipes[3], std::chrono::steady_clock::time_point deadline,
+                      int64_t output_limit) {
+  Watched w;
+  // PID 1 of the namespace: the kernel then kills every process in it, and the launcher, waiting for PID 1,
+  // reports once they are all gone. Before PID 1 is known, the launcher (PID 1 has its parent-death signal).
+  const auto kill_sandbox = [&] {
+    if (w.init > 0) {
+      ::kill(w.init, SIGKILL);
+    } else {
+      ::kill(-launcher, SIGKILL);
+      ::kill(launcher, SIGKILL);
+    }
+  };
+  std::chrono::steady_clock::time_point give_up{};
+  while (pipes[0]->fd[0] >= 0 || pipes[1]->fd[0] >= 0 || pipes[2]->fd[0] >= 0) {
+    const auto now = std::chrono::steady_clock::now();
+    if (!w.killed && now >= deadline) {
+      kill_sandbox();
+      w.killed = true;
+      give_up = now + std::chrono::seconds(5);
+    }
+    if (w.killed && now >= give_up) {  // never expected: the launcher did not report
+      ::kill(-launcher, SIGKILL);
+      ::kill(launcher, SIGKILL);
+      break;
+    }
+    const auto until = w.killed ? give_up : deadline;
+    const int wait_ms =
+        std::max<int64_t>(1, std::chrono::duration_cast<std::chrono::milliseconds>(until - now).count() + 1);
+    pollfd fds[3];
+    nfds_t n = 0;
+    int which[3];
+    for (int i = 0; i < 3; ++i) {
+      if (pipes[i]->fd[0] >= 0) {
+        fds[n] = {pipes[i]->fd[0], POLLIN, 0};
+        which[n++] = i;
+      }
+    }
+    const int ready = ::poll(fds, n, wait_ms);
+    if (ready < 0 && errno != EINTR) {
+      const int e = errno;
+      kill_sandbox();
+      ::kill(launcher, SIGKILL);
+      ::waitpid(launcher, nullptr, 0);
+      throw Error(std::string("code sandbox: poll: ") + std::strerror(e));
+    }
+    for (nfds_t k = 0; ready > 0 && k < n; ++k) {
+      if (!(fds[k].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      char buf[65536];
+      const ssize_t got = ::read(fds[k].fd, buf, sizeof(buf));
+      if (got <= 0) {
+        if (got < 0 && errno == EINTR) continue;
+        pipes[which[k]]->close_read();
+        continue;
+      }
+      if (which[k] == 0) {
+        w.on_output(buf, static_cast<size_t>(got), output_limit);
+      } else if (which[k] == 1) {
+        w.on_status(buf, static_cast<size_t>(got));
+      } else if (w.result_bytes.size() < 256) {
+        w.result_bytes.append(buf, static_cast<size_t>(got));
+      }
+    }
+  }
+  return w;
+}
+
 }  // namespace
 
 std::string sandbox_python() {
@@ -419,23 +558,8 @@ SandboxResult run_python_sandboxed(const std::string& program, const SandboxLimi
   const bool drop_root = ::geteuid() == 0;
   const uid_t uid = drop_root ? kNobody : ::geteuid();
   const gid_t gid = drop_root ? kNobody : ::getegid();
-  std::string tmpl = (fs::temp_directory_path() / "archspace-sandbox-XXXXXX").string();
-  if (!::mkdtemp(tmpl.data()))
-    throw Error("code sandbox: cannot create a scratch directory in " + fs::temp_directory_path().string() + ": " +
-                std::strerror(errno));
-  const fs::path scratch(tmpl);
-  struct Cleanup {
-    fs::path dir;
-    ~Cleanup() { remove_tree(dir); }
-  } cleanup{scratch};
-  {
-    std::ofstream out(scratch / "program.py", std::ios::binary);
-    out << program;
-    if (!out) throw Error("code sandbox: cannot write " + (scratch / "program.py").string());
-  }
-  if (drop_root &&
-      (::chown(scratch.c_str(), uid, gid) != 0 || ::chown((scratch / "program.py").c_str(), uid, gid) != 0))
-    throw Error("code sandbox: cannot hand " + scratch.string() + " to the sandbox's user: " + std::strerror(errno));
+  ScratchCleanup scratch;
+  write_scratch(program, drop_root, uid, gid, scratch);
 
   const std::string uid_map = std::to_string(uid) + " " + std::to_string(uid) + " 1\n";
   const std::string gid_map = std::to_string(gid) + " " + std::to_string(gid) + " 1\n";
@@ -461,7 +585,7 @@ SandboxResult run_python_sandboxed(const std::string& program, const SandboxLimi
   p.gid = gid;
   p.uid_map = uid_map.c_str();
   p.gid_map = gid_map.c_str();
-  p.scratch = scratch.c_str();
+  p.scratch = scratch.dir.c_str();
   p.python = python.c_str();
   p.argv = argv.data();
   p.envp = envp;
@@ -472,13 +596,7 @@ SandboxResult run_python_sandboxed(const std::string& program, const SandboxLimi
   p.landlock_abi = layers.landlock ? landlock_abi() : 0;
   p.read_only = layers.read_only_mounts;
   p.seccomp = layers.seccomp ? &prog : nullptr;
-  const auto cpu = static_cast<rlim_t>(std::ceil(limits.timeout_seconds + limits.grace_seconds));
-  p.cpu = {cpu, cpu + 1};
-  p.as = {static_cast<rlim_t>(limits.memory_bytes), static_cast<rlim_t>(limits.memory_bytes)};
-  p.fsize = {static_cast<rlim_t>(limits.file_bytes), static_cast<rlim_t>(limits.file_bytes)};
-  p.nproc = {static_cast<rlim_t>(limits.processes), static_cast<rlim_t>(limits.processes)};
-  p.nofile = {static_cast<rlim_t>(limits.open_files), static_cast<rlim_t>(limits.open_files)};
-  p.core = {0, 0};
+  set_rlimits(limits, p);
 
   const auto start = std::chrono::steady_clock::now();
   const pid_t launcher = fork();
@@ -489,110 +607,32 @@ SandboxResult run_python_sandboxed(const std::string& program, const SandboxLimi
   nonce_pipe.close_read();
   result.close_write();
 
-  SandboxResult r;
-  pid_t init = -1;
-  int init_status = -1;
-  bool killed = false, have_status = false;
-  int32_t setup_step = -1, setup_errno = 0;
-  std::string status_bytes, result_bytes;
+  Pipe* pipes[3] = {&out, &status, &result};
   const auto deadline = start + std::chrono::duration<double>(limits.timeout_seconds + limits.grace_seconds);
-  // PID 1 of the namespace: the kernel then kills every process in it, and the launcher, waiting for PID 1,
-  // reports once they are all gone. Before PID 1 is known, the launcher (PID 1 has its parent-death signal).
-  const auto kill_sandbox = [&] {
-    if (init > 0) {
-      ::kill(init, SIGKILL);
-    } else {
-      ::kill(-launcher, SIGKILL);
-      ::kill(launcher, SIGKILL);
-    }
-  };
-  std::chrono::steady_clock::time_point give_up{};
-  while (out.fd[0] >= 0 || status.fd[0] >= 0 || result.fd[0] >= 0) {
-    const auto now = std::chrono::steady_clock::now();
-    if (!killed && now >= deadline) {
-      kill_sandbox();
-      killed = true;
-      give_up = now + std::chrono::seconds(5);
-    }
-    if (killed && now >= give_up) {  // never expected: the launcher did not report
-      ::kill(-launcher, SIGKILL);
-      ::kill(launcher, SIGKILL);
-      break;
-    }
-    const auto until = killed ? give_up : deadline;
-    const int wait_ms =
-        std::max<int64_t>(1, std::chrono::duration_cast<std::chrono::milliseconds>(until - now).count() + 1);
-    pollfd fds[3];
-    Pipe* pipes[3] = {&out, &status, &result};
-    nfds_t n = 0;
-    int which[3];
-    for (int i = 0; i < 3; ++i) {
-      if (pipes[i]->fd[0] >= 0) {
-        fds[n] = {pipes[i]->fd[0], POLLIN, 0};
-        which[n++] = i;
-      }
-    }
-    const int ready = ::poll(fds, n, wait_ms);
-    if (ready < 0 && errno != EINTR) {
-      const int e = errno;
-      kill_sandbox();
-      ::kill(launcher, SIGKILL);
-      ::waitpid(launcher, nullptr, 0);
-      throw Error(std::string("code sandbox: poll: ") + std::strerror(e));
-    }
-    for (nfds_t k = 0; ready > 0 && k < n; ++k) {
-      if (!(fds[k].revents & (POLLIN | POLLHUP | POLLERR))) continue;
-      char buf[65536];
-      const ssize_t got = ::read(fds[k].fd, buf, sizeof(buf));
-      if (got <= 0) {
-        if (got < 0 && errno == EINTR) continue;
-        pipes[which[k]]->close_read();
-        continue;
-      }
-      if (which[k] == 0) {
-        const size_t room =
-            static_cast<size_t>(limits.output_bytes) - std::min(r.output.size(), size_t(limits.output_bytes));
-        r.output.append(buf, std::min(room, static_cast<size_t>(got)));
-        if (static_cast<size_t>(got) > room) r.output_truncated = true;
-      } else if (which[k] == 1) {
-        status_bytes.append(buf, static_cast<size_t>(got));
-        while (status_bytes.size() >= sizeof(Message)) {
-          Message m;
-          std::memcpy(&m, status_bytes.data(), sizeof(m));
-          status_bytes.erase(0, sizeof(m));
-          if (m.kind == kInitPid) init = m.value;
-          if (m.kind == kInitStatus) {
-            init_status = m.value;
-            have_status = true;
-          }
-          if (m.kind == kSetupError && setup_step < 0) {
-            setup_step = m.step;
-            setup_errno = m.error;
-          }
-        }
-      } else if (result_bytes.size() < 256) {
-        result_bytes.append(buf, static_cast<size_t>(got));
-      }
-    }
-  }
+  Watched w =
+      watch_sandbox(launcher, pipes, std::chrono::time_point_cast<std::chrono::steady_clock::duration>(deadline),
+                    limits.output_bytes);
   int launcher_status = 0;
   while (::waitpid(launcher, &launcher_status, 0) < 0 && errno == EINTR) {
   }
+  SandboxResult r;
+  r.output = std::move(w.output);
+  r.output_truncated = w.output_truncated;
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  if (setup_step >= 0)
-    throw Error(std::string("code sandbox: isolation unavailable: ") + step_name(setup_step) +
-                " failed: " + std::strerror(setup_errno) + hint(setup_step) + "; no program was run");
-  if (!killed && !have_status)
+  if (w.setup_step >= 0)
+    throw Error(std::string("code sandbox: isolation unavailable: ") + step_name(w.setup_step) +
+                " failed: " + std::strerror(w.setup_errno) + hint(w.setup_step) + "; no program was run");
+  if (!w.killed && !w.have_status)
     throw Error("code sandbox: the sandbox's launcher ended without a report (exit status " +
                 std::to_string(launcher_status) + ")");
-  if (have_status) {
-    if (WIFEXITED(init_status)) r.exit_code = WEXITSTATUS(init_status);
-    if (WIFSIGNALED(init_status)) r.signal = WTERMSIG(init_status);
+  if (w.have_status) {
+    if (WIFEXITED(w.init_status)) r.exit_code = WEXITSTATUS(w.init_status);
+    if (WIFSIGNALED(w.init_status)) r.signal = WTERMSIG(w.init_status);
   } else {
     r.signal = SIGKILL;
   }
-  r.passed = !killed && r.exit_code == 0 && result_bytes == nonce;
-  r.status = r.passed ? "passed" : (killed || r.exit_code == 3 || r.signal == SIGXCPU) ? "timed out" : "failed";
+  r.passed = !w.killed && r.exit_code == 0 && w.result_bytes == nonce;
+  r.status = r.passed ? "passed" : (w.killed || r.exit_code == 3 || r.signal == SIGXCPU) ? "timed out" : "failed";
   return r;
 }
 

@@ -261,22 +261,22 @@ json seeds_needed_rows(const std::vector<double>& a, const std::vector<double>& 
   return needed;
 }
 
-json seed_convergence(const SeedSide& a, const SeedSide& b, const std::vector<std::pair<size_t, size_t>>& pairs,
-                      const std::vector<double>& levels, int64_t resamples, uint64_t seed) {
-  const size_t n = a.tokens.size();
-  if (n == 0 || b.tokens != a.tokens) throw Error("seed_convergence: the sides need the same common steps");
-  const bool paired = !pairs.empty();
-  std::vector<size_t> checkpoints;
+namespace {
+
+// The common steps at a quarter, half, three quarters and the end of the run (each once).
+std::vector<size_t> quarter_steps(size_t n) {
+  std::vector<size_t> steps;
   for (double q : {0.25, 0.5, 0.75, 1.0}) {
     const auto j = static_cast<size_t>(std::llround(q * static_cast<double>(n - 1)));
-    if (checkpoints.empty() || checkpoints.back() != j) checkpoints.push_back(j);
+    if (steps.empty() || steps.back() != j) steps.push_back(j);
   }
-  bool have_valid = true;
-  for (const auto* side : {&a, &b}) {
-    for (const auto& v : side->final_valid) have_valid = have_valid && v.has_value();
-  }
+  return steps;
+}
+
+// Every run of each side once: the pairs' runs when paired, else each side's runs in order.
+Picks every_run(const SeedSide& a, const SeedSide& b, const std::vector<std::pair<size_t, size_t>>& pairs) {
   Picks all;
-  if (paired) {
+  if (!pairs.empty()) {
     for (const auto& [i, j] : pairs) {
       all.a.push_back(i);
       all.b.push_back(j);
@@ -285,26 +285,67 @@ json seed_convergence(const SeedSide& a, const SeedSide& b, const std::vector<st
     for (size_t i = 0; i < a.smoothed.size(); ++i) all.a.push_back(i);
     for (size_t i = 0; i < b.smoothed.size(); ++i) all.b.push_back(i);
   }
-  const Statistics point = statistics(a, b, all, checkpoints, levels, have_valid);
+  return all;
+}
 
+// One resample: k pair indices (paired), else k_A runs of A then k_B of B, with replacement.
+Picks draw_runs(SplitMix64& rng, const Picks& all, const std::vector<std::pair<size_t, size_t>>& pairs) {
+  Picks p;
+  if (!pairs.empty()) {
+    for (size_t i = 0; i < pairs.size(); ++i) {
+      const auto& pair = pairs[static_cast<size_t>(rng.index(static_cast<int64_t>(pairs.size())))];
+      p.a.push_back(pair.first);
+      p.b.push_back(pair.second);
+    }
+  } else {
+    for (size_t i = 0; i < all.a.size(); ++i)
+      p.a.push_back(static_cast<size_t>(rng.index(static_cast<int64_t>(all.a.size()))));
+    for (size_t i = 0; i < all.b.size(); ++i)
+      p.b.push_back(static_cast<size_t>(rng.index(static_cast<int64_t>(all.b.size()))));
+  }
+  return p;
+}
+
+// How the convergence is resampled and tested, as the report states it.
+json convergence_method(bool paired, int64_t resamples, uint64_t seed) {
+  return {
+      {"paired", paired},
+      {"resamples", resamples},
+      {"seed", seed},
+      {"rng",
+       "SplitMix64 from state splitmix64_mix(seed + 2^32); index = floor(u * n), u = (x >> 11) * 2^-53; "
+       "per resample k pair indices (paired), else k_A runs of A then k_B of B"},
+      {"method",
+       paired ? "pairs matched by seed (same init and data order), resampled with replacement; the statistic on the "
+                "drawn pairs; percentile interval over the resamples where it is defined; t: paired t-test on the "
+                "pair differences"
+              : "each side's runs resampled with replacement; percentile interval over the resamples where it is "
+                "defined; t: Welch's t-test"},
+      {"seeds_needed_rule",
+       "for a two-sided test at 5% with 80% power: the normal approximation with Guenther's (1981) "
+       "t correction, n = ((z_0.975 + z_0.8) sd / delta)^2 + z_0.975^2 / 2 (paired, sd of the pair differences), "
+       "2 ((z_0.975 + z_0.8) sd / delta)^2 + z_0.975^2 / 4 (unpaired, sd pooled), rounded up"}};
+}
+
+}  // namespace
+
+json seed_convergence(const SeedSide& a, const SeedSide& b, const std::vector<std::pair<size_t, size_t>>& pairs,
+                      const std::vector<double>& levels, int64_t resamples, uint64_t seed) {
+  const size_t n = a.tokens.size();
+  if (n == 0 || b.tokens != a.tokens) throw Error("seed_convergence: the sides need the same common steps");
+  const bool paired = !pairs.empty();
+  const std::vector<size_t> checkpoints = quarter_steps(n);
+  bool have_valid = true;
+  for (const auto* side : {&a, &b}) {
+    for (const auto& v : side->final_valid) have_valid = have_valid && v.has_value();
+  }
+  const Picks all = every_run(a, b, pairs);
+  const Statistics point = statistics(a, b, all, checkpoints, levels, have_valid);
   std::vector<Statistics> draws;
   SplitMix64 rng(splitmix64_mix(seed + kSeedResampleStream));
-  for (int64_t s = 0; s < resamples; ++s) {
-    Picks p;
-    if (paired) {
-      for (size_t i = 0; i < pairs.size(); ++i) {
-        const auto& pair = pairs[static_cast<size_t>(rng.index(static_cast<int64_t>(pairs.size())))];
-        p.a.push_back(pair.first);
-        p.b.push_back(pair.second);
-      }
-    } else {
-      for (size_t i = 0; i < all.a.size(); ++i)
-        p.a.push_back(static_cast<size_t>(rng.index(static_cast<int64_t>(all.a.size()))));
-      for (size_t i = 0; i < all.b.size(); ++i)
-        p.b.push_back(static_cast<size_t>(rng.index(static_cast<int64_t>(all.b.size()))));
-    }
-    draws.push_back(statistics(a, b, p, checkpoints, levels, have_valid));
-  }
+  for (int64_t s = 0; s < resamples; ++s)
+    draws.push_back(statistics(a, b, draw_runs(rng, all, pairs), checkpoints, levels, have_valid));
+
   const auto runs_at = [&](const SeedSide& side, const std::vector<size_t>& pick, size_t j) {
     std::vector<double> v;
     for (size_t r : pick) v.push_back(side.smoothed[r][j]);
@@ -339,32 +380,17 @@ json seed_convergence(const SeedSide& a, const SeedSide& b, const std::vector<st
   }
   json pair_list = json::array();
   for (const auto& [i, j] : pairs) pair_list.push_back({a.runs[i], b.runs[j]});
-  return {
-      {"paired", paired},
-      {"pairs", pair_list},
-      {"runs_a", a.smoothed.size()},
-      {"runs_b", b.smoothed.size()},
-      {"resamples", resamples},
-      {"seed", seed},
-      {"rng",
-       "SplitMix64 from state splitmix64_mix(seed + 2^32); index = floor(u * n), u = (x >> 11) * 2^-53; "
-       "per resample k pair indices (paired), else k_A runs of A then k_B of B"},
-      {"method",
-       paired ? "pairs matched by seed (same init and data order), resampled with replacement; the statistic on the "
-                "drawn pairs; percentile interval over the resamples where it is defined; t: paired t-test on the "
-                "pair differences"
-              : "each side's runs resampled with replacement; percentile interval over the resamples where it is "
-                "defined; t: Welch's t-test"},
-      {"seeds_needed_rule",
-       "for a two-sided test at 5% with 80% power: the normal approximation with Guenther's (1981) "
-       "t correction, n = ((z_0.975 + z_0.8) sd / delta)^2 + z_0.975^2 / 2 (paired, sd of the pair differences), "
-       "2 ((z_0.975 + z_0.8) sd / delta)^2 + z_0.975^2 / 4 (unpaired, sd pooled), rounded up"},
-      {"tokens", a.tokens},
-      {"loss_at_tokens", at},
-      {"final_valid", valid},
-      {"tokens_to_reach", reach},
-      {"band_a", band(a)},
-      {"band_b", band(b)}};
+  json out = convergence_method(paired, resamples, seed);
+  out.update({{"pairs", pair_list},
+              {"runs_a", a.smoothed.size()},
+              {"runs_b", b.smoothed.size()},
+              {"tokens", a.tokens},
+              {"loss_at_tokens", at},
+              {"final_valid", valid},
+              {"tokens_to_reach", reach},
+              {"band_a", band(a)},
+              {"band_b", band(b)}});
+  return out;
 }
 
 }  // namespace archspace
