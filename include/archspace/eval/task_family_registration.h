@@ -13,13 +13,13 @@
 #include "archspace/eval/multiple_choice_task_family.h"
 
 #define ARCHSPACE_GENERATION_TASK_FAMILY(name, Type, order) \
-  const ::archspace::GenerationTaskFamily& name() {  \
-    static const Type family;                        \
-    return family;                                   \
+  const ::archspace::GenerationTaskFamily& name() {         \
+    static const Type family;                               \
+    return family;                                          \
   }
 
 #define ARCHSPACE_MULTIPLE_CHOICE_TASK_FAMILY(name, Type, order) \
-  const ::archspace::MultipleChoiceTaskFamily& name() {   \
-    static const Type family;                             \
-    return family;                                        \
+  const ::archspace::MultipleChoiceTaskFamily& name() {          \
+    static const Type family;                                    \
+    return family;                                               \
   }
