@@ -44,6 +44,8 @@ bool bf16_matmuls_widened() {
   return policy_override < 0 ? widened : policy_override == 1;
 }
 
+bool bf16_linear_widened(const at::Tensor& x, const at::Tensor& weight) { return widen({&x, &weight}); }
+
 std::string bf16_matmuls_line() {
   return bf16_matmuls_widened() ? "bf16 matmuls: widened to fp32 on this CPU (no AVX512-BF16/AMX)"
                                 : "bf16 matmuls: native on this CPU";

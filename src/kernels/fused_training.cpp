@@ -3,8 +3,6 @@
 #include <ATen/TensorUtils.h>
 #include <torch/autograd.h>
 
-#include <atomic>
-
 #include "fused_training_launch.h"
 
 #if defined(ARCHSPACE_WITH_CUDA_KERNELS)
@@ -15,8 +13,6 @@
 namespace archspace {
 
 namespace {
-
-std::atomic<bool> enabled{false};
 
 bool device_supported(const at::Tensor& t) { return t.is_cpu() || (t.is_cuda() && fused_training_cuda_built()); }
 bool storage_supported(at::ScalarType t) { return t == at::kFloat || t == at::kBFloat16; }
@@ -31,11 +27,8 @@ bool fused_training_cuda_built() {
 #endif
 }
 
-void set_fused_training_kernels(bool on) { enabled = on; }
-bool fused_training_kernels() { return enabled; }
-
 bool fused_training_norm_applies(const at::Tensor& x, const at::Tensor& weight) {
-  return enabled && x.defined() && weight.defined() && x.dim() >= 1 && x.numel() > 0 && device_supported(x) &&
+  return x.defined() && weight.defined() && x.dim() >= 1 && x.numel() > 0 && device_supported(x) &&
          storage_supported(x.scalar_type()) && weight.dim() == 1 && x.size(-1) == weight.size(0) &&
          weight.device() == x.device() && storage_supported(weight.scalar_type());
 }
@@ -61,9 +54,9 @@ bool fused_training_norm_rope_applies(const at::Tensor& x, const at::Tensor& wei
 }
 
 bool fused_training_swiglu_applies(const at::Tensor& gate, const at::Tensor& up) {
-  return enabled && gate.defined() && up.defined() && gate.dim() >= 1 && gate.numel() > 0 &&
-         gate.sizes() == up.sizes() && gate.scalar_type() == up.scalar_type() &&
-         storage_supported(gate.scalar_type()) && device_supported(gate) && up.device() == gate.device();
+  return gate.defined() && up.defined() && gate.dim() >= 1 && gate.numel() > 0 && gate.sizes() == up.sizes() &&
+         gate.scalar_type() == up.scalar_type() && storage_supported(gate.scalar_type()) && device_supported(gate) &&
+         up.device() == gate.device();
 }
 
 namespace fused_training {

@@ -342,15 +342,14 @@ bool uses_int8_streaming_linear(const at::Tensor& x, const at::Tensor& weight) {
 }
 
 at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& weight) {
+  (void)checked_int8_scales(weight, "int8_linear");
+  return archspace::linear(x, weight);  // kernels/dispatch.h: the streaming kernel or the widened GEMM
+}
+
+at::Tensor int8_widened_linear(const at::Tensor& x, const at::Tensor& weight) {
   const at::Tensor scales = checked_int8_scales(weight, "int8_linear");
   const int64_t N = weight.size(0);
-  const int64_t rows = x.size(-1) > 0 ? x.numel() / x.size(-1) : 0;
   const bool needs_grad = at::GradMode::is_enabled() && x.requires_grad();
-  if (rows <= int8_streaming_linear_max_rows(x.scalar_type()) && !needs_grad) {
-    // Named in profiles (util/profiler.h) beside the fp32/bf16 kernel: in decoding it is most of the time.
-    RECORD_FUNCTION("archspace::int8_streaming_linear", c10::ArrayRef<const c10::IValue>{});
-    return int8_streaming_linear(x, weight);
-  }
   // Many rows (prefill, scoring): compute-bound, so x's own GEMM. A block of weight rows at a time is widened to
   // x's dtype, which holds every int8 value exactly, and each output column is scaled once after the sums:
   // y = (x q^T) * scale, the decode kernel's order. Multiplying the scale in first (q * scale rounded to bf16)

@@ -8,6 +8,7 @@
 
 #include "archspace/kernels/bf16_matmuls.h"
 #include "archspace/kernels/cpu_isa.h"
+#include "archspace/kernels/fp8_linear.h"
 #include "archspace/kernels/int8_weights.h"
 #include "streaming_gemv.h"
 #include "streaming_gemv_bf16.h"
@@ -251,29 +252,46 @@ at::Tensor streaming_linear(const at::Tensor& x, const at::Tensor& weight, CpuIs
   return streaming_linear_many(x, {weight}, isa).front();
 }
 
-at::Tensor linear(const at::Tensor& x, const at::Tensor& weight) {
-  if (is_int8_weight(weight)) return int8_linear(x, weight);  // --quantization int8 (kernels/int8_weights.h)
-  if (uses_streaming_linear(x, weight)) {
-    // Named in profiles (util/profiler.h): it is not an ATen op, and in decoding it is most of the time.
-    RECORD_FUNCTION("archspace::streaming_linear", c10::ArrayRef<const c10::IValue>{});
-    return streaming_linear(x, weight);
+at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, KernelChoices choices) {
+  // The streaming kernels are named in profiles (util/profiler.h): they are not ATen ops, and in decoding they are
+  // most of the time.
+  switch (linear_kernel(x, weight, choices)) {
+    case Kernel::kInt8StreamingGemv: {
+      RECORD_FUNCTION("archspace::int8_streaming_linear", c10::ArrayRef<const c10::IValue>{});
+      return int8_streaming_linear(x, weight);
+    }
+    case Kernel::kStreamingGemv: {
+      RECORD_FUNCTION("archspace::streaming_linear", c10::ArrayRef<const c10::IValue>{});
+      return streaming_linear(x, weight);
+    }
+    case Kernel::kInt8WidenedGemm:
+      return int8_widened_linear(x, weight);
+    case Kernel::kFp8ScaledMm:
+      return fp8_linear(x, weight);
+    default:  // kBf16Widened or kAtenLinear: the policy's op widens where the rule named kBf16Widened
+      return bf16_matmuls::linear(x, weight);
   }
-  return bf16_matmuls::linear(x, weight);  // widened to fp32 where bf16 GEMMs are slow (kernels/bf16_matmuls.h)
 }
 
-std::vector<at::Tensor> linear_many(const at::Tensor& x, const std::vector<at::Tensor>& weights) {
-  auto all = [&](auto&& predicate) { return std::all_of(weights.begin(), weights.end(), predicate); };
-  if (weights.size() > 1 && all([&](const at::Tensor& w) { return uses_streaming_linear(x, w); })) {
-    RECORD_FUNCTION("archspace::streaming_linear", c10::ArrayRef<const c10::IValue>{});
-    return streaming_linear_many(x, weights);
+std::vector<at::Tensor> linear_many(const at::Tensor& x, const std::vector<at::Tensor>& weights,
+                                    KernelChoices choices) {
+  switch (linear_many_kernel(x, weights, choices)) {
+    case Kernel::kStreamingGemv: {
+      RECORD_FUNCTION("archspace::streaming_linear", c10::ArrayRef<const c10::IValue>{});
+      return streaming_linear_many(x, weights);
+    }
+    case Kernel::kInt8StreamingGemv: {
+      RECORD_FUNCTION("archspace::int8_streaming_linear", c10::ArrayRef<const c10::IValue>{});
+      return int8_streaming_linear_many(x, weights);
+    }
+    case Kernel::kFp8ScaledMm:
+      return fp8_linear_many(x, weights);  // x cast to e4m3 once
+    default: {
+      std::vector<at::Tensor> ys;  // anything else (training, prefill, mixed weights): one at a time
+      for (const at::Tensor& w : weights) ys.push_back(archspace::linear(x, w, choices));
+      return ys;
+    }
   }
-  if (weights.size() > 1 && all([&](const at::Tensor& w) { return uses_int8_streaming_linear(x, w); })) {
-    RECORD_FUNCTION("archspace::int8_streaming_linear", c10::ArrayRef<const c10::IValue>{});
-    return int8_streaming_linear_many(x, weights);
-  }
-  std::vector<at::Tensor> ys;  // anything else (training, prefill, mixed weights): one at a time, as ever
-  for (const at::Tensor& w : weights) ys.push_back(archspace::linear(x, w));
-  return ys;
 }
 
 }  // namespace archspace

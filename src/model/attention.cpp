@@ -5,6 +5,7 @@
 
 #include "archspace/kernels/bf16_matmuls.h"
 #include "archspace/kernels/decode_attention.h"
+#include "archspace/kernels/dispatch.h"
 #include "archspace/model/rms_norm.h"
 #include "archspace/util/error.h"
 
@@ -221,8 +222,9 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
     case AttentionPath::kSdpaCausal:
       // is_causal lets the kernels skip masked blocks instead of reading a mask.
       return bf16_matmuls::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, 0.0, /*is_causal=*/true, scale, gqa);
-    case AttentionPath::kSdpaNoMask:  // decoding: no mask to build or read
-      if (uses_decode_attention(q, k, v)) return decode_attention(q, k, v, scale);  // inference on the CPU
+    case AttentionPath::kSdpaNoMask:                                     // decoding: no mask to build or read
+      if (decode_attention_kernel(q, k, v) == Kernel::kDecodeAttention)  // inference on the CPU
+        return decode_attention(q, k, v, scale);
       return bf16_matmuls::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, 0.0, /*is_causal=*/false, scale,
                                                         gqa);
     case AttentionPath::kSdpaBlocked:
@@ -247,7 +249,7 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
   // Decoding a padded batch (one query at the last slot, every key within its window): the causal mask is all
   // true, so the padding mask is the whole mask.
   const bool decoding = tq == 1 && q_offset == tk - 1 && (window == 0 || window >= tk);
-  if (decoding && padding_mask.defined() && uses_decode_attention(q, k, v, padding_mask))
+  if (decoding && padding_mask.defined() && decode_attention_kernel(q, k, v, padding_mask) == Kernel::kDecodeAttention)
     return decode_attention(q, k, v, scale, padding_mask);
   at::Tensor mask =
       decoding && padding_mask.defined() ? padding_mask : full_mask(tq, tk, window, q_offset, padding_mask, q.device());

@@ -3,7 +3,6 @@
 // independent reference in tests/python/topology_reference.py is written from the same papers, not from this file.
 #include <cmath>
 
-#include "archspace/kernels/fp8_linear.h"
 #include "archspace/kernels/linear.h"
 #include "archspace/model/activation_checkpoint.h"
 #include "archspace/model/causal_lm.h"
@@ -23,12 +22,12 @@ at::Tensor CausalLM::attention(const BlockWeights& layer, const at::Tensor& x, c
   const int64_t B = x.size(0), T = x.size(1), h = config_.head_dim;
   const double eps = config_.rms_norm_eps;
   // Q/K RMSNorm over the whole projection width, before splitting into heads.
-  const bool fp8 = ctx.mode.fp8();  // training's FP8 matmuls (kernels/fp8_linear.h)
-  std::vector<at::Tensor> qkv = (fp8 ? fp8_linear_many : linear_many)(x, {layer.q_proj, layer.k_proj, layer.v_proj});
-  at::Tensor q_BHTD = rms_norm_rope(qkv[0], layer.q_norm, eps, ctx.cos, ctx.sin, h);
-  at::Tensor k_BGTD = rms_norm_rope(qkv[1], layer.k_norm, eps, ctx.cos, ctx.sin, h);
+  const KernelChoices kernels = ctx.mode.kernels();  // training's FP8 matmuls and fused kernels (kernels/dispatch.h)
+  std::vector<at::Tensor> qkv = linear_many(x, {layer.q_proj, layer.k_proj, layer.v_proj}, kernels);
+  at::Tensor q_BHTD = rms_norm_rope(qkv[0], layer.q_norm, eps, ctx.cos, ctx.sin, h, kernels);
+  at::Tensor k_BGTD = rms_norm_rope(qkv[1], layer.k_norm, eps, ctx.cos, ctx.sin, h, kernels);
   at::Tensor v = std::move(qkv[2]);
-  if (layer.v_norm.defined()) v = rms_norm(v, layer.v_norm, eps);  // HybridNorm's QKV norm
+  if (layer.v_norm.defined()) v = rms_norm(v, layer.v_norm, eps, kernels);  // HybridNorm's QKV norm
   at::Tensor v_BGTD = v.view({B, T, -1, h}).transpose(1, 2);
   ctx.record("q", q_BHTD);
   ctx.record("k", k_BGTD);
@@ -58,13 +57,13 @@ at::Tensor CausalLM::attention(const BlockWeights& layer, const at::Tensor& x, c
   at::Tensor o =
       causal_attention(q_BHTD, k_BGTD, v_BGTD, ctx.window, q_offset, ctx.mode.attention(), padding_mask, ctx.documents);
   const at::Tensor heads = o.transpose(1, 2).reshape({B, T, -1});
-  at::Tensor out = fp8 ? fp8_linear(heads, layer.o_proj) : archspace::linear(heads, layer.o_proj);
+  at::Tensor out = archspace::linear(heads, layer.o_proj, kernels);
   ctx.record("attn_output", out);
   return out;
 }
 
 at::Tensor CausalLM::mlp(const LayerWeights& layer, const at::Tensor& x, const LayerContext& ctx) const {
-  at::Tensor out = swiglu_mlp(x, layer.gate_proj, layer.up_proj, layer.down_proj, ctx.mode.fp8());
+  at::Tensor out = swiglu_mlp(x, layer.gate_proj, layer.up_proj, layer.down_proj, ctx.mode.kernels());
   ctx.record("mlp_output", out);
   return out;
 }
@@ -104,6 +103,7 @@ CausalLM::Streams CausalLM::checkpointed_block(const LayerContext& ctx, const St
   recomputation.attention = ctx.mode.attention();
   recomputation.context_parallel = ctx.mode.context_parallel();  // the recomputation exchanges keys and values again
   recomputation.fp8 = ctx.mode.fp8();                            // and casts to e4m3 as the forward did
+  recomputation.fused_kernels = ctx.mode.kernels().fused;        // and runs the kernels it ran
   const ForwardMode mode = recomputation;
   const int64_t window = ctx.window;
   const at::Tensor cos = ctx.cos, sin = ctx.sin;
@@ -154,10 +154,11 @@ CausalLM::Streams CausalLM::initial_streams(const at::Tensor& embeddings) const 
 
 void CausalLM::block(const BlockWeights& layer, Streams& s, const LayerContext& ctx) const {
   const double eps = config_.rms_norm_eps;
-  auto norm = [eps](const at::Tensor& x, const at::Tensor& w) { return rms_norm(x, w, eps); };
+  const KernelChoices kernels = ctx.mode.kernels();
+  auto norm = [eps, kernels](const at::Tensor& x, const at::Tensor& w) { return rms_norm(x, w, eps, kernels); };
   // r + norm(x, w) (one pass in inference on the CPU)
-  auto add_norm = [eps](const at::Tensor& r, const at::Tensor& x, const at::Tensor& w) {
-    return add_rms_norm(r, x, w, eps);
+  auto add_norm = [eps, kernels](const at::Tensor& r, const at::Tensor& x, const at::Tensor& w) {
+    return add_rms_norm(r, x, w, eps, kernels);
   };
   at::Tensor& x = s.x;
   switch (config_.topology()) {
@@ -257,16 +258,16 @@ void CausalLM::record_streams(const Streams& s, const LayerContext& ctx) const {
   if (s.dual.defined()) ctx.record("dual", s.dual);
 }
 
-at::Tensor CausalLM::last_hidden(const Streams& s, const FinalNorms& final_norms) const {
+at::Tensor CausalLM::last_hidden(const Streams& s, const FinalNorms& final_norms, KernelChoices kernels) const {
   const double eps = config_.rms_norm_eps;
   if (s.y.defined()) {
-    return rms_norm(s.x, final_norms.siamese_post_final_layernorm, eps) +
-           rms_norm(s.y, final_norms.siamese_pre_final_layernorm, eps);
+    return rms_norm(s.x, final_norms.siamese_post_final_layernorm, eps, kernels) +
+           rms_norm(s.y, final_norms.siamese_pre_final_layernorm, eps, kernels);
   }
   if (config_.topology() == NormTopology::kResidual) {
     // With no layers the dual stream is still 0.
-    if (!s.dual.defined()) return s.x + rms_norm(at::zeros_like(s.x), final_norms.residual_dual_norm, eps);
-    return s.x + rms_norm(s.dual, final_norms.residual_dual_norm, eps);
+    if (!s.dual.defined()) return s.x + rms_norm(at::zeros_like(s.x), final_norms.residual_dual_norm, eps, kernels);
+    return s.x + rms_norm(s.dual, final_norms.residual_dual_norm, eps, kernels);
   }
   return s.x;
 }

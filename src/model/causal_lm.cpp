@@ -259,10 +259,10 @@ at::Tensor CausalLM::output(const Streams& streams, const ForwardMode& mode, int
   ParameterSource* source = mode.parameters();
   HeadWeights sourced;
   if (source) sourced = source->head();
-  at::Tensor x = last_hidden(streams, source ? sourced.final_norms : final_norms_);
+  at::Tensor x = last_hidden(streams, source ? sourced.final_norms : final_norms_, mode.kernels());
   if (KVCache* cache = mode.cache()) cache->advance(T);
   if (mode.last_position_only()) x = x.narrow(1, T - 1, 1);
-  x = rms_norm(x, source ? sourced.norm : weights_.norm, config_.rms_norm_eps);
+  x = rms_norm(x, source ? sourced.norm : weights_.norm, config_.rms_norm_eps, mode.kernels());
   if (ActivationRecorder* recorder = mode.recorder()) recorder->record("model.final_hidden", x);
   if (mode.final_hidden_only()) return x;
   return source ? archspace::linear(x, sourced.lm_head) : head(x);

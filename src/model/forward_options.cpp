@@ -54,4 +54,9 @@ ParameterSource* ForwardMode::parameters() const { return sequences() ? sequence
 
 bool ForwardMode::fp8() const { return sequences() && sequences()->fp8; }
 
+KernelChoices ForwardMode::kernels() const {
+  if (!sequences()) return {};
+  return {sequences()->fused_kernels, sequences()->fp8};
+}
+
 }  // namespace archspace

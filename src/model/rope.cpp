@@ -96,7 +96,7 @@ std::pair<at::Tensor, at::Tensor> Rope::cached_tables(const at::Tensor& position
 }
 
 at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-  if (uses_fused_rope(x, cos, sin)) return fused_rope(x, cos, sin);  // inference on the CPU: one pass
+  if (rope_kernel(x, cos, sin) == Kernel::kFusedInference) return fused_rope(x, cos, sin);  // inference, CPU: one pass
   const int64_t half = x.size(-1) / 2;
   at::Tensor xf = x.to(compute_dtype(x));
   at::Tensor rotated = at::cat({-xf.narrow(-1, half, half), xf.narrow(-1, 0, half)}, -1);
@@ -104,12 +104,17 @@ at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tens
 }
 
 at::Tensor rms_norm_rope(const at::Tensor& x, const at::Tensor& weight, double eps, const at::Tensor& cos,
-                         const at::Tensor& sin, int64_t head_dim) {
-  if (uses_fused_rms_norm_rope(x, weight, cos, sin, head_dim))
-    return fused_rms_norm_rope(x, weight, eps, cos, sin, head_dim);
-  if (fused_training_norm_rope_applies(x, weight, cos, sin, head_dim))  // train.fused_kernels
-    return fused_rms_norm_rope_trained(x, weight, eps, cos, sin, head_dim);
-  const at::Tensor normed = rms_norm(x, weight, eps);
+                         const at::Tensor& sin, int64_t head_dim, KernelChoices kernels) {
+  switch (rms_norm_rope_kernel(x, weight, cos, sin, head_dim, kernels)) {
+    case Kernel::kFusedInference:
+      return fused_rms_norm_rope(x, weight, eps, cos, sin, head_dim);
+    case Kernel::kFusedTrainingCpu:
+    case Kernel::kFusedTrainingCuda:  // train.fused_kernels
+      return fused_rms_norm_rope_trained(x, weight, eps, cos, sin, head_dim);
+    default:
+      break;
+  }
+  const at::Tensor normed = rms_norm(x, weight, eps, kernels);
   return apply_rope(normed.view({x.size(0), x.size(1), -1, head_dim}).transpose(1, 2), cos, sin);
 }
 

@@ -144,7 +144,6 @@ void Trainer::setup_device() {
     throw Error(cfg_.source + ": key 'train.fused_kernels' is true but this build has no CUDA launch of the fused " +
                 "kernels (configured without nvcc); rebuild where the CUDA toolkit is, or set it false");
   }
-  set_fused_training_kernels(cfg_.fused_kernels);  // process-wide, as the model's norms and SwiGLU read it
 }
 
 void Trainer::setup_dist() {
@@ -568,8 +567,9 @@ SequenceOptions Trainer::forward_options(bool training) const {
   forward.activation_checkpointing = training && cfg_.activation_checkpointing;
   forward.final_hidden_only = true;  // the head runs in the loss (model/loss.h), chunk by chunk
   forward.context_parallel = cp_.get();
-  forward.document_eos_id = document_eos_;  // validation sees the instances as training does
-  forward.fp8 = cfg_.fp8;                   // and runs the block's matmuls in FP8 as training does
+  forward.document_eos_id = document_eos_;     // validation sees the instances as training does
+  forward.fp8 = cfg_.fp8;                      // and runs the block's matmuls in FP8 as training does
+  forward.fused_kernels = cfg_.fused_kernels;  // and its fused kernels
   // FSDP: each unit's weights gathered as it runs; bf16 training: the step's casts.
   forward.parameters = strategy_->parameter_source(training);
   forward.sparse_embedding_gradient = strategy_->sparse_embedding_gradient(training);

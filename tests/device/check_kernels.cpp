@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "archspace/kernels/dispatch.h"
 #include "archspace/kernels/fp8_linear.h"
 #include "archspace/kernels/fused_training.h"
 #include "archspace/model/rms_norm.h"
@@ -56,12 +57,11 @@ double median_ms(const at::Device& device, const std::function<void()>& f, int i
 
 // Forward and backward of `forward` over leaves made from `inputs`, with the kernels on or off.
 std::function<void()> step(bool fused, const std::vector<at::Tensor>& inputs,
-                           std::function<at::Tensor(const std::vector<at::Tensor>&)> forward) {
+                           std::function<at::Tensor(const std::vector<at::Tensor>&, KernelChoices)> forward) {
   return [=] {
-    FusedTrainingKernelsScope scope(fused);
     std::vector<at::Tensor> leaves;
     for (const at::Tensor& t : inputs) leaves.push_back(t.detach().requires_grad_(true));
-    at::Tensor y = forward(leaves);
+    at::Tensor y = forward(leaves, KernelChoices{fused, false});
     y.backward(at::ones_like(y));
   };
 }
@@ -76,21 +76,25 @@ nlohmann::json timing(const at::Device& device, const Shapes& s, int iterations)
   const Rope rope{plain_inv_freq(s.head_dim, 500000.0), 1.0};
   auto [cos, sin] = rope.tables(at::arange(s.sequence, opts.dtype(at::kLong)));
   const double eps = 1e-6;
-  struct Kernel {
+  struct Timed {
     const char* name;
     std::vector<at::Tensor> inputs;
-    std::function<at::Tensor(const std::vector<at::Tensor>&)> forward;
+    std::function<at::Tensor(const std::vector<at::Tensor>&, KernelChoices)> forward;
   };
-  const std::vector<Kernel> kernels = {
-      {"rms_norm", {x, w}, [&](const auto& in) { return rms_norm(in[0], in[1], eps); }},
-      {"add_rms_norm", {stream, x, w}, [&](const auto& in) { return add_rms_norm(in[0], in[1], in[2], eps); }},
-      {"rms_norm_rope", {x, w}, [&](const auto& in) { return rms_norm_rope(in[0], in[1], eps, cos, sin, s.head_dim); }},
-      {"swiglu", {gate_up}, [&](const auto& in) {
+  const std::vector<Timed> kernels = {
+      {"rms_norm", {x, w}, [&](const auto& in, KernelChoices k) { return rms_norm(in[0], in[1], eps, k); }},
+      {"add_rms_norm",
+       {stream, x, w},
+       [&](const auto& in, KernelChoices k) { return add_rms_norm(in[0], in[1], in[2], eps, k); }},
+      {"rms_norm_rope",
+       {x, w},
+       [&](const auto& in, KernelChoices k) { return rms_norm_rope(in[0], in[1], eps, cos, sin, s.head_dim, k); }},
+      {"swiglu", {gate_up}, [&](const auto& in, KernelChoices k) {
          const at::Tensor g = in[0].narrow(-1, 0, F), u = in[0].narrow(-1, F, F);
-         return fused_training_swiglu_applies(g, u) ? fused_swiglu_trained(g, u) : at::silu(g) * u;
+         return swiglu_kernel(g, u, k) == Kernel::kAtenComposite ? at::silu(g) * u : fused_swiglu_trained(g, u);
        }}};
   nlohmann::json out = nlohmann::json::object();
-  for (const Kernel& k : kernels) {
+  for (const Timed& k : kernels) {
     const double fused = median_ms(device, step(true, k.inputs, k.forward), iterations);
     const double composite = median_ms(device, step(false, k.inputs, k.forward), iterations);
     out[k.name] = {{"fused_ms", fused}, {"composite_ms", composite}, {"speedup", composite / fused}};
@@ -98,7 +102,9 @@ nlohmann::json timing(const at::Device& device, const Shapes& s, int iterations)
   // ATen's own fused RMSNorm (bf16 weight, as it takes one dtype), the other candidate the issue names.
   const at::Tensor w16 = w.to(at::kBFloat16);
   out["rms_norm"]["aten_rms_norm_ms"] = median_ms(
-      device, step(false, {x, w16}, [&](const auto& in) { return at::rms_norm(in[0], {D}, in[1], eps); }), iterations);
+      device,
+      step(false, {x, w16}, [&](const auto& in, KernelChoices) { return at::rms_norm(in[0], {D}, in[1], eps); }),
+      iterations);
   return out;
 }
 

@@ -60,11 +60,10 @@ inline at::Tensor leaf(const at::Tensor& t) { return t.detach().clone().requires
 
 inline std::string dtype_name(at::ScalarType t) { return t == at::kBFloat16 ? "bf16" : "fp32"; }
 
-// Runs f(fused) with the kernels on or off and returns what it returns.
+// Runs f with the run's kernel choices (kernels/dispatch.h) holding the fused kernels on or off.
 template <class F>
 auto with_kernels(bool fused, F&& f) {
-  FusedTrainingKernelsScope scope(fused);
-  return f();
+  return f(KernelChoices{fused, false});
 }
 
 // The norm over [rows, width]: y, dx and dw against the composite (same dtype) and fp64.
@@ -74,9 +73,9 @@ inline std::vector<Check> rms_norm(at::Device device, at::ScalarType dtype, int6
   const at::Tensor dy = at::randn({rows, width}, opts).to(dtype);
   const double eps = 1e-6;
   auto run = [&](const at::Tensor& xs, const at::Tensor& ws, bool fused) {
-    return with_kernels(fused, [&] {
+    return with_kernels(fused, [&](KernelChoices kernels) {
       at::Tensor xl = leaf(xs), wl = leaf(ws);
-      at::Tensor y = archspace::rms_norm(xl, wl, eps);
+      at::Tensor y = archspace::rms_norm(xl, wl, eps, kernels);
       y.backward(dy.to(y.scalar_type()));
       return std::vector<at::Tensor>{y.detach(), xl.grad(), wl.grad()};
     });
@@ -112,9 +111,9 @@ inline std::vector<Check> add_rms_norm(at::Device device, at::ScalarType residua
   const at::Tensor dy = at::randn({rows, width}, opts).to(out_dtype);
   const double eps = 1e-5;
   auto run = [&](bool fused) {
-    return with_kernels(fused, [&] {
+    return with_kernels(fused, [&](KernelChoices kernels) {
       at::Tensor rl = leaf(residual), xl = leaf(x), wl = leaf(w);
-      at::Tensor y = archspace::add_rms_norm(rl, xl, wl, eps);
+      at::Tensor y = archspace::add_rms_norm(rl, xl, wl, eps, kernels);
       y.backward(dy);
       return std::vector<at::Tensor>{y.detach(), rl.grad(), xl.grad(), wl.grad()};
     });
@@ -154,10 +153,10 @@ inline std::vector<Check> rms_norm_rope(at::Device device, at::ScalarType dtype,
   const at::Tensor dy = at::randn({B, H, T, h}, opts).to(dtype);
   const double eps = 1e-6;
   auto run = [&](const at::Tensor& xs, const at::Tensor& ws, bool fused) {
-    return with_kernels(fused, [&] {
+    return with_kernels(fused, [&](KernelChoices kernels) {
       at::Tensor xl = leaf(xs), wl = leaf(ws);
       const at::ScalarType table = xs.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-      at::Tensor y = archspace::rms_norm_rope(xl, wl, eps, cos.to(table), sin.to(table), h);
+      at::Tensor y = archspace::rms_norm_rope(xl, wl, eps, cos.to(table), sin.to(table), h, kernels);
       y.backward(dy.to(y.scalar_type()));
       return std::vector<at::Tensor>{y.detach(), xl.grad(), wl.grad()};
     });
@@ -198,7 +197,7 @@ inline std::vector<Check> swiglu(at::Device device, at::ScalarType dtype, int64_
   const at::Tensor up = halves ? both.narrow(-1, F, F) : both.narrow(-1, F, F).contiguous();
   const at::Tensor dh = at::randn({rows, F}, opts).to(dtype);
   auto run = [&](const at::Tensor& g, const at::Tensor& u, bool fused) {
-    return with_kernels(fused, [&] {
+    return with_kernels(fused, [&](KernelChoices kernels) {
       // Views of one tensor, as the model's gate/up halves are (leaves of a shared base).
       at::Tensor base = leaf(at::cat({g, u}, -1));
       at::Tensor gl = base.narrow(-1, 0, F), ul = base.narrow(-1, F, F);

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "../device/fused_training_checks.h"
+#include "archspace/kernels/dispatch.h"
 #include "archspace/kernels/fused_training.h"
 #include "archspace/model/causal_lm.h"
 #include "archspace/model/loss.h"
@@ -80,10 +81,11 @@ TEST(FusedTraining, TheBoundCatchesAnElementFourUlpsOff) {
 }
 
 TEST(FusedTraining, OffByDefaultAndRefusedWhereTheyDoNotApply) {
-  EXPECT_FALSE(fused_training_kernels());
+  EXPECT_FALSE(KernelChoices{}.fused);
   const at::Tensor x = at::randn({2, 3, 8}), w = at::ones({8});
-  EXPECT_FALSE(fused_training_norm_applies(x, w));  // off
-  FusedTrainingKernelsScope on(true);
+  const at::Tensor trained = x.clone().requires_grad_(true);           // what training normalises (no inference kernel)
+  EXPECT_EQ(rms_norm_kernel(trained, w, {}), Kernel::kAtenComposite);  // off
+  EXPECT_EQ(rms_norm_kernel(trained, w, {/*fused=*/true}), Kernel::kFusedTrainingCpu);
   EXPECT_TRUE(fused_training_norm_applies(x, w));
   EXPECT_FALSE(fused_training_norm_applies(x.to(at::kDouble), w));                             // fp64: the composite
   EXPECT_FALSE(fused_training_norm_applies(x, at::ones({7})));                                 // width
@@ -113,9 +115,9 @@ TEST(FusedTraining, ModelGradientsFollowTheComposite) {
         at::manual_seed(static_cast<int64_t>(seed));
         const at::Tensor ids = at::randint(512, {2, 16}, at::kLong), labels = at::randint(512, {2, 16}, at::kLong);
         auto pass = [&](bool fused, bool checkpointing, bool autocast, std::vector<at::Tensor>& out) {
-          FusedTrainingKernelsScope scope(fused);
           SequenceOptions options;
           options.activation_checkpointing = checkpointing;
+          options.fused_kernels = fused;
           at::Tensor logits;
           {
             AutocastGuard guard(autocast, at::kCPU);

@@ -160,7 +160,8 @@ void CountingAllocator::release(void* p) {
 // matmuls in FP8 (SequenceOptions::fp8), under bf16 autocast as train.fp8 requires.
 int64_t measured_activations(const ModelConfig& c, int64_t B, int64_t T, bool checkpointing = false,
                              int64_t loss_chunk = 0, const at::Tensor& batch = {}, int64_t document_eos = -1,
-                             ContextParallel* cp = nullptr, bool bf16 = false, bool fp8 = false) {
+                             ContextParallel* cp = nullptr, bool bf16 = false, bool fp8 = false,
+                             bool fused_kernels = false) {
   CausalLM model = CausalLM::random_init(c, 1);
   for (const auto& [name, p] : model.parameters()) p.requires_grad_(true);
   at::Tensor ids = batch.defined() ? batch : at::randint(c.vocab_size, {B, T}, at::kLong);
@@ -177,6 +178,7 @@ int64_t measured_activations(const ModelConfig& c, int64_t B, int64_t T, bool ch
     options.document_eos_id = document_eos;
     options.context_parallel = cp;
     options.fp8 = fp8;
+    options.fused_kernels = fused_kernels;
     LossSums sums;
     {
       AutocastGuard autocast(bf16 || fp8, at::kCPU);  // the forward and loss only, as the Trainer scopes it
@@ -528,8 +530,7 @@ TEST(Plan, FusedKernelsActivationsMatchWhatAutogradKeeps) {
         const int64_t B = 2, chunk = 5;
         auto kept = [](const MemoryPlan& p) { return p.autocast_weights + p.activations - p.loss_chunk - p.recompute; };
         auto measured = [&](bool fused, bool bf16, bool fp8) {
-          FusedTrainingKernelsScope on(fused);
-          return measured_activations(c, B, T, checkpointing, chunk, {}, -1, nullptr, bf16, fp8);
+          return measured_activations(c, B, T, checkpointing, chunk, {}, -1, nullptr, bf16, fp8, fused);
         };
         for (const DType dtype : {DType::kFp32, DType::kBf16}) {
           const bool bf16 = dtype == DType::kBf16;
@@ -575,12 +576,12 @@ TEST(Plan, FusedKernelsActivationsMatchWhatAutogradKeeps) {
   // fp32 with context parallelism (the last of 2 slices; T = 48 takes the blocked path) and with document masking
   // (documents of 2 windows, the plan's worst case): within the same 1% band.
   for (Variant v : {Variant::kBase, Variant::kSiameseDepth}) {
-    FusedTrainingKernelsScope on(true);
     ModelConfig c = small_mha(v);
     const int64_t B = 2;
+    const bool fused = true;
     for (int64_t T : {24, 48}) {
       LastSliceStandIn last(2, T / 2);
-      const int64_t measured = measured_activations(c, B, T / 2, false, 0, {}, -1, &last);
+      const int64_t measured = measured_activations(c, B, T / 2, false, 0, {}, -1, &last, false, false, fused);
       PlanOptions o = options(2, T, B, DType::kFp32);
       o.context_parallel = 2;
       o.loss_chunk_tokens = 0;
@@ -592,8 +593,8 @@ TEST(Plan, FusedKernelsActivationsMatchWhatAutogradKeeps) {
     }
     c.eos_token_id = 0;
     at::manual_seed(3);
-    const int64_t measured =
-        measured_activations(c, B, 32, false, 0, document_rows({{16, 16}, {16, 16}}, 512), /*document_eos=*/0);
+    const int64_t measured = measured_activations(c, B, 32, false, 0, document_rows({{16, 16}, {16, 16}}, 512),
+                                                  /*document_eos=*/0, nullptr, false, false, fused);
     PlanOptions o = options(1, 32, B, DType::kFp32);
     o.loss_chunk_tokens = 0;
     o.document_masking = true;

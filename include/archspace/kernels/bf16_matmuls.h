@@ -25,6 +25,9 @@ bool bf16_matmuls_widened();
 // AVX512-BF16/AMX)" or native.
 std::string bf16_matmuls_line();
 
+// Whether bf16_matmuls::linear(x, weight) runs widened (kernels/dispatch.h names it so).
+bool bf16_linear_widened(const at::Tensor& x, const at::Tensor& weight);
+
 // For tests: the widened (true) or native (false) path within a scope, whatever the CPU.
 class ScopedBf16MatmulPolicy {
  public:

@@ -15,9 +15,9 @@
 // composite and fp64). The CUDA launch is built where CMake finds nvcc and LibTorch's CUDA
 // (fused_training_cuda_built()); tests/device/check_kernels.cpp compares it with the composite on the GPU.
 //
-// The choice is process-wide, made once at setup from train.fused_kernels (as torch.backends flags are): off, the
-// model runs the composite, as before. Inference without gradients on the CPU keeps its own fused kernels
-// (kernels/fused_norm_rope.h).
+// The choice is the run's (train.fused_kernels), carried by each forward (model/forward_options.h: SequenceOptions::
+// fused_kernels) to kernels/dispatch.h's rule: off, the model runs the composite, as before. Inference without
+// gradients on the CPU keeps its own fused kernels (kernels/fused_norm_rope.h).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -29,23 +29,9 @@ namespace archspace {
 // Whether this build holds the CUDA launch (nvcc and CUDA LibTorch at configure time).
 bool fused_training_cuda_built();
 
-void set_fused_training_kernels(bool on);
-bool fused_training_kernels();
-
-// Sets the process-wide choice for a scope (tests, tools), restoring the earlier one at its end.
-class FusedTrainingKernelsScope {
- public:
-  explicit FusedTrainingKernelsScope(bool on) : before_(fused_training_kernels()) { set_fused_training_kernels(on); }
-  ~FusedTrainingKernelsScope() { set_fused_training_kernels(before_); }
-  FusedTrainingKernelsScope(const FusedTrainingKernelsScope&) = delete;
-  FusedTrainingKernelsScope& operator=(const FusedTrainingKernelsScope&) = delete;
-
- private:
-  bool before_;
-};
-
-// Whether the model's norm of x with `weight` takes the fused kernels: they are on, x is fp32 or bf16 on the CPU
-// or (in a CUDA build) on CUDA with a contiguous last dim of weight's size, and weight is fp32 or bf16 on x's device.
+// Whether the fused kernels can take the norm of x with `weight` (kernels/dispatch.h asks when the run chose them):
+// x is fp32 or bf16 on the CPU or (in a CUDA build) on CUDA with a contiguous last dim of weight's size, and weight
+// is fp32 or bf16 on x's device.
 bool fused_training_norm_applies(const at::Tensor& x, const at::Tensor& weight);
 // ... and residual + norm(x): a residual of x's shape on x's device whose dtype is x's promoted with its own.
 bool fused_training_add_norm_applies(const at::Tensor& residual, const at::Tensor& x, const at::Tensor& weight);

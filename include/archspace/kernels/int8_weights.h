@@ -29,6 +29,8 @@ at::Tensor dequantize_int8_rows(const at::Tensor& q, at::ScalarType dtype = at::
 // take the streaming kernel; more rows (prefill) widen a block of int8 rows at a time to x's dtype (exactly) for x's
 // GEMM, and scale its output columns: (x q^T) * scale, the order of the streaming kernel.
 at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& weight);
+// The many-rows route alone, whatever the row count (kernels/dispatch.h names it kInt8WidenedGemm).
+at::Tensor int8_widened_linear(const at::Tensor& x, const at::Tensor& weight);
 
 // The most rows of x the streaming kernel takes: kStreamingLinearMaxRows (64) for fp32 x (and bf16 x widened to
 // fp32 below AVX512-BF16); 16 for bf16 x with AVX512-BF16, where the other route is the bf16 GEMM.

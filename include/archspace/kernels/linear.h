@@ -3,7 +3,8 @@
 // 10 GB/s on our 2-core machine, against 17-22 GB/s for a plain streaming dot-product kernel. So a few
 // rows on CPU take our own kernel, in fp32 or in bf16 (bf16 weights and activations, fp32 sums: half the
 // bytes per token; LibTorch's bf16 GEMV reads 17 GB/s); everything else (prefill, training, autograd,
-// CUDA) is at::linear. An int8 weight (kernels/int8_weights.h) goes to its own kernel.
+// CUDA) is at::linear. An int8 weight (kernels/int8_weights.h) goes to its own kernel, and training's train.fp8 to
+// kernels/fp8_linear.h: which one runs is kernels/dispatch.h's rule (linear_kernel).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -11,14 +12,16 @@
 #include <vector>
 
 #include "archspace/kernels/cpu_isa.h"
+#include "archspace/kernels/dispatch.h"
 
 namespace archspace {
 
-at::Tensor linear(const at::Tensor& x, const at::Tensor& weight);
+at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, KernelChoices choices = {});
 
 // x W_i^T for several weights that read the same x (q/k/v; gate/up), equal to linear() on each. Decoding (the
 // streaming kernels, fp32/bf16 or int8 weights alike) computes them in one parallel region instead of one each.
-std::vector<at::Tensor> linear_many(const at::Tensor& x, const std::vector<at::Tensor>& weights);
+std::vector<at::Tensor> linear_many(const at::Tensor& x, const std::vector<at::Tensor>& weights,
+                                    KernelChoices choices = {});
 
 // Up to this many rows of x go through the streaming kernels (each weight block is read from memory once and
 // reused from L1 for every row): 64 for fp32 and int8 weights, 32 for bf16. bench_linear on the 190M shapes
@@ -33,7 +36,7 @@ inline int64_t streaming_linear_max_rows(at::ScalarType weight_dtype) {
   return weight_dtype == at::kBFloat16 ? kStreamingLinearMaxRowsBf16 : kStreamingLinearMaxRows;
 }
 
-// Whether linear() would use the streaming kernel for x (exposed for tests and benchmarks).
+// Whether the streaming kernel takes x and this weight (dispatch.h's linear_kernel asks; tests and benchmarks).
 bool uses_streaming_linear(const at::Tensor& x, const at::Tensor& weight);
 
 // The streaming kernel itself, whatever the row count (for tests against at::linear). x and weight both fp32

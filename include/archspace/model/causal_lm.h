@@ -96,7 +96,7 @@ class CausalLM {
   void block(const BlockWeights& layer, Streams& streams, const LayerContext& ctx) const;
   void record_streams(const Streams& streams, const LayerContext& ctx) const;
   // The last hidden state the final norm reads (SiameseNorm and ResiDual fuse their streams here).
-  at::Tensor last_hidden(const Streams& streams, const FinalNorms& norms) const;
+  at::Tensor last_hidden(const Streams& streams, const FinalNorms& norms, KernelChoices kernels) const;
   double siamese_scale(int64_t layer) const;  // c_l of SPEC.md section 3.1 (1 without depth-wise scaling)
   // One block through activation checkpointing: its residual streams in and out. The Depth-Attention values
   // it reads are inputs of the checkpoint and the pair it records an output, so gradients flow between

@@ -15,6 +15,7 @@
 #include <variant>
 #include <vector>
 
+#include "archspace/kernels/dispatch.h"
 #include "archspace/model/attention.h"
 
 namespace archspace {
@@ -68,6 +69,9 @@ struct SequenceOptions {
   // The block's linear layers (q/k/v/o, gate/up/down) through FP8 matmuls (train.fp8; kernels/fp8_linear.h): e4m3
   // operands with tensorwise dynamic scaling, bf16 results. The embedding and the LM head stay as they are.
   bool fp8 = false;
+  // The block's norms, Q/K norm + RoPE and SwiGLU through the fused training kernels (train.fused_kernels;
+  // kernels/fused_training.h) where they apply.
+  bool fused_kernels = false;
 };
 
 // Whole sequences from position 0 with the analyses' probes; no gradients are kept for them.
@@ -106,6 +110,8 @@ class ForwardMode {
   ContextParallel* context_parallel() const;
   ParameterSource* parameters() const;
   bool fp8() const;  // SequenceOptions::fp8 (false in the other modes)
+  // The run's kernel choices (kernels/dispatch.h): SequenceOptions::fused_kernels and fp8 (none in the other modes).
+  KernelChoices kernels() const;
 
  private:
   std::variant<SequenceOptions, DecodeOptions, AnalysisOptions> mode_;

@@ -3,11 +3,13 @@
 
 #include <ATen/ATen.h>
 
+#include "archspace/kernels/dispatch.h"
+
 namespace archspace {
 
-// down(silu(gate(x)) * up(x)); weights in nn.Linear layout [out, in]. fp8: the three matmuls through
-// kernels/fp8_linear.h (training's SequenceOptions::fp8).
+// down(silu(gate(x)) * up(x)); weights in nn.Linear layout [out, in]. The matmuls' and the product's kernels are
+// kernels/dispatch.h's (linear_kernel: FP8 under kernels.fp8; swiglu_kernel: fused under kernels.fused).
 at::Tensor swiglu_mlp(const at::Tensor& x, const at::Tensor& gate_proj, const at::Tensor& up_proj,
-                      const at::Tensor& down_proj, bool fp8 = false);
+                      const at::Tensor& down_proj, KernelChoices kernels = {});
 
 }  // namespace archspace

@@ -8,6 +8,7 @@
 #include <mutex>
 
 #include "archspace/config/model_config.h"
+#include "archspace/kernels/dispatch.h"
 
 namespace archspace {
 
@@ -62,6 +63,6 @@ at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tens
 // returns [B, H, T, head_dim]. One pass on the CPU without gradients (fused_rms_norm_rope, the same values as
 // fused_rms_norm then fused_rope), else the two ops.
 at::Tensor rms_norm_rope(const at::Tensor& x, const at::Tensor& weight, double eps, const at::Tensor& cos,
-                         const at::Tensor& sin, int64_t head_dim);
+                         const at::Tensor& sin, int64_t head_dim, KernelChoices kernels = {});
 
 }  // namespace archspace
