@@ -65,8 +65,8 @@ Kernel add_rms_norm_kernel(const at::Tensor& residual, const at::Tensor& x, cons
   return Kernel::kAtenComposite;
 }
 
-Kernel rms_norm_rope_kernel(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& cos,
-                            const at::Tensor& sin, int64_t head_dim, KernelChoices choices) {
+Kernel rms_norm_rope_kernel(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& cos, const at::Tensor& sin,
+                            int64_t head_dim, KernelChoices choices) {
   if (uses_fused_rms_norm_rope(x, weight, cos, sin, head_dim)) return Kernel::kFusedInference;
   if (choices.fused && fused_training_norm_rope_applies(x, weight, cos, sin, head_dim)) return fused_training_on(x);
   return Kernel::kAtenComposite;

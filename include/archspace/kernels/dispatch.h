@@ -43,8 +43,8 @@ const char* kernel_name(Kernel kernel);
 Kernel rms_norm_kernel(const at::Tensor& x, const at::Tensor& weight, KernelChoices choices);
 Kernel add_rms_norm_kernel(const at::Tensor& residual, const at::Tensor& x, const at::Tensor& weight,
                            KernelChoices choices);
-Kernel rms_norm_rope_kernel(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& cos,
-                            const at::Tensor& sin, int64_t head_dim, KernelChoices choices);
+Kernel rms_norm_rope_kernel(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& cos, const at::Tensor& sin,
+                            int64_t head_dim, KernelChoices choices);
 Kernel rope_kernel(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 Kernel swiglu_kernel(const at::Tensor& gate, const at::Tensor& up, KernelChoices choices);
 
