@@ -91,13 +91,14 @@ Kernel linear_kernel(const at::Tensor& x, const at::Tensor& weight, KernelChoice
 
 Kernel linear_many_kernel(const at::Tensor& x, const std::vector<at::Tensor>& weights, KernelChoices choices) {
   if (weights.size() < 2) return Kernel::kAtenLinear;
-  const Kernel first = linear_kernel(x, weights.front(), choices);
-  const bool same = std::all_of(weights.begin(), weights.end(),
-                                [&](const at::Tensor& w) { return linear_kernel(x, w, choices) == first; });
-  const bool batched = first == Kernel::kStreamingGemv || first == Kernel::kInt8StreamingGemv;
   // FP8 casts x once for all the weights, whichever of them its _scaled_mm takes.
   if (choices.fp8 && std::none_of(weights.begin(), weights.end(), is_int8_weight)) return Kernel::kFp8ScaledMm;
-  return same && batched ? first : Kernel::kAtenLinear;
+  // Decoding asks this for every layer's q/k/v and gate/up: each weight's rule once, and only while they agree.
+  const Kernel first = linear_kernel(x, weights.front(), choices);
+  if (first != Kernel::kStreamingGemv && first != Kernel::kInt8StreamingGemv) return Kernel::kAtenLinear;
+  const bool same = std::all_of(weights.begin() + 1, weights.end(),
+                                [&](const at::Tensor& w) { return linear_kernel(x, w, choices) == first; });
+  return same ? first : Kernel::kAtenLinear;
 }
 
 Kernel decode_attention_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
